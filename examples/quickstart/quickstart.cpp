@@ -1,0 +1,46 @@
+// The smallest useful plugin: a linear regression trained data-parallel on
+// synthetic data. Each rank draws its own batches; gradients are averaged with
+// an allreduce on the run's process group, and rank 0's loss is reported.
+//
+//   trainrun --plugin build/examples/quickstart/libquickstart.so --num-workers 2 --config steps=5
+
+#include <train/train.h>
+#include <torch/torch.h>
+
+#include <iostream>
+
+void quickstart(const train::Config& config) {
+  auto ctx = train::get_context();
+  const int steps = config.get<int>("steps", 20);
+  const double lr = config.get<double>("lr", 0.05);
+  std::cout << "rank " << ctx.world_rank() << " of " << ctx.world_size() << " on "
+            << ctx.device() << ", " << steps << " steps" << std::endl;
+
+  torch::manual_seed(0);  // the same initial weights on every rank
+  torch::nn::Linear model(4, 1);
+  torch::optim::SGD optimizer(model->parameters(), lr);
+  torch::manual_seed(1000 + ctx.world_rank());  // a different data shard per rank
+  const auto true_weight = torch::tensor({{1.0f, -2.0f, 3.0f, 0.5f}});
+  auto group = train::process_group();
+
+  for (int step = 0; step < steps; ++step) {
+    auto x = torch::randn({64, 4});
+    auto y = x.matmul(true_weight.t()) + 0.7 + 0.01 * torch::randn({64, 1});
+    auto loss = torch::mse_loss(model->forward(x), y);
+    optimizer.zero_grad();
+    loss.backward();
+    std::vector<torch::Tensor> grads;
+    for (auto& p : model->parameters()) grads.push_back(p.grad());
+    for (auto& g : grads) {
+      std::vector<torch::Tensor> one{g};
+      group->allreduce(one)->wait();
+      g.div_(ctx.world_size());
+    }
+    optimizer.step();
+    std::vector<torch::Tensor> mean_loss{loss.detach().clone()};
+    group->allreduce(mean_loss)->wait();
+    train::report({{"step", step}, {"loss", mean_loss[0].item<double>() / ctx.world_size()}});
+  }
+}
+
+TRAIN_FUNC(quickstart);

@@ -1,0 +1,86 @@
+#pragma once
+
+// Launching a run from C++: the API behind the `trainrun` command. A Trainer
+// owns one run at a time; fit() blocks until it ends and is not thread-safe.
+// The workers are processes of the `trainrun` executable (`trainrun worker`).
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace trainrun {
+
+/// How many workers, and what each gets (Ray Train's ScalingConfig).
+struct ScalingConfig {
+  int num_workers = 1;
+  /// LibTorch intra-op threads per worker; 0 = cores / local workers (at least 1).
+  int cpus_per_worker = 0;
+};
+
+/// Where results go and what the run is called (Ray Train's RunConfig).
+struct RunConfig {
+  /// Run name; empty = "trainrun-<timestamp>".
+  std::string name;
+  /// Storage root; empty = ~/trainrun_results. The run directory is storage_path/name.
+  std::filesystem::path storage_path;
+  std::chrono::milliseconds heartbeat_timeout{30000};
+  std::chrono::milliseconds startup_timeout{120000};
+};
+
+struct TrainerOptions {
+  std::filesystem::path plugin;
+  /// The plugin's entry; empty = its only one.
+  std::string entry;
+  /// Handed to train_func as train::Config; must be a JSON object.
+  nlohmann::json config = nlohmann::json::object();
+  ScalingConfig scaling;
+  RunConfig run;
+  /// The executable started as `EXE worker ...`; empty = this process's own.
+  std::filesystem::path worker_executable;
+  /// Workers' plugin cache; empty = $TRAINRUN_CACHE_DIR or ~/.cache/trainrun.
+  std::filesystem::path cache_dir;
+  /// Print rank 0's metrics and worker output on the terminal.
+  bool verbose = true;
+};
+
+/// Why a run did not finish.
+struct RunError {
+  std::string kind;  // "exception", "signal", "exit", "lost", "setup", "plugin", "interrupted"
+  std::string message;
+  int rank = -1;
+  std::string host;
+  int64_t pid = 0;
+  nlohmann::json to_json() const;
+  /// One line for the terminal.
+  std::string summary() const;
+};
+
+/// The outcome of fit() (Ray Train's Result).
+struct Result {
+  std::filesystem::path path;  // the run directory
+  nlohmann::json metrics;      // rank 0's last reported metrics (null if none)
+  int64_t iterations = 0;      // reports recorded
+  double wall_seconds = 0;
+  std::optional<RunError> error;
+  /// Whether the run was stopped by SIGINT or SIGTERM.
+  bool interrupted() const { return error && error->kind == "interrupted"; }
+};
+
+class Trainer {
+ public:
+  /// Checks the options. Throws UsageError on a bad value.
+  explicit Trainer(TrainerOptions options);
+
+  /// Inspects the plugin, starts the workers, runs train_func on every rank and
+  /// waits for the end. Throws PluginError (unusable plugin, before any worker
+  /// starts) or IoError (storage); a failed run is a Result with an error.
+  Result fit();
+
+ private:
+  TrainerOptions options_;
+};
+
+}  // namespace trainrun

@@ -1,0 +1,116 @@
+// trainrun: run a compiled train function on N workers.
+//   trainrun --plugin libx.so --num-workers 2 [--config k=v ...]
+//   trainrun inspect libx.so
+//   trainrun worker --connect tcp://HOST:PORT        (started by the controller)
+
+#include <trainrun/error.h>
+#include <trainrun/trainer.h>
+#include <train/version.h>
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli/config_args.h"
+#include "common/hash.h"
+#include "plugin/plugin_library.h"
+#include "worker/plugin_cache.h"
+#include "worker/worker.h"
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInterrupted = 130;
+
+int run_training(trainrun::TrainerOptions options, const std::filesystem::path& config_file,
+                 const std::vector<std::string>& config_args) {
+  options.config = trainrun::build_config(config_file, config_args);
+  trainrun::Trainer trainer(std::move(options));
+  auto result = trainer.fit();
+  if (result.interrupted()) return kExitInterrupted;
+  return result.error ? kExitFailed : kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainrun: distributed data-parallel LibTorch training from C++.\n"
+               "Runs a train function compiled into a plugin on N worker processes."};
+  app.set_version_flag("--version", std::string("trainrun ") + TRAIN_SDK_VERSION);
+  app.require_subcommand(0, 1);
+
+  trainrun::TrainerOptions options;
+  std::vector<std::string> config_args;
+  std::filesystem::path config_file;
+  int heartbeat_s = 30, startup_s = 120;
+  app.add_option("--plugin", options.plugin, "the plugin (.so) built with the trainrun SDK");
+  app.add_option("--entry", options.entry, "the train function to run, if the plugin has several");
+  app.add_option("-n,--num-workers", options.scaling.num_workers, "worker processes")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--config", config_args, "key=value handed to train_func (repeatable)");
+  app.add_option("--config-file", config_file, "JSON object handed to train_func")
+      ->check(CLI::ExistingFile);
+  app.add_option("--storage-path", options.run.storage_path,
+                 "where runs are stored (default ~/trainrun_results)");
+  app.add_option("--name", options.run.name, "run name (default trainrun-<timestamp>)");
+  app.add_option("--cpus-per-worker", options.scaling.cpus_per_worker,
+                 "intra-op threads per worker (default: cores / local workers)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-timeout", heartbeat_s, "seconds of silence before a peer is lost")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--startup-timeout", startup_s, "seconds for workers to connect")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("-q,--quiet", [&](int64_t) { options.verbose = false; },
+               "only errors on the terminal");
+
+  auto* inspect = app.add_subcommand("inspect", "print a plugin's entries and versions");
+  std::filesystem::path inspect_path;
+  inspect->add_option("plugin", inspect_path, "the plugin (.so)")->required();
+
+  auto* worker = app.add_subcommand("worker", "run as a worker (started by the controller)");
+  trainrun::WorkerOptions worker_options;
+  int64_t worker_startup_ms = 0;
+  worker->add_option("--connect", worker_options.connect, "controller endpoint")->required();
+  worker->add_option("--index", worker_options.index, "launch index of a local worker");
+  worker->add_option("--cache-dir", worker_options.cache_dir, "plugin cache directory");
+  worker->add_option("--startup-timeout-ms", worker_startup_ms, "wait for the assignment");
+  worker->group("");  // internal: not listed in --help
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  try {
+    if (*worker) {
+      if (worker_options.cache_dir.empty()) worker_options.cache_dir = trainrun::default_cache_dir();
+      worker_options.startup_timeout = std::chrono::milliseconds(worker_startup_ms);
+      return trainrun::run_worker(worker_options);
+    }
+    if (*inspect) {
+      auto plugin = trainrun::PluginLibrary::open(inspect_path);
+      std::cout << trainrun::describe(plugin.info(), trainrun::sha256_file(inspect_path));
+      return kExitOk;
+    }
+    if (options.plugin.empty()) {
+      std::cerr << "trainrun: --plugin is required (see trainrun --help)\n";
+      return kExitUsage;
+    }
+    options.run.heartbeat_timeout = std::chrono::seconds(heartbeat_s);
+    options.run.startup_timeout = std::chrono::seconds(startup_s);
+    return run_training(std::move(options), config_file, config_args);
+  } catch (const trainrun::PluginError& e) {
+    std::cerr << "trainrun: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const trainrun::UsageError& e) {
+    std::cerr << "trainrun: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "trainrun: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}

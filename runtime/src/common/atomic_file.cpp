@@ -1,0 +1,84 @@
+#include "common/atomic_file.h"
+
+#include <utility>
+#include <trainrun/error.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace trainrun {
+namespace {
+
+[[noreturn]] void fail(const std::string& what, const std::filesystem::path& path) {
+  throw IoError(what + " " + path.string() + ": " + std::strerror(errno));
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+bool write_all(int fd, std::string_view content) {
+  while (!content.empty()) {
+    ssize_t n = ::write(fd, content.data(), content.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    content.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+void fsync_path(const std::filesystem::path& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail("cannot open", path);
+  if (::fsync(fd.get()) != 0) fail("cannot fsync", path);
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
+  auto temp = path;
+  temp += ".tmp." + std::to_string(::getpid());
+  {
+    Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) fail("cannot create", temp);
+    if (!write_all(fd.get(), content) || ::fsync(fd.get()) != 0) {
+      int saved = errno;
+      ::unlink(temp.c_str());
+      errno = saved;
+      fail("cannot write", temp);
+    }
+    if (::close(fd.release()) != 0) fail("cannot close", temp);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    int saved = errno;
+    ::unlink(temp.c_str());
+    errno = saved;
+    fail("cannot rename into place", path);
+  }
+  fsync_path(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+}
+
+void append_file(const std::filesystem::path& path, std::string_view content) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (fd.get() < 0) fail("cannot open", path);
+  if (!write_all(fd.get(), content)) fail("cannot write", path);
+}
+
+}  // namespace trainrun

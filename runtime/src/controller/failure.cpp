@@ -1,0 +1,36 @@
+#include "controller/failure.h"
+
+#include <trainrun/error.h>
+
+#include <algorithm>
+
+namespace trainrun {
+namespace {
+
+// Lower is more likely the cause.
+int precedence(const std::string& kind) {
+  if (kind == "interrupted") return 0;
+  if (kind == "signal" || kind == "exit") return 1;
+  if (kind == "lost") return 2;
+  return 3;  // exception, plugin, setup, usage
+}
+
+}  // namespace
+
+void FailureCollector::add(RunError error) {
+  errors_.push_back({std::move(error), Clock::now()});
+}
+
+bool FailureCollector::settled(Clock::time_point now, Clock::duration grace) const {
+  return any() && now - errors_.front().when >= grace;
+}
+
+RunError FailureCollector::root_cause() const {
+  TRAINRUN_CHECK(any(), "root_cause() without a failure");
+  auto best = std::min_element(errors_.begin(), errors_.end(), [](const auto& a, const auto& b) {
+    return precedence(a.error.kind) < precedence(b.error.kind);
+  });
+  return best->error;  // min_element keeps the earliest among equals
+}
+
+}  // namespace trainrun

@@ -1,0 +1,36 @@
+#pragma once
+
+// Collects failures as they arrive and names the root cause. A crash on one
+// rank makes its peers' collectives fail a moment later, so after the first
+// failure the controller keeps collecting for a short grace period and then
+// prefers a process that died over a rank that raised, and the earliest within
+// each kind.
+
+#include <trainrun/trainer.h>
+
+#include <chrono>
+#include <optional>
+#include <vector>
+
+namespace trainrun {
+
+class FailureCollector {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  void add(RunError error);
+  bool any() const { return !errors_.empty(); }
+  /// Whether the grace period after the first failure is over.
+  bool settled(Clock::time_point now, Clock::duration grace) const;
+  /// The root cause; requires any().
+  RunError root_cause() const;
+
+ private:
+  struct Entry {
+    RunError error;
+    Clock::time_point when;
+  };
+  std::vector<Entry> errors_;
+};
+
+}  // namespace trainrun

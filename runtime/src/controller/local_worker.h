@@ -1,0 +1,28 @@
+#pragma once
+
+// A worker process started on this host: fork + execve of `EXE worker ...`,
+// its stdout and stderr on pipes the controller reads, in its own process group
+// (so a terminal's Ctrl-C reaches only the controller, which stops workers in
+// order) and with PR_SET_PDEATHSIG (so a killed controller leaves no orphan).
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace trainrun {
+
+struct LocalWorker {
+  pid_t pid = -1;
+  int stdout_fd = -1;  // non-blocking read ends
+  int stderr_fd = -1;
+};
+
+/// Starts `executable args...` with `env` added to this process's environment.
+/// Throws IoError.
+LocalWorker spawn_local_worker(const std::filesystem::path& executable,
+                               const std::vector<std::string>& args,
+                               const std::vector<std::string>& env);
+
+}  // namespace trainrun

@@ -1,0 +1,28 @@
+#include "controller/report_barrier.h"
+
+#include <algorithm>
+
+namespace trainrun {
+
+std::optional<std::string> ReportBarrier::arrive(int rank, int64_t iteration,
+                                                 nlohmann::json metrics) {
+  if (iteration != iteration_ || waiting(rank)) {
+    return "rank " + std::to_string(rank) + " reported iteration " + std::to_string(iteration) +
+           " while the run is at iteration " + std::to_string(iteration_);
+  }
+  waiting_[static_cast<size_t>(rank)] = true;
+  if (rank == 0) rank0_metrics_ = std::move(metrics);
+  return std::nullopt;
+}
+
+bool ReportBarrier::complete() const {
+  return std::all_of(waiting_.begin(), waiting_.end(), [](bool w) { return w; });
+}
+
+nlohmann::json ReportBarrier::release() {
+  std::fill(waiting_.begin(), waiting_.end(), false);
+  ++iteration_;
+  return std::exchange(rank0_metrics_, nullptr);
+}
+
+}  // namespace trainrun

@@ -1,0 +1,36 @@
+#pragma once
+
+// train::report is a barrier: every rank reports iteration N, and all of them
+// are released together once the last one arrives. This tracks arrivals for the
+// current iteration and keeps rank 0's metrics, which are the ones recorded.
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace trainrun {
+
+class ReportBarrier {
+ public:
+  explicit ReportBarrier(int world_size) : waiting_(static_cast<size_t>(world_size), false) {}
+
+  /// Records rank's arrival at `iteration`. Returns an error message when the
+  /// rank is out of step (reports an iteration other than the current one).
+  std::optional<std::string> arrive(int rank, int64_t iteration, nlohmann::json metrics);
+  /// Whether every rank has arrived at the current iteration.
+  bool complete() const;
+  /// Rank 0's metrics of the completed iteration; starts the next iteration.
+  nlohmann::json release();
+  bool waiting(int rank) const { return waiting_[static_cast<size_t>(rank)]; }
+  /// The iteration being collected (1-based).
+  int64_t iteration() const { return iteration_; }
+
+ private:
+  std::vector<bool> waiting_;
+  int64_t iteration_ = 1;
+  nlohmann::json rank0_metrics_;
+};
+
+}  // namespace trainrun

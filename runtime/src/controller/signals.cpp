@@ -1,0 +1,65 @@
+#include "controller/signals.h"
+
+#include <utility>
+#include <trainrun/error.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace trainrun {
+namespace {
+
+int g_write_fd = -1;
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+
+void on_signal(int signal) {
+  int saved = errno;
+  auto byte = static_cast<unsigned char>(signal);
+  [[maybe_unused]] auto n = ::write(g_write_fd, &byte, 1);
+  errno = saved;
+}
+
+}  // namespace
+
+SignalPipe::SignalPipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw IoError(std::string("cannot create signal pipe: ") + std::strerror(errno));
+  }
+  read_fd_ = fds[0];
+  g_write_fd = fds[1];
+  struct sigaction action {};
+  action.sa_handler = &on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &action, &previous_[i]);
+}
+
+SignalPipe::~SignalPipe() {
+  for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  ::close(read_fd_);
+  ::close(std::exchange(g_write_fd, -1));
+}
+
+std::vector<int> SignalPipe::drain() {
+  std::vector<int> signals;
+  unsigned char buffer[64];
+  ssize_t n;
+  while ((n = ::read(read_fd_, buffer, sizeof(buffer))) > 0) {
+    signals.insert(signals.end(), buffer, buffer + n);
+  }
+  return signals;
+}
+
+std::string signal_description(int signal) {
+  const char* abbrev = ::sigabbrev_np(signal);
+  std::string name = abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+  const char* text = ::sigdescr_np(signal);
+  return text != nullptr ? name + " (" + text + ")" : name;
+}
+
+}  // namespace trainrun

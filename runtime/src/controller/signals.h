@@ -1,0 +1,33 @@
+#pragma once
+
+// SIGINT, SIGTERM and SIGCHLD turned into bytes on a pipe (the self-pipe trick),
+// so the controller's single poll loop sees them beside its sockets. One
+// instance per process; the previous handlers are restored on destruction.
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+namespace trainrun {
+
+class SignalPipe {
+ public:
+  SignalPipe();
+  ~SignalPipe();
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  /// Readable when a signal arrived.
+  int fd() const { return read_fd_; }
+  /// The signals that arrived since the last call.
+  std::vector<int> drain();
+
+ private:
+  int read_fd_ = -1;
+  struct sigaction previous_[3];
+};
+
+/// "SIGSEGV (Segmentation fault)".
+std::string signal_description(int signal);
+
+}  // namespace trainrun

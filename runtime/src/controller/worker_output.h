@@ -1,0 +1,44 @@
+#pragma once
+
+// Forwards one worker's stdout and stderr, line by line, to the controller's
+// terminal (prefixed with rank, pid and host) and to logs/worker-<rank>.log.
+// Owned by the controller's single thread.
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace trainrun {
+
+class WorkerOutput {
+ public:
+  WorkerOutput(int stdout_fd, int stderr_fd, std::string prefix,
+               const std::filesystem::path& log_file, bool echo);
+  ~WorkerOutput();
+  WorkerOutput(const WorkerOutput&) = delete;
+  WorkerOutput& operator=(const WorkerOutput&) = delete;
+
+  int stdout_fd() const { return streams_[0].fd; }
+  int stderr_fd() const { return streams_[1].fd; }
+  /// Reads what is available on stream 0 (stdout) or 1 (stderr); closes it at EOF.
+  void read(int stream);
+  /// Reads both streams until EOF or until nothing more is waiting.
+  void drain();
+  bool closed() const { return streams_[0].fd < 0 && streams_[1].fd < 0; }
+  /// Changes the prefix once the worker's rank is known.
+  void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
+
+ private:
+  struct Stream {
+    int fd = -1;
+    std::string partial;
+  };
+  void emit(int stream, const std::string& line);
+
+  Stream streams_[2];
+  std::string prefix_;
+  std::FILE* log_ = nullptr;
+  bool echo_;
+};
+
+}  // namespace trainrun

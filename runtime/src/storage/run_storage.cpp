@@ -1,0 +1,101 @@
+#include "storage/run_storage.h"
+
+#include <trainrun/error.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "common/atomic_file.h"
+
+namespace trainrun {
+namespace {
+
+const std::vector<std::string> kFixedColumns = {"iteration", "timestamp", "time_total_s"};
+
+std::string csv_escape(const std::string& cell) {
+  if (cell.find_first_of(",\"\n") == std::string::npos) return cell;
+  std::string out = "\"";
+  for (char c : cell) out += (c == '"') ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string csv_row(const std::vector<std::string>& columns, const nlohmann::json& record) {
+  std::string line;
+  for (size_t i = 0; i < columns.size(); ++i) {
+    const auto& name = columns[i];
+    const nlohmann::json* value = nullptr;
+    if (i < kFixedColumns.size()) {
+      value = &record.at(name);
+    } else if (record["metrics"].contains(name)) {
+      value = &record["metrics"][name];
+    }
+    if (i > 0) line += ",";
+    if (value != nullptr) line += csv_escape(format_value(*value));
+  }
+  return line + "\n";
+}
+
+}  // namespace
+
+std::string format_value(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_float()) {
+    double v = value.get<double>();
+    if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+    char buffer[32];
+    std::snprintf(buffer, sizeof(buffer), "%.6g", v);
+    return buffer;
+  }
+  return value.dump();
+}
+
+RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::string& name)
+    : dir_(storage_path / name) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_ / "logs", ec);
+  if (ec) throw IoError("cannot create run directory " + dir_.string() + ": " + ec.message());
+}
+
+void RunStorage::write_run_info(const nlohmann::json& info) {
+  write_file_atomic(dir_ / "run.json", info.dump(2) + "\n");
+}
+
+void RunStorage::append_result(const nlohmann::json& record) {
+  append_file(dir_ / "result.jsonl", record.dump() + "\n");
+  rows_.push_back(record);
+  bool new_column = csv_columns_.empty();
+  if (new_column) csv_columns_ = kFixedColumns;
+  for (const auto& item : record["metrics"].items()) {
+    if (std::find(csv_columns_.begin(), csv_columns_.end(), item.key()) == csv_columns_.end()) {
+      csv_columns_.push_back(item.key());
+      new_column = true;
+    }
+  }
+  if (new_column) {
+    rewrite_progress_csv();
+  } else {
+    append_file(dir_ / "progress.csv", csv_row(csv_columns_, record));
+  }
+}
+
+void RunStorage::rewrite_progress_csv() {
+  std::string content;
+  for (size_t i = 0; i < csv_columns_.size(); ++i) {
+    content += (i > 0 ? "," : "") + csv_escape(csv_columns_[i]);
+  }
+  content += "\n";
+  for (const auto& row : rows_) content += csv_row(csv_columns_, row);
+  write_file_atomic(dir_ / "progress.csv", content);
+}
+
+void RunStorage::write_error(const nlohmann::json& error) {
+  auto path = dir_ / "error.json";
+  if (error.is_null()) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    return;
+  }
+  write_file_atomic(path, error.dump(2) + "\n");
+}
+
+}  // namespace trainrun

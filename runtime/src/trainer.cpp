@@ -1,0 +1,163 @@
+#include <trainrun/error.h>
+#include <trainrun/trainer.h>
+#include <train/version.h>
+#include <torch/csrc/api/include/torch/version.h>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/hash.h"
+#include "controller/controller.h"
+#include "plugin/plugin_library.h"
+#include "storage/run_storage.h"
+#include "worker/plugin_cache.h"
+
+namespace trainrun {
+namespace {
+
+std::string utc_now(const char* format) {
+  std::time_t now = std::time(nullptr);
+  char buffer[64];
+  std::strftime(buffer, sizeof(buffer), format, std::gmtime(&now));
+  return buffer;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw PluginError("cannot read plugin " + path.string());
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verbose) {
+  std::vector<spdlog::sink_ptr> sinks;
+  auto console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
+  console->set_pattern("[trainrun] %^%v%$");
+  console->set_level(verbose ? spdlog::level::info : spdlog::level::err);
+  sinks.push_back(console);
+  auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+      (storage.logs_dir() / "controller.log").string());
+  file->set_pattern("%Y-%m-%d %H:%M:%S.%e %l %v");
+  sinks.push_back(file);
+  auto logger = std::make_shared<spdlog::logger>("trainrun", sinks.begin(), sinks.end());
+  logger->set_level(spdlog::level::info);
+  logger->flush_on(spdlog::level::info);
+  return logger;
+}
+
+}  // namespace
+
+nlohmann::json RunError::to_json() const {
+  nlohmann::json j = {{"kind", kind}, {"message", message}};
+  if (rank >= 0) j["rank"] = rank;
+  if (!host.empty()) j["host"] = host;
+  if (pid > 0) j["pid"] = pid;
+  return j;
+}
+
+std::string RunError::summary() const {
+  if (rank < 0) return message;
+  return "rank " + std::to_string(rank) + " (" + (host.empty() ? "local" : host) + ", pid " +
+         std::to_string(pid) + ") " + message;
+}
+
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+  if (options_.plugin.empty()) throw UsageError("no plugin given");
+  if (options_.scaling.num_workers < 1) {
+    throw UsageError("num_workers must be at least 1, got " +
+                     std::to_string(options_.scaling.num_workers));
+  }
+  if (options_.scaling.cpus_per_worker < 0) {
+    throw UsageError("cpus_per_worker must be at least 1 (or 0 for the default), got " +
+                     std::to_string(options_.scaling.cpus_per_worker));
+  }
+  if (!options_.config.is_object()) throw UsageError("the config must be a JSON object");
+  if (options_.run.heartbeat_timeout.count() <= 0 || options_.run.startup_timeout.count() <= 0) {
+    throw UsageError("timeouts must be positive");
+  }
+  auto& run = options_.run;
+  if (run.name.empty()) run.name = "trainrun-" + utc_now("%Y-%m-%d_%H-%M-%S");
+  if (run.name.find('/') != std::string::npos || run.name == "." || run.name == "..") {
+    throw UsageError("run name '" + run.name + "' must not contain '/'");
+  }
+  if (run.storage_path.empty()) {
+    const char* home = std::getenv("HOME");
+    run.storage_path = std::filesystem::path(home != nullptr ? home : ".") / "trainrun_results";
+  }
+  run.storage_path = std::filesystem::absolute(run.storage_path);
+  if (options_.cache_dir.empty()) options_.cache_dir = default_cache_dir();
+  if (options_.worker_executable.empty()) {
+    options_.worker_executable = std::filesystem::read_symlink("/proc/self/exe");
+  }
+}
+
+Result Trainer::fit() {
+  // Inspect the plugin before anything starts: a bad one costs no worker.
+  auto plugin = PluginLibrary::open(options_.plugin);
+  auto entry = plugin.resolve_entry(options_.entry);
+  ControllerSetup setup;
+  setup.options = options_;
+  setup.plugin_bytes = read_file(options_.plugin);
+  Sha256 hash;
+  hash.update(setup.plugin_bytes.data(), setup.plugin_bytes.size());
+  setup.plugin_sha256 = hash.hex_digest();
+  setup.entry = entry;
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  setup.cpus_per_worker = options_.scaling.cpus_per_worker > 0
+                              ? options_.scaling.cpus_per_worker
+                              : std::max(1, cores / options_.scaling.num_workers);
+
+  RunStorage storage(options_.run.storage_path, options_.run.name);
+  setup.log = make_logger(storage, options_.verbose);
+  auto& log = *setup.log;
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  nlohmann::json info = {
+      {"name", options_.run.name},
+      {"storage_path", options_.run.storage_path.string()},
+      {"plugin",
+       {{"path", std::filesystem::absolute(options_.plugin).string()},
+        {"sha256", setup.plugin_sha256},
+        {"entry", entry},
+        {"sdk_version", plugin.info().sdk_version},
+        {"torch_version", plugin.info().torch_version}}},
+      {"scaling",
+       {{"num_workers", options_.scaling.num_workers},
+        {"cpus_per_worker", setup.cpus_per_worker}}},
+      {"config", options_.config},
+      {"versions", {{"trainrun", TRAIN_SDK_VERSION}, {"torch", TORCH_VERSION}}},
+      {"controller_host", host},
+      {"started_at", utc_now("%Y-%m-%dT%H:%M:%SZ")},
+      {"status", "running"}};
+  storage.write_run_info(info);
+  storage.write_error(nullptr);
+  log.info("run '{}': {} x {} ({}), results in {}", options_.run.name,
+           options_.scaling.num_workers, entry, options_.plugin.filename().string(),
+           storage.dir().string());
+
+  Controller controller(std::move(setup), storage);
+  Result result = controller.run();
+
+  info["ended_at"] = utc_now("%Y-%m-%dT%H:%M:%SZ");
+  info["status"] = !result.error ? "finished" : result.interrupted() ? "interrupted" : "failed";
+  storage.write_run_info(info);
+  if (result.error) {
+    storage.write_error(result.error->to_json());
+    log.error("run {}: {}", info["status"].get<std::string>(), result.error->summary());
+  } else {
+    log.info("run finished: {} reports in {:.1f} s", result.iterations, result.wall_seconds);
+  }
+  if (!result.metrics.is_null()) log.info("last metrics: {}", result.metrics.dump());
+  log.info("results: {}", storage.dir().string());
+  return result;
+}
+
+}  // namespace trainrun

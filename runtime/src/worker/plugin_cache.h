@@ -1,0 +1,52 @@
+#pragma once
+
+// The worker's plugin cache: <cache_dir>/<sha256>.so. A plugin is downloaded
+// into a temporary file, hashed as it arrives, and renamed into place only when
+// its size and sha256 match what the controller announced, so a cached file is
+// always complete. Several workers on a host may download the same plugin at
+// once; the rename makes that safe.
+
+#include "common/hash.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace trainrun {
+
+/// The default cache directory: $TRAINRUN_CACHE_DIR, else $XDG_CACHE_HOME/trainrun,
+/// else ~/.cache/trainrun.
+std::filesystem::path default_cache_dir();
+
+/// The cached plugin with this hash, if present and intact.
+std::optional<std::filesystem::path> find_cached_plugin(const std::filesystem::path& cache_dir,
+                                                        const std::string& sha256);
+
+class PluginDownload {
+ public:
+  PluginDownload(const std::filesystem::path& cache_dir, std::string sha256, uint64_t size);
+  ~PluginDownload();
+  PluginDownload(const PluginDownload&) = delete;
+  PluginDownload& operator=(const PluginDownload&) = delete;
+
+  /// Writes a chunk; chunks must arrive in order. Throws ProtocolError on a gap
+  /// or overflow, IoError on a write error.
+  void write(uint64_t offset, const void* data, size_t size);
+  uint64_t received() const { return received_; }
+  bool complete() const { return received_ == size_; }
+  /// Verifies the hash and moves the file into the cache. Throws ProtocolError
+  /// on a mismatch.
+  std::filesystem::path commit();
+
+ private:
+  std::filesystem::path final_path_;
+  std::filesystem::path temp_path_;
+  std::string sha256_;
+  uint64_t size_;
+  uint64_t received_ = 0;
+  std::FILE* file_ = nullptr;
+  Sha256 hash_;
+};
+
+}  // namespace trainrun

@@ -1,0 +1,120 @@
+#include "worker/train_thread.h"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "common/constants.h"
+#include "plugin/plugin_library.h"
+#include "protocol/message.h"
+
+namespace trainrun {
+namespace {
+
+// What the host table's callbacks reach through their opaque handle.
+struct HostState {
+  zmq::socket_t* pair = nullptr;
+  int64_t reports = 0;
+};
+
+void copy_message(const std::string& message, char* error, size_t error_size) {
+  if (error_size == 0) return;
+  size_t n = std::min(message.size(), error_size - 1);
+  std::memcpy(error, message.data(), n);
+  error[n] = '\0';
+}
+
+int host_report(void* handle, const uint8_t* metrics, size_t metrics_size, char* error,
+                size_t error_size) {
+  auto& state = *static_cast<HostState*>(handle);
+  try {
+    protocol::Report report;
+    report.iteration = ++state.reports;
+    report.metrics.assign(reinterpret_cast<const char*>(metrics),
+                          reinterpret_cast<const char*>(metrics) + metrics_size);
+    protocol::send(*state.pair, report);
+    auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.pair));
+    if (reply.type() == protocol::ReportAck::kType &&
+        reply.as<protocol::ReportAck>().iteration == report.iteration) {
+      return 0;
+    }
+    copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+  }
+  return 1;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assign& assign) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(assign.store_port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>(assign.store_host, options);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
+  auto gloo = c10d::ProcessGroupGloo::Options::create();
+  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(assign.bind_host));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, assign.world_rank,
+                                                     assign.world_size, gloo);
+}
+
+}  // namespace
+
+void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
+                      const std::filesystem::path& plugin_path) {
+  zmq::socket_t pair(context, zmq::socket_type::pair);
+  pair.connect(kTrainThreadEndpoint);
+  protocol::Failed failed;
+  // Outlives the entry: a rank that fails must not close its connections before
+  // the controller has its report, or its peers' collectives fail first and
+  // look like the cause. The process ends without destroying it.
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  try {
+    failed.kind = "plugin";
+    auto plugin = PluginLibrary::open(plugin_path);
+    auto entry = plugin.entry(assign.entry);
+    failed.kind = "setup";
+    if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
+    group = create_process_group(assign);
+
+    HostState state{&pair};
+    train_host_v1_t host{};
+    host.abi_version = TRAIN_PLUGIN_ABI_VERSION;
+    host.struct_size = sizeof(host);
+    host.handle = &state;
+    host.world_rank = assign.world_rank;
+    host.local_rank = assign.local_rank;
+    host.node_rank = assign.node_rank;
+    host.world_size = assign.world_size;
+    host.local_world_size = assign.local_world_size;
+    host.device = assign.device.c_str();
+    host.run_name = assign.run_name.c_str();
+    host.storage_path = assign.storage_path.c_str();
+    host.config = reinterpret_cast<const uint8_t*>(assign.config.data());
+    host.config_size = assign.config.size();
+    host.process_group = group.get();
+    host.report = &host_report;
+
+    failed.kind = "exception";
+    std::vector<char> error(16 * 1024, '\0');
+    int rc = entry(&host, error.data(), error.size());
+    if (rc == TRAIN_OK) {
+      protocol::send(pair, protocol::Done{state.reports});
+      (void)group.release();
+      return;
+    }
+    failed.message = error.data();
+    if (rc != TRAIN_ERROR_EXCEPTION) failed.kind = "plugin";
+  } catch (const std::exception& e) {
+    failed.message = e.what();
+  }
+  protocol::send(pair, failed);
+  (void)group.release();
+}
+
+}  // namespace trainrun

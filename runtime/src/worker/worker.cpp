@@ -1,0 +1,233 @@
+#include "worker/worker.h"
+
+#include <trainrun/error.h>
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "common/constants.h"
+#include "protocol/message.h"
+#include "protocol/messages.h"
+#include "worker/plugin_cache.h"
+#include "worker/train_thread.h"
+
+namespace trainrun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string host_name() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Exports what torchrun exports, so code written for torchrun keeps working.
+void export_torchrun_environment(const protocol::Assign& assign) {
+  ::setenv("RANK", std::to_string(assign.world_rank).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(assign.local_rank).c_str(), 1);
+  ::setenv("GROUP_RANK", std::to_string(assign.node_rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(assign.world_size).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(assign.local_world_size).c_str(), 1);
+  ::setenv("MASTER_ADDR", assign.store_host.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(assign.store_port).c_str(), 1);
+}
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& options)
+      : options_(options),
+        dealer_(context_, zmq::socket_type::dealer),
+        pair_(context_, zmq::socket_type::pair) {
+    dealer_.set(zmq::sockopt::linger, 2000);
+    pair_.set(zmq::sockopt::linger, 0);
+    pair_.bind(kTrainThreadEndpoint);
+    dealer_.connect(options_.connect);
+  }
+
+  ~Worker() {
+    if (train_thread_.joinable()) train_thread_.join();
+  }
+
+  /// Whether destroying the worker is safe: the train thread has sent its last
+  /// message (or never started). Destruction closes the sockets and flushes
+  /// what is queued to the controller; with the train thread still inside
+  /// LibTorch it would wait for it forever.
+  bool can_close() const { return !train_thread_.joinable() || train_finished_; }
+
+  int run() {
+    protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid()});
+    auto startup = options_.startup_timeout.count() > 0
+                       ? options_.startup_timeout
+                       : std::chrono::duration_cast<std::chrono::milliseconds>(
+                             kDefaultStartupTimeout);
+    silence_limit_ = startup;
+    last_heard_ = Clock::now();
+    auto next_heartbeat = Clock::now() + kHeartbeatInterval;
+    while (exit_code_ < 0) {
+      zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
+                                 {pair_.handle(), 0, ZMQ_POLLIN, 0}};
+      protocol::poll(items, 2, std::chrono::milliseconds(100));
+      if (items[0].revents & ZMQ_POLLIN) on_controller_message();
+      if (items[1].revents & ZMQ_POLLIN) on_train_thread_message();
+      auto now = Clock::now();
+      if (now >= next_heartbeat) {
+        protocol::send(dealer_, protocol::Heartbeat{now_ms()});
+        next_heartbeat = now + kHeartbeatInterval;
+      }
+      if (now - last_heard_ > silence_limit_) {
+        spdlog::error("lost the controller at {}: nothing heard for {} s", options_.connect,
+                      std::chrono::duration_cast<std::chrono::seconds>(silence_limit_).count());
+        exit_code_ = 1;
+      }
+    }
+    return exit_code_;
+  }
+
+ private:
+  void on_controller_message() {
+    auto frames = protocol::recv_frames(dealer_, true);
+    if (frames.empty()) return;
+    last_heard_ = Clock::now();
+    try {
+      auto message = protocol::Incoming::parse(std::move(frames));
+      const auto& type = message.type();
+      if (type == protocol::Assign::kType) {
+        on_assign(message.as<protocol::Assign>());
+      } else if (type == protocol::PluginChunk::kType) {
+        on_plugin_chunk(message);
+      } else if (type == protocol::ReportAck::kType) {
+        protocol::send(pair_, message.as<protocol::ReportAck>());
+      } else if (type == protocol::Shutdown::kType) {
+        exit_code_ = 0;
+      } else if (type == protocol::Refused::kType) {
+        spdlog::error("the controller refused this worker: {}",
+                      message.as<protocol::Refused>().reason);
+        exit_code_ = 2;
+      } else if (type != protocol::Heartbeat::kType) {
+        spdlog::warn("dropped a message of unknown type {} from the controller", type);
+      }
+    } catch (const ProtocolError& e) {
+      spdlog::warn("dropped a message from the controller: {}", e.what());
+    }
+  }
+
+  void on_train_thread_message() {
+    auto frames = protocol::recv_frames(pair_, true);
+    if (frames.empty()) return;
+    // The train thread speaks the same protocol; relay its messages unchanged.
+    auto type = frames[0].to_string_view();
+    if (type == protocol::Done::kType || type == protocol::Failed::kType) train_finished_ = true;
+    for (size_t i = 0; i < frames.size(); ++i) {
+      dealer_.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore
+                                                     : zmq::send_flags::none);
+    }
+  }
+
+  void on_assign(const protocol::Assign& assign) {
+    if (assign_) return;  // a duplicate; the first one stands
+    assign_ = assign;
+    if (assign.heartbeat_timeout_ms > 0) {
+      silence_limit_ = std::chrono::milliseconds(assign.heartbeat_timeout_ms);
+    }
+    export_torchrun_environment(assign);
+    if (auto cached = find_cached_plugin(options_.cache_dir, assign.plugin_sha256)) {
+      start_training(*cached);
+      return;
+    }
+    try {
+      download_ = std::make_unique<PluginDownload>(options_.cache_dir, assign.plugin_sha256,
+                                                   assign.plugin_size);
+    } catch (const Error& e) {
+      fail_setup(e.what());
+      return;
+    }
+    for (int i = 0; i < kPluginCredit; ++i) request_next_chunk();
+  }
+
+  void request_next_chunk() {
+    if (requested_ >= assign_->plugin_size) return;
+    uint64_t length = std::min<uint64_t>(kPluginChunkSize, assign_->plugin_size - requested_);
+    protocol::send(dealer_, protocol::FetchPlugin{requested_, length});
+    requested_ += length;
+  }
+
+  void on_plugin_chunk(protocol::Incoming& message) {
+    if (!download_) return;
+    auto chunk = message.as<protocol::PluginChunk>();
+    if (message.blobs().size() != 1) throw ProtocolError("PLUGIN_CHUNK without its bytes");
+    const auto& bytes = message.blobs()[0];
+    try {
+      download_->write(chunk.offset, bytes.data(), bytes.size());
+      request_next_chunk();
+      if (download_->complete()) {
+        auto path = download_->commit();
+        download_.reset();
+        start_training(path);
+      }
+    } catch (const Error& e) {
+      download_.reset();
+      fail_setup(std::string("plugin download failed: ") + e.what());
+    }
+  }
+
+  void start_training(const std::filesystem::path& plugin_path) {
+    train_thread_ = std::thread(
+        [this, plugin_path] { run_train_thread(context_, *assign_, plugin_path); });
+  }
+
+  void fail_setup(const std::string& message) {
+    protocol::send(dealer_, protocol::Failed{message, "setup"});
+  }
+
+  WorkerOptions options_;
+  zmq::context_t context_;
+  zmq::socket_t dealer_;
+  zmq::socket_t pair_;
+  std::optional<protocol::Assign> assign_;
+  std::unique_ptr<PluginDownload> download_;
+  uint64_t requested_ = 0;
+  std::thread train_thread_;
+  bool train_finished_ = false;
+  Clock::time_point last_heard_;
+  std::chrono::milliseconds silence_limit_{0};
+  int exit_code_ = -1;
+};
+
+}  // namespace
+
+int run_worker(const WorkerOptions& options) {
+  // Line-buffered stdout: the controller forwards lines as they are printed,
+  // and a crash loses at most a partial line.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  spdlog::set_pattern("[trainrun worker] %^%l%$: %v");
+  int code = 1;
+  try {
+    auto worker = std::make_unique<Worker>(options);
+    code = worker->run();
+    if (worker->can_close()) {
+      worker.reset();
+    } else {
+      (void)worker.release();  // its thread is still running; _Exit ends both
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // Skip static destructors: the train thread may still be inside LibTorch.
+  std::_Exit(code);
+}
+
+}  // namespace trainrun

@@ -1,0 +1,75 @@
+/* The C boundary between a trainrun worker and a plugin.
+ *
+ * A plugin exports one symbol, `train_plugin_v1`, a descriptor the worker reads
+ * after dlopen. The worker calls an entry with a host table of plain data and C
+ * callbacks. Nothing else is shared: no C++ object crosses this boundary except
+ * the c10d process group, and only after the LibTorch version and C++ ABI of
+ * both sides were checked to match. Both structs start with a version and a size
+ * so they can grow; readers check both before touching later fields. */
+#ifndef TRAIN_ABI_H_
+#define TRAIN_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TRAIN_PLUGIN_ABI_VERSION 1
+#define TRAIN_PLUGIN_SYMBOL "train_plugin_v1"
+
+/* Return codes of an entry. */
+#define TRAIN_OK 0
+#define TRAIN_ERROR_EXCEPTION 1 /* train_func threw; the message is in `error` */
+#define TRAIN_ERROR_HOST 2      /* the host table is too old or malformed */
+
+/* Handed by the worker to an entry; valid until the entry returns. */
+typedef struct train_host_v1_s {
+  uint32_t abi_version;
+  uint32_t struct_size;
+  void* handle; /* passed back to every callback */
+
+  int32_t world_rank;
+  int32_t local_rank;
+  int32_t node_rank;
+  int32_t world_size;
+  int32_t local_world_size;
+  const char* device;       /* "cpu" or "cuda:N" */
+  const char* run_name;
+  const char* storage_path; /* <storage_path>/<run_name> is the run directory */
+
+  const uint8_t* config; /* msgpack map of the run's config */
+  size_t config_size;
+
+  void* process_group; /* c10d::ProcessGroup*, owned by the worker */
+
+  /* Reports rank-local metrics (a msgpack map); blocks until every rank has
+   * reported the same iteration. Returns 0, or non-zero with a message. */
+  int (*report)(void* handle, const uint8_t* metrics, size_t metrics_size, char* error,
+                size_t error_size);
+} train_host_v1_t;
+
+typedef int (*train_entry_fn_v1_t)(const train_host_v1_t* host, char* error, size_t error_size);
+
+typedef struct train_entry_v1_s {
+  const char* name;
+  train_entry_fn_v1_t fn;
+} train_entry_v1_t;
+
+/* The exported descriptor. Entries are registered by TRAIN_FUNC at load time. */
+typedef struct train_plugin_v1_s {
+  uint32_t abi_version;
+  uint32_t struct_size;
+  const char* sdk_version;
+  const char* torch_version;
+  int32_t cxx11_abi; /* _GLIBCXX_USE_CXX11_ABI the plugin was built with */
+  uint32_t num_entries;
+  const train_entry_v1_t* entries;
+} train_plugin_v1_t;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TRAIN_ABI_H_ */

@@ -1,0 +1,71 @@
+// The plugin's exported descriptor and the entry shim. The descriptor is the
+// only symbol a plugin exports; TRAIN_FUNC's registrations fill its entry table
+// while the library's static constructors run, before dlopen returns.
+
+#include <train/plugin.h>
+#include <train/version.h>
+#include <torch/csrc/api/include/torch/version.h>
+
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "host.h"
+
+extern "C" __attribute__((visibility("default"))) train_plugin_v1_t train_plugin_v1 = {
+    TRAIN_PLUGIN_ABI_VERSION,
+    sizeof(train_plugin_v1_t),
+    TRAIN_SDK_VERSION,
+    TORCH_VERSION,
+    _GLIBCXX_USE_CXX11_ABI,
+    0,
+    nullptr,
+};
+
+namespace train::detail {
+namespace {
+
+std::vector<train_entry_v1_t>& entries() {
+  static std::vector<train_entry_v1_t> table;
+  return table;
+}
+
+void copy_message(const std::string& message, char* error, size_t error_size) {
+  if (error == nullptr || error_size == 0) return;
+  size_t n = std::min(message.size(), error_size - 1);
+  std::memcpy(error, message.data(), n);
+  error[n] = '\0';
+}
+
+}  // namespace
+
+int register_entry(const char* name, train_entry_fn_v1_t fn) {
+  auto& table = entries();
+  table.push_back({name, fn});
+  ::train_plugin_v1.entries = table.data();
+  ::train_plugin_v1.num_entries = static_cast<uint32_t>(table.size());
+  return static_cast<int>(table.size());
+}
+
+int run_entry(const train_host_v1_t* host, char* error, size_t error_size, Body body) {
+  if (host == nullptr || host->abi_version != TRAIN_PLUGIN_ABI_VERSION ||
+      host->struct_size < sizeof(train_host_v1_t)) {
+    copy_message("the worker's host table is incompatible with this plugin's SDK (plugin ABI " +
+                     std::to_string(TRAIN_PLUGIN_ABI_VERSION) + ")",
+                 error, error_size);
+    return TRAIN_ERROR_HOST;
+  }
+  try {
+    HostScope scope(host);
+    body(Config::from_msgpack(host->config, host->config_size));
+    return TRAIN_OK;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+  } catch (...) {
+    copy_message("train_func threw an exception that is not a std::exception", error, error_size);
+  }
+  return TRAIN_ERROR_EXCEPTION;
+}
+
+}  // namespace train::detail

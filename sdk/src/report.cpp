@@ -1,0 +1,25 @@
+#include <train/report.h>
+
+#include <nlohmann/json.hpp>
+
+#include <stdexcept>
+#include <vector>
+
+#include "host.h"
+
+namespace train {
+
+void report(const Metrics& metrics) {
+  const auto& host = detail::current_host("train::report");
+  nlohmann::json map = nlohmann::json::object();
+  for (const auto& [name, value] : metrics) {
+    std::visit([&, &name = name](const auto& v) { map[name] = v; }, value.value());
+  }
+  std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(map);
+  char error[1024] = {0};
+  if (host.report(host.handle, bytes.data(), bytes.size(), error, sizeof(error)) != 0) {
+    throw std::runtime_error(std::string("train::report failed: ") + error);
+  }
+}
+
+}  // namespace train

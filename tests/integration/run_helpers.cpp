@@ -1,0 +1,90 @@
+#include "run_helpers.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+Sandbox::Sandbox() {
+  char pattern[] = "/tmp/trainrun-it-XXXXXX";
+  root_ = ::mkdtemp(pattern);
+}
+
+Sandbox::~Sandbox() { std::filesystem::remove_all(root_); }
+
+std::string Sandbox::command(const std::string& args) const {
+  return "export TRAINRUN_CACHE_DIR='" + (root_ / "cache").string() + "'; exec '" TRAINRUN_EXE
+         "' --storage-path '" + results().string() + "' " + args;
+}
+
+RunOutput Sandbox::run(const std::string& args) const {
+  RunOutput out;
+  auto start = std::chrono::steady_clock::now();
+  std::FILE* pipe = ::popen((command(args) + " 2>&1").c_str(), "r");
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.output.append(buffer, n);
+  int status = ::pclose(pipe);
+  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+pid_t Sandbox::start(const std::string& args) const {
+  auto line = command(args) + " > '" + (root_ / "out.txt").string() + "' 2>&1";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int Sandbox::wait(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Sandbox::output_so_far() const { return read_text(root_ / "out.txt"); }
+
+bool Sandbox::any_worker_alive() const {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    auto cmdline = read_text(entry.path() / "cmdline");
+    if (cmdline.find(root_.string()) != std::string::npos &&
+        cmdline.find("worker") != std::string::npos) {
+      auto status = read_text(entry.path() / "stat");  // a zombie is not alive
+      auto close = status.rfind(')');
+      if (close != std::string::npos && status.size() > close + 2 && status[close + 2] == 'Z') {
+        continue;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  return nlohmann::json::parse(read_text(path));
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(read_text(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}

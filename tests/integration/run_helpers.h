@@ -1,0 +1,46 @@
+#pragma once
+
+// Runs the real trainrun executable in a private temporary directory (its
+// storage path and plugin cache), and reads what it left behind.
+
+#include <nlohmann/json.hpp>
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+struct RunOutput {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+  double seconds = 0;
+};
+
+class Sandbox {
+ public:
+  Sandbox();
+  ~Sandbox();
+
+  const std::filesystem::path& root() const { return root_; }
+  std::filesystem::path results() const { return root_ / "results"; }
+  std::filesystem::path run_dir(const std::string& name) const { return results() / name; }
+
+  /// Runs `trainrun --storage-path <root>/results ARGS` to completion.
+  RunOutput run(const std::string& args) const;
+  /// Starts it in the background with output going to <root>/out.txt.
+  pid_t start(const std::string& args) const;
+  /// Waits for a started run; returns its exit code.
+  static int wait(pid_t pid);
+  std::string output_so_far() const;
+
+  /// Whether any process started from this sandbox (a worker) is still alive.
+  bool any_worker_alive() const;
+
+ private:
+  std::string command(const std::string& args) const;
+  std::filesystem::path root_;
+};
+
+std::string read_text(const std::filesystem::path& path);
+nlohmann::json read_json(const std::filesystem::path& path);
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);

@@ -1,0 +1,60 @@
+#include <doctest/doctest.h>
+
+#include "run_helpers.h"
+
+namespace {
+
+// Runs trainrun expecting a usage or plugin error: exit 2, one line naming the
+// problem, and nothing written to storage.
+void expect_refused(const std::string& args, const std::string& message) {
+  Sandbox box;
+  auto run = box.run(args + " -n 2 --name r");
+  INFO(run.output);
+  CHECK(run.exit_code == 2);
+  CHECK(run.output.find(message) != std::string::npos);
+  CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("r")));
+}
+
+std::string plugin(const char* path) { return std::string("--plugin '") + path + "'"; }
+
+}  // namespace
+
+TEST_CASE("bad plugins are refused with one line and exit code 2") {
+  expect_refused("--plugin /nonexistent/libx.so", "plugin not found: /nonexistent/libx.so");
+  expect_refused(std::string("--plugin '") + TEST_SOURCE_DIR + "/CMakeLists.txt'",
+                 "is not a shared library (no ELF header)");
+  expect_refused(plugin(NO_DESCRIPTOR_PLUGIN), "has no trainrun descriptor");
+  expect_refused(plugin(BAD_ABI_PLUGIN), "uses plugin ABI v999, this trainrun uses v1");
+  expect_refused(plugin(TORCH_MISMATCH_PLUGIN),
+                 "was built with LibTorch 0.9.0, this trainrun uses 1.13");
+}
+
+TEST_CASE("entries: unknown or ambiguous --entry is refused with the list") {
+  expect_refused(plugin(TEST_PLUGIN) + " --entry nope",
+                 "has no entry 'nope' (available: context, steps, throws, crash");
+  expect_refused(plugin(TEST_PLUGIN), "has several entries (context, steps,");
+}
+
+TEST_CASE("usage errors exit 2") {
+  Sandbox box;
+  CHECK(box.run("--num-workers 2").exit_code == 2);  // no --plugin
+  CHECK(box.run(plugin(QUICKSTART_PLUGIN) + " --num-workers 0").exit_code == 2);
+  CHECK(box.run(plugin(QUICKSTART_PLUGIN) + " --config noequals").exit_code == 2);
+  CHECK(box.run("--no-such-flag").exit_code == 2);
+  auto version = box.run("--version");
+  CHECK(version.exit_code == 0);
+  CHECK(version.output.find("trainrun 0.1.0") != std::string::npos);
+}
+
+TEST_CASE("inspect prints the entries and versions") {
+  Sandbox box;
+  auto run = box.run(std::string("inspect '") + TEST_PLUGIN + "'");
+  INFO(run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(run.output.find("entries:     context, steps, throws, crash, mismatch, sleeps") !=
+        std::string::npos);
+  CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
+  CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);
+  CHECK(box.run(std::string("inspect '") + BAD_ABI_PLUGIN + "'").exit_code == 2);
+}

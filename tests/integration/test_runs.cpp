@@ -1,0 +1,144 @@
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <thread>
+
+#include "run_helpers.h"
+
+namespace {
+
+const std::string kTestPlugin = std::string("--plugin '") + TEST_PLUGIN + "'";
+
+}  // namespace
+
+TEST_CASE("two workers: each rank sees its context and rank 0 metrics are recorded") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin +
+                     " --entry context -n 2 --cpus-per-worker 1 --name ctx"
+                     " --config reports=3 --config label=hello");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto dir = box.run_dir("ctx");
+  for (int rank = 0; rank < 2; ++rank) {
+    auto expected = "context world_rank=" + std::to_string(rank) +
+                    " local_rank=" + std::to_string(rank) +
+                    " node_rank=0 world_size=2 local_world_size=2 device=cpu run_name=ctx"
+                    " env_rank=" + std::to_string(rank) + " env_world_size=2 threads=1";
+    CHECK(read_text(dir / "logs" / ("worker-" + std::to_string(rank) + ".log")).find(expected) !=
+          std::string::npos);
+    CHECK(run.output.find("(rank=" + std::to_string(rank) + ", pid=") != std::string::npos);
+  }
+  auto results = read_jsonl(dir / "result.jsonl");
+  REQUIRE(results.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    const auto& metrics = results[static_cast<size_t>(i)]["metrics"];
+    CHECK(results[static_cast<size_t>(i)]["iteration"] == i + 1);
+    CHECK(metrics["i"] == i);
+    CHECK(metrics["world_rank"] == 0);  // rank 0's metrics
+    CHECK(metrics["world_size"] == 2);
+    CHECK(metrics["rank_sum"] == 1.0);  // 0 + 1: the allreduce ran across both
+    CHECK(metrics["label"] == "hello");
+    CHECK(metrics["even"] == (i % 2 == 0));
+  }
+  auto csv = read_text(dir / "progress.csv");
+  CHECK(csv.rfind("iteration,timestamp,time_total_s,", 0) == 0);
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 4);
+  auto info = read_json(dir / "run.json");
+  CHECK(info["status"] == "finished");
+  CHECK(info["scaling"]["num_workers"] == 2);
+  CHECK(info["config"]["label"] == "hello");
+  CHECK_FALSE(std::filesystem::exists(dir / "error.json"));
+  CHECK(run.output.find("report 3") != std::string::npos);
+  CHECK(run.output.find("run finished: 3 reports") != std::string::npos);
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("a train function that throws on rank 1 fails the run with that rank's message") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry throws -n 2 --name t --config fail_rank=1");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  auto error = read_json(box.run_dir("t") / "error.json");
+  CHECK(error["kind"] == "exception");
+  CHECK(error["rank"] == 1);
+  CHECK(error["message"] == "raised: boom on rank 1");
+  CHECK(error["pid"].get<int64_t>() > 0);
+  CHECK(run.output.find("run failed: rank 1 (") != std::string::npos);
+  CHECK(read_json(box.run_dir("t") / "run.json")["status"] == "failed");
+  CHECK(run.seconds < 30);  // rank 0, stuck in a collective, was stopped
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("a worker killed by a signal fails the run naming the signal") {
+  for (std::string how : {"abort", "segv"}) {
+    CAPTURE(how);
+    Sandbox box;
+    auto run = box.run(kTestPlugin + " --entry crash -n 2 --name c --config how=" + how);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    auto error = read_json(box.run_dir("c") / "error.json");
+    CHECK(error["kind"] == "signal");
+    CHECK(error["rank"] == 1);
+    CHECK(error["message"].get<std::string>().find(how == "abort" ? "SIGABRT" : "SIGSEGV") !=
+          std::string::npos);
+    CHECK(run.output.find("is about to crash") != std::string::npos);  // its last words
+    CHECK_FALSE(box.any_worker_alive());
+  }
+}
+
+TEST_CASE("ranks that report a different number of times fail instead of hanging") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry mismatch -n 2 --name m");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(read_json(box.run_dir("m") / "error.json")["message"].get<std::string>().find(
+            "same number of times") != std::string::npos);
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("a config value of the wrong type is an error naming the key") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry bad_config -n 1 --name b --config epochs=ten");
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("config key 'epochs' is a string (\"ten\"), expected an integer") !=
+        std::string::npos);
+}
+
+TEST_CASE("SIGINT stops every worker and exits 130") {
+  Sandbox box;
+  pid_t pid = box.start(kTestPlugin + " --entry sleeps -n 2 --name s");
+  for (int i = 0; i < 600; ++i) {
+    auto out = box.output_so_far();
+    if (out.find("(rank=0") != std::string::npos && out.find("(rank=1") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(box.any_worker_alive());
+  ::kill(pid, SIGINT);
+  CHECK(Sandbox::wait(pid) == 130);
+  CHECK_FALSE(box.any_worker_alive());
+  CHECK(read_json(box.run_dir("s") / "error.json")["kind"] == "interrupted");
+}
+
+TEST_CASE("the quickstart example trains and its loss falls") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + QUICKSTART_PLUGIN +
+                     "' -n 2 --name q --config steps=30 --config lr=0.1");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto results = read_jsonl(box.run_dir("q") / "result.jsonl");
+  REQUIRE(results.size() == 30);
+  CHECK(results.back()["metrics"]["loss"].get<double>() <
+        0.1 * results.front()["metrics"]["loss"].get<double>());
+}
+
+TEST_CASE("workers cache the plugin by its sha256") {
+  Sandbox box;
+  REQUIRE(box.run(kTestPlugin + " --entry steps -n 2 --name a").exit_code == 0);
+  auto sha = read_json(box.run_dir("a") / "run.json")["plugin"]["sha256"].get<std::string>();
+  CHECK(std::filesystem::exists(box.root() / "cache" / (sha + ".so")));
+  REQUIRE(box.run(kTestPlugin + " --entry steps -n 2 --name b").exit_code == 0);
+  CHECK(read_jsonl(box.run_dir("b") / "result.jsonl").size() == 1);
+}

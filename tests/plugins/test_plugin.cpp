@@ -1,0 +1,102 @@
+// Train functions that exercise the runtime: each rank's context, failures on
+// one rank while the others wait in a collective, mismatched report counts.
+
+#include <train/train.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <thread>
+
+namespace {
+
+// Blocks the calling rank in a collective that can only finish if every rank
+// joins: the way a real peer waits when another rank fails.
+void wait_in_collective() {
+  std::vector<torch::Tensor> t{torch::ones({1})};
+  train::process_group()->allreduce(t)->wait();
+}
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "unset";
+}
+
+}  // namespace
+
+// Prints and reports what each rank sees, and proves the process group works.
+void context(const train::Config& config) {
+  auto ctx = train::get_context();
+  std::vector<torch::Tensor> rank{torch::tensor({static_cast<double>(ctx.world_rank())})};
+  train::process_group()->allreduce(rank)->wait();
+  std::cout << "context world_rank=" << ctx.world_rank() << " local_rank=" << ctx.local_rank()
+            << " node_rank=" << ctx.node_rank() << " world_size=" << ctx.world_size()
+            << " local_world_size=" << ctx.local_world_size() << " device=" << ctx.device()
+            << " run_name=" << ctx.run_name() << " env_rank=" << env("RANK")
+            << " env_world_size=" << env("WORLD_SIZE") << " threads=" << torch::get_num_threads()
+            << std::endl;
+  const int reports = config.get<int>("reports", 3);
+  for (int i = 0; i < reports; ++i) {
+    train::report({{"i", i},
+                   {"world_rank", ctx.world_rank()},
+                   {"world_size", ctx.world_size()},
+                   {"rank_sum", rank[0].item<double>()},
+                   {"label", config.get("label", "none")},
+                   {"even", i % 2 == 0}});
+  }
+}
+
+// Reports `steps` times and returns: the smallest real run.
+void steps(const train::Config& config) {
+  const int n = config.get<int>("steps", 1);
+  for (int i = 0; i < n; ++i) train::report({{"step", i}, {"loss", 1.0 / (i + 1)}});
+}
+
+// Rank `fail_rank` throws after one report; the others wait in a collective.
+void throws(const train::Config& config) {
+  auto ctx = train::get_context();
+  train::report({{"phase", "started"}});
+  if (ctx.world_rank() == config.get<int>("fail_rank", 1)) {
+    throw std::runtime_error("boom on rank " + std::to_string(ctx.world_rank()));
+  }
+  wait_in_collective();
+}
+
+// Rank `fail_rank` dies by a signal (`how` = abort or segv); the others wait.
+void crash(const train::Config& config) {
+  auto ctx = train::get_context();
+  train::report({{"phase", "started"}});
+  if (ctx.world_rank() == config.get<int>("fail_rank", 1)) {
+    std::cerr << "rank " << ctx.world_rank() << " is about to crash" << std::endl;
+    if (config.get("how", "abort") == std::string("segv")) std::raise(SIGSEGV);
+    std::abort();
+  }
+  wait_in_collective();
+}
+
+// Rank 1 reports once less than rank 0.
+void mismatch(const train::Config&) {
+  auto ctx = train::get_context();
+  train::report({{"n", 1}});
+  if (ctx.world_rank() == 0) train::report({{"n", 2}});
+}
+
+// Runs until it is stopped.
+void sleeps() {
+  std::cout << "sleeping" << std::endl;
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// Reads a config key with the wrong type.
+void bad_config(const train::Config& config) { (void)config.get<int>("epochs", 1); }
+
+TRAIN_FUNC(context);
+TRAIN_FUNC(steps);
+TRAIN_FUNC(throws);
+TRAIN_FUNC(crash);
+TRAIN_FUNC(mismatch);
+TRAIN_FUNC(sleeps);
+TRAIN_FUNC(bad_config);

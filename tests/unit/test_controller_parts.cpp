@@ -1,0 +1,50 @@
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "controller/failure.h"
+#include "controller/report_barrier.h"
+#include "controller/signals.h"
+
+using namespace trainrun;
+
+TEST_CASE("failures: a dead process is the root cause over a peer's exception") {
+  FailureCollector failures;
+  CHECK_FALSE(failures.any());
+  failures.add({"exception", "raised: Connection closed by peer", 0, "h", 10});
+  failures.add({"signal", "was killed by SIGSEGV", 1, "h", 11});
+  failures.add({"exception", "raised: later", 2, "h", 12});
+  CHECK(failures.root_cause().rank == 1);
+  auto now = FailureCollector::Clock::now();
+  CHECK_FALSE(failures.settled(now, std::chrono::hours(1)));
+  CHECK(failures.settled(now + std::chrono::seconds(1), std::chrono::milliseconds(1)));
+}
+
+TEST_CASE("failures: among exceptions the earliest wins") {
+  FailureCollector failures;
+  failures.add({"exception", "raised: first", 1, "h", 11});
+  failures.add({"exception", "raised: second", 0, "h", 10});
+  CHECK(failures.root_cause().message == "raised: first");
+}
+
+TEST_CASE("report barrier: completes when every rank arrives and keeps rank 0 metrics") {
+  ReportBarrier barrier(3);
+  CHECK_FALSE(barrier.arrive(1, 1, {{"loss", 9}}));
+  CHECK_FALSE(barrier.arrive(0, 1, {{"loss", 1}}));
+  CHECK_FALSE(barrier.complete());
+  CHECK(barrier.waiting(0));
+  CHECK_FALSE(barrier.waiting(2));
+  CHECK_FALSE(barrier.arrive(2, 1, {}));
+  CHECK(barrier.complete());
+  CHECK(barrier.release() == nlohmann::json{{"loss", 1}});
+  CHECK(barrier.iteration() == 2);
+  CHECK_FALSE(barrier.waiting(0));
+  auto error = barrier.arrive(1, 5, {});
+  REQUIRE(error);
+  CHECK(error->find("rank 1 reported iteration 5 while the run is at iteration 2") == 0);
+}
+
+TEST_CASE("signal names") {
+  CHECK(signal_description(SIGSEGV) == "SIGSEGV (Segmentation fault)");
+  CHECK(signal_description(SIGABRT) == "SIGABRT (Aborted)");
+}

@@ -1,0 +1,68 @@
+#include <doctest/doctest.h>
+#include <trainrun/error.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "storage/run_storage.h"
+
+using namespace trainrun;
+
+namespace {
+
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char pattern[] = "/tmp/trainrun-test-XXXXXX";
+    path = ::mkdtemp(pattern);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("storage: result.jsonl gets a line per report and progress.csv grows a column") {
+  TempDir tmp;
+  RunStorage storage(tmp.path, "run");
+  CHECK(std::filesystem::is_directory(tmp.path / "run" / "logs"));
+  storage.append_result({{"iteration", 1}, {"timestamp", 1.5}, {"time_total_s", 0.5},
+                         {"metrics", {{"loss", 0.5}}}});
+  storage.append_result({{"iteration", 2}, {"timestamp", 2.5}, {"time_total_s", 1.5},
+                         {"metrics", {{"loss", 0.25}, {"note", "a,b"}}}});
+  auto lines = slurp(tmp.path / "run" / "result.jsonl");
+  CHECK(std::count(lines.begin(), lines.end(), '\n') == 2);
+  auto first = nlohmann::json::parse(lines.substr(0, lines.find('\n')));
+  CHECK(first["metrics"]["loss"] == 0.5);
+  CHECK(slurp(tmp.path / "run" / "progress.csv") ==
+        "iteration,timestamp,time_total_s,loss,note\n"
+        "1,1.5,0.5,0.5,\n"
+        "2,2.5,1.5,0.25,\"a,b\"\n");
+}
+
+TEST_CASE("storage: atomic writes replace whole files and leave no temporary") {
+  TempDir tmp;
+  write_file_atomic(tmp.path / "state.json", "one");
+  write_file_atomic(tmp.path / "state.json", "two");
+  CHECK(slurp(tmp.path / "state.json") == "two");
+  CHECK(std::distance(std::filesystem::directory_iterator(tmp.path),
+                      std::filesystem::directory_iterator()) == 1);
+  CHECK_THROWS_WITH_AS(write_file_atomic(tmp.path / "missing" / "x.json", "x"),
+                       doctest::Contains("cannot create"), IoError);
+}
+
+TEST_CASE("storage: error.json is written and cleared") {
+  TempDir tmp;
+  RunStorage storage(tmp.path, "run");
+  storage.write_error({{"kind", "exception"}, {"rank", 1}});
+  CHECK(nlohmann::json::parse(slurp(tmp.path / "run" / "error.json"))["rank"] == 1);
+  storage.write_error(nullptr);
+  CHECK_FALSE(std::filesystem::exists(tmp.path / "run" / "error.json"));
+}
