@@ -5,6 +5,7 @@
 //   trainrun --plugin build/examples/quickstart/libquickstart.so --num-workers 2 --config steps=5
 
 #include <train/train.h>
+
 #include <torch/torch.h>
 
 #include <iostream>
@@ -13,8 +14,8 @@ void quickstart(const train::Config& config) {
   auto ctx = train::get_context();
   const int steps = config.get<int>("steps", 20);
   const double lr = config.get<double>("lr", 0.05);
-  std::cout << "rank " << ctx.world_rank() << " of " << ctx.world_size() << " on "
-            << ctx.device() << ", " << steps << " steps" << std::endl;
+  std::cout << "rank " << ctx.world_rank() << " of " << ctx.world_size() << " on " << ctx.device()
+            << ", " << steps << " steps" << std::endl;
 
   torch::manual_seed(0);  // the same initial weights on every rank
   torch::nn::Linear model(4, 1);

@@ -1,6 +1,7 @@
+#include <train/version.h>
 #include <trainrun/error.h>
 #include <trainrun/trainer.h>
-#include <train/version.h>
+
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
@@ -14,10 +15,10 @@
 #include <thread>
 
 #include "common/hash.h"
+#include "common/paths.h"
 #include "controller/controller.h"
-#include "plugin/plugin_library.h"
+#include "plugin/plugin_file.h"
 #include "storage/run_storage.h"
-#include "worker/plugin_cache.h"
 
 namespace trainrun {
 namespace {
@@ -95,14 +96,14 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   run.storage_path = std::filesystem::absolute(run.storage_path);
   if (options_.cache_dir.empty()) options_.cache_dir = default_cache_dir();
   if (options_.worker_executable.empty()) {
-    options_.worker_executable = std::filesystem::read_symlink("/proc/self/exe");
+    options_.worker_executable = find_worker_executable();
   }
 }
 
 Result Trainer::fit() {
   // Inspect the plugin before anything starts: a bad one costs no worker.
-  auto plugin = PluginLibrary::open(options_.plugin);
-  auto entry = plugin.resolve_entry(options_.entry);
+  auto plugin = inspect_plugin_file(options_.plugin);
+  auto entry = resolve_entry(plugin, options_.entry);
   ControllerSetup setup;
   setup.options = options_;
   setup.plugin_bytes = read_file(options_.plugin);
@@ -127,11 +128,10 @@ Result Trainer::fit() {
        {{"path", std::filesystem::absolute(options_.plugin).string()},
         {"sha256", setup.plugin_sha256},
         {"entry", entry},
-        {"sdk_version", plugin.info().sdk_version},
-        {"torch_version", plugin.info().torch_version}}},
+        {"sdk_version", plugin.sdk_version},
+        {"torch_version", plugin.torch_version}}},
       {"scaling",
-       {{"num_workers", options_.scaling.num_workers},
-        {"cpus_per_worker", setup.cpus_per_worker}}},
+       {{"num_workers", options_.scaling.num_workers}, {"cpus_per_worker", setup.cpus_per_worker}}},
       {"config", options_.config},
       {"versions", {{"trainrun", TRAIN_SDK_VERSION}, {"torch", TORCH_VERSION}}},
       {"controller_host", host},
@@ -139,9 +139,8 @@ Result Trainer::fit() {
       {"status", "running"}};
   storage.write_run_info(info);
   storage.write_error(nullptr);
-  log.info("run '{}': {} x {} ({}), results in {}", options_.run.name,
-           options_.scaling.num_workers, entry, options_.plugin.filename().string(),
-           storage.dir().string());
+  log.info("run '{}': {} x {} ({}), results in {}", options_.run.name, options_.scaling.num_workers,
+           entry, options_.plugin.filename().string(), storage.dir().string());
 
   Controller controller(std::move(setup), storage);
   Result result = controller.run();

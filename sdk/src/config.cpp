@@ -109,7 +109,7 @@ std::vector<std::string> Config::keys() const {
 
 std::string Config::to_json() const { return impl_->values.dump(); }
 
-#define TRAIN_CONFIG_INSTANTIATE(T)                       \
+#define TRAIN_CONFIG_INSTANTIATE(T)                    \
   template T Config::get<T>(const std::string&) const; \
   template T Config::get<T>(const std::string&, T) const;
 TRAIN_CONFIG_INSTANTIATE(bool)

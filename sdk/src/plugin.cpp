@@ -1,9 +1,11 @@
-// The plugin's exported descriptor and the entry shim. The descriptor is the
-// only symbol a plugin exports; TRAIN_FUNC's registrations fill its entry table
-// while the library's static constructors run, before dlopen returns.
+// The plugin's exported descriptor, its pointer-free twin in the
+// .trainrun_info section, and the entry shim. The descriptor is the only symbol
+// a plugin exports; TRAIN_FUNC's registrations fill its entry table while the
+// library's static constructors run, before dlopen returns.
 
 #include <train/plugin.h>
 #include <train/version.h>
+
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <cstring>
@@ -13,15 +15,27 @@
 
 #include "host.h"
 
-extern "C" __attribute__((visibility("default"))) train_plugin_v1_t train_plugin_v1 = {
+extern "C" {
+__attribute__((section(TRAIN_PLUGIN_INFO_SECTION), used))
+const train_plugin_info_v1_t train_plugin_info_v1 = {
+    {'T', 'R', 'A', 'I', 'N', 'R', 'U', 'N'},
     TRAIN_PLUGIN_ABI_VERSION,
-    sizeof(train_plugin_v1_t),
+    sizeof(train_plugin_info_v1_t),
+    _GLIBCXX_USE_CXX11_ABI,
     TRAIN_SDK_VERSION,
     TORCH_VERSION,
+};
+
+__attribute__((visibility("default"))) train_plugin_v1_t train_plugin_v1 = {
+    TRAIN_PLUGIN_ABI_VERSION,
+    sizeof(train_plugin_v1_t),
+    train_plugin_info_v1.sdk_version,
+    train_plugin_info_v1.torch_version,
     _GLIBCXX_USE_CXX11_ABI,
     0,
     nullptr,
 };
+}
 
 namespace train::detail {
 namespace {

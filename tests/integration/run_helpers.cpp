@@ -17,8 +17,8 @@ Sandbox::Sandbox() {
 Sandbox::~Sandbox() { std::filesystem::remove_all(root_); }
 
 std::string Sandbox::command(const std::string& args) const {
-  return "export TRAINRUN_CACHE_DIR='" + (root_ / "cache").string() + "'; exec '" TRAINRUN_EXE
-         "' --storage-path '" + results().string() + "' " + args;
+  return "export TRAINRUN_CACHE_DIR='" + (root_ / "cache").string() +
+         "'; exec '" TRAINRUN_EXE "' --storage-path '" + results().string() + "' " + args;
 }
 
 RunOutput Sandbox::run(const std::string& args) const {

@@ -32,8 +32,8 @@ TEST_CASE("bad plugins are refused with one line and exit code 2") {
 
 TEST_CASE("entries: unknown or ambiguous --entry is refused with the list") {
   expect_refused(plugin(TEST_PLUGIN) + " --entry nope",
-                 "has no entry 'nope' (available: context, steps, throws, crash");
-  expect_refused(plugin(TEST_PLUGIN), "has several entries (context, steps,");
+                 "has no entry 'nope' (available: bad_config, context, crash, mismatch");
+  expect_refused(plugin(TEST_PLUGIN), "has several entries (bad_config, context, crash,");
 }
 
 TEST_CASE("usage errors exit 2") {
@@ -52,8 +52,9 @@ TEST_CASE("inspect prints the entries and versions") {
   auto run = box.run(std::string("inspect '") + TEST_PLUGIN + "'");
   INFO(run.output);
   CHECK(run.exit_code == 0);
-  CHECK(run.output.find("entries:     context, steps, throws, crash, mismatch, sleeps") !=
-        std::string::npos);
+  CHECK(
+      run.output.find("entries:     bad_config, context, crash, mismatch, sleeps, steps, throws") !=
+      std::string::npos);
   CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
   CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);
   CHECK(box.run(std::string("inspect '") + BAD_ABI_PLUGIN + "'").exit_code == 2);

@@ -1,5 +1,4 @@
 #include <doctest/doctest.h>
-
 #include <signal.h>
 
 #include <thread>
@@ -24,7 +23,8 @@ TEST_CASE("two workers: each rank sees its context and rank 0 metrics are record
     auto expected = "context world_rank=" + std::to_string(rank) +
                     " local_rank=" + std::to_string(rank) +
                     " node_rank=0 world_size=2 local_world_size=2 device=cpu run_name=ctx"
-                    " env_rank=" + std::to_string(rank) + " env_world_size=2 threads=1";
+                    " env_rank=" +
+                    std::to_string(rank) + " env_world_size=2 threads=1";
     CHECK(read_text(dir / "logs" / ("worker-" + std::to_string(rank) + ".log")).find(expected) !=
           std::string::npos);
     CHECK(run.output.find("(rank=" + std::to_string(rank) + ", pid=") != std::string::npos);

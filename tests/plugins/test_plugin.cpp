@@ -2,6 +2,7 @@
 // one rank while the others wait in a collective, mismatched report counts.
 
 #include <train/train.h>
+
 #include <torch/torch.h>
 
 #include <chrono>

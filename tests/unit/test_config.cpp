@@ -1,6 +1,6 @@
-#include <doctest/doctest.h>
 #include <train/config.h>
 
+#include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
 namespace {

@@ -1,5 +1,6 @@
-#include <doctest/doctest.h>
 #include <trainrun/error.h>
+
+#include <doctest/doctest.h>
 
 #include <fstream>
 

@@ -1,5 +1,6 @@
-#include <doctest/doctest.h>
 #include <train/report.h>
+
+#include <doctest/doctest.h>
 
 #include <stdexcept>
 

@@ -67,7 +67,8 @@ TEST_CASE("protocol: truncated and garbage messages are ProtocolErrors") {
 
 TEST_CASE("protocol: a payload of the wrong shape is a ProtocolError naming the type") {
   std::map<std::string, std::string> wrong{{"iteration", "not a number"}};
-  auto message = protocol::Incoming::parse(frames({"REPORT", body(protocol::kProtocolVersion, wrong)}));
+  auto message =
+      protocol::Incoming::parse(frames({"REPORT", body(protocol::kProtocolVersion, wrong)}));
   CHECK_THROWS_WITH_AS(message.as<protocol::Report>(), doctest::Contains("malformed REPORT"),
                        ProtocolError);
 }

@@ -1,5 +1,6 @@
-#include <doctest/doctest.h>
 #include <trainrun/error.h>
+
+#include <doctest/doctest.h>
 
 #include <fstream>
 #include <sstream>
@@ -33,9 +34,11 @@ TEST_CASE("storage: result.jsonl gets a line per report and progress.csv grows a
   TempDir tmp;
   RunStorage storage(tmp.path, "run");
   CHECK(std::filesystem::is_directory(tmp.path / "run" / "logs"));
-  storage.append_result({{"iteration", 1}, {"timestamp", 1.5}, {"time_total_s", 0.5},
-                         {"metrics", {{"loss", 0.5}}}});
-  storage.append_result({{"iteration", 2}, {"timestamp", 2.5}, {"time_total_s", 1.5},
+  storage.append_result(
+      {{"iteration", 1}, {"timestamp", 1.5}, {"time_total_s", 0.5}, {"metrics", {{"loss", 0.5}}}});
+  storage.append_result({{"iteration", 2},
+                         {"timestamp", 2.5},
+                         {"time_total_s", 1.5},
                          {"metrics", {{"loss", 0.25}, {"note", "a,b"}}}});
   auto lines = slurp(tmp.path / "run" / "result.jsonl");
   CHECK(std::count(lines.begin(), lines.end(), '\n') == 2);

@@ -46,10 +46,10 @@ class UsageError : public Error {
 }  // namespace trainrun
 
 /// Checks an invariant; throws trainrun::Error with the message and location.
-#define TRAINRUN_CHECK(cond, message)                                                  \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      throw ::trainrun::Error(std::string("internal error: ") + (message) + " (" +    \
-                              __FILE__ + ":" + std::to_string(__LINE__) + ")");        \
-    }                                                                                  \
+#define TRAINRUN_CHECK(cond, message)                                                         \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      throw ::trainrun::Error(std::string("internal error: ") + (message) + " (" + __FILE__ + \
+                              ":" + std::to_string(__LINE__) + ")");                          \
+    }                                                                                         \
   } while (false)

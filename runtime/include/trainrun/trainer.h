@@ -2,7 +2,8 @@
 
 // Launching a run from C++: the API behind the `trainrun` command. A Trainer
 // owns one run at a time; fit() blocks until it ends and is not thread-safe.
-// The workers are processes of the `trainrun` executable (`trainrun worker`).
+// The workers are processes of the `trainrun-worker` executable; this side
+// never loads LibTorch.
 
 #include <nlohmann/json.hpp>
 
@@ -38,7 +39,7 @@ struct TrainerOptions {
   nlohmann::json config = nlohmann::json::object();
   ScalingConfig scaling;
   RunConfig run;
-  /// The executable started as `EXE worker ...`; empty = this process's own.
+  /// The worker executable; empty = `trainrun-worker` beside this program or on PATH.
   std::filesystem::path worker_executable;
   /// Workers' plugin cache; empty = $TRAINRUN_CACHE_DIR or ~/.cache/trainrun.
   std::filesystem::path cache_dir;

@@ -1,21 +1,22 @@
 // trainrun: run a compiled train function on N workers.
 //   trainrun --plugin libx.so --num-workers 2 [--config k=v ...]
 //   trainrun inspect libx.so
-//   trainrun worker --connect tcp://HOST:PORT        (started by the controller)
+//   trainrun worker --connect tcp://HOST:PORT   (runs trainrun-worker with these arguments)
 
+#include <train/version.h>
 #include <trainrun/error.h>
 #include <trainrun/trainer.h>
-#include <train/version.h>
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
+#include <cstring>
 #include <iostream>
 
 #include "cli/config_args.h"
 #include "common/hash.h"
-#include "plugin/plugin_library.h"
-#include "worker/plugin_cache.h"
-#include "worker/worker.h"
+#include "common/paths.h"
+#include "plugin/plugin_file.h"
 
 namespace {
 
@@ -35,9 +36,30 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
 
 }  // namespace
 
+// `trainrun worker ARGS` is `trainrun-worker ARGS`: the worker is its own
+// executable so that this one never loads LibTorch.
+int exec_worker(int argc, char** argv) {
+  std::string path = trainrun::find_worker_executable().string();
+  std::vector<char*> args{path.data()};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(path.c_str(), args.data());
+  std::cerr << "trainrun: cannot run " << path << ": " << std::strerror(errno) << "\n";
+  return kExitFailed;
+}
+
 int main(int argc, char** argv) {
-  CLI::App app{"trainrun: distributed data-parallel LibTorch training from C++.\n"
-               "Runs a train function compiled into a plugin on N worker processes."};
+  if (argc > 1 && std::string(argv[1]) == "worker") {
+    try {
+      return exec_worker(argc, argv);
+    } catch (const trainrun::Error& e) {
+      std::cerr << "trainrun: " << e.what() << "\n";
+      return kExitUsage;
+    }
+  }
+  CLI::App app{
+      "trainrun: distributed data-parallel LibTorch training from C++.\n"
+      "Runs a train function compiled into a plugin on N worker processes."};
   app.set_version_flag("--version", std::string("trainrun ") + TRAIN_SDK_VERSION);
   app.require_subcommand(0, 1);
 
@@ -62,21 +84,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--startup-timeout", startup_s, "seconds for workers to connect")
       ->check(CLI::PositiveNumber);
-  app.add_flag("-q,--quiet", [&](int64_t) { options.verbose = false; },
-               "only errors on the terminal");
+  app.add_flag(
+      "-q,--quiet", [&](int64_t) { options.verbose = false; }, "only errors on the terminal");
 
   auto* inspect = app.add_subcommand("inspect", "print a plugin's entries and versions");
   std::filesystem::path inspect_path;
   inspect->add_option("plugin", inspect_path, "the plugin (.so)")->required();
-
-  auto* worker = app.add_subcommand("worker", "run as a worker (started by the controller)");
-  trainrun::WorkerOptions worker_options;
-  int64_t worker_startup_ms = 0;
-  worker->add_option("--connect", worker_options.connect, "controller endpoint")->required();
-  worker->add_option("--index", worker_options.index, "launch index of a local worker");
-  worker->add_option("--cache-dir", worker_options.cache_dir, "plugin cache directory");
-  worker->add_option("--startup-timeout-ms", worker_startup_ms, "wait for the assignment");
-  worker->group("");  // internal: not listed in --help
 
   try {
     app.parse(argc, argv);
@@ -86,14 +99,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*worker) {
-      if (worker_options.cache_dir.empty()) worker_options.cache_dir = trainrun::default_cache_dir();
-      worker_options.startup_timeout = std::chrono::milliseconds(worker_startup_ms);
-      return trainrun::run_worker(worker_options);
-    }
     if (*inspect) {
-      auto plugin = trainrun::PluginLibrary::open(inspect_path);
-      std::cout << trainrun::describe(plugin.info(), trainrun::sha256_file(inspect_path));
+      auto info = trainrun::inspect_plugin_file(inspect_path);
+      std::cout << trainrun::describe(info, trainrun::sha256_file(inspect_path));
       return kExitOk;
     }
     if (options.plugin.empty()) {

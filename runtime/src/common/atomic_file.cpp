@@ -1,6 +1,5 @@
 #include "common/atomic_file.h"
 
-#include <utility>
 #include <trainrun/error.h>
 
 #include <fcntl.h>
@@ -9,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace trainrun {
 namespace {

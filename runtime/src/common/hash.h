@@ -1,10 +1,10 @@
 #pragma once
 
+#include <sodium.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
-
-#include <sodium.h>
 
 namespace trainrun {
 

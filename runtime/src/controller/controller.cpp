@@ -12,7 +12,6 @@
 #include "common/constants.h"
 #include "controller/failure.h"
 #include "controller/local_worker.h"
-#include "controller/rendezvous.h"
 #include "controller/report_barrier.h"
 #include "controller/signals.h"
 #include "controller/worker_output.h"
@@ -64,7 +63,6 @@ struct Controller::State {
   spdlog::logger& log;
   zmq::context_t context;
   zmq::socket_t router{context, zmq::socket_type::router};
-  std::unique_ptr<Rendezvous> rendezvous;
   SignalPipe signals;
   std::vector<Slot> slots;
   std::vector<Slot*> by_rank;
@@ -86,26 +84,24 @@ struct Controller::State {
     router.set(zmq::sockopt::linger, 0);
     router.bind("tcp://127.0.0.1:*");
     auto endpoint = router.get(zmq::sockopt::last_endpoint);
-    rendezvous = std::make_unique<Rendezvous>("127.0.0.1");
     auto executable = setup.options.worker_executable;
     auto threads = std::to_string(setup.cpus_per_worker);
     slots.resize(static_cast<size_t>(world_size()));
     for (int i = 0; i < world_size(); ++i) {
       auto& slot = slots[static_cast<size_t>(i)];
       slot.index = i;
-      slot.process = spawn_local_worker(
-          executable,
-          {"worker", "--connect", endpoint, "--index", std::to_string(i), "--cache-dir",
-           setup.options.cache_dir.string(), "--startup-timeout-ms",
-           std::to_string(setup.options.run.startup_timeout.count())},
-          {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads});
+      slot.process =
+          spawn_local_worker(executable,
+                             {"--connect", endpoint, "--index", std::to_string(i), "--cache-dir",
+                              setup.options.cache_dir.string(), "--startup-timeout-ms",
+                              std::to_string(setup.options.run.startup_timeout.count())},
+                             {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads});
       slot.output = std::make_unique<WorkerOutput>(
           slot.process.stdout_fd, slot.process.stderr_fd, prefix(slot),
           storage.logs_dir() / ("worker-" + std::to_string(i) + ".log"), setup.options.verbose);
       slot.last_heard = Clock::now();
     }
-    log.info("started {} workers (rendezvous 127.0.0.1:{}, {} threads each)", world_size(),
-             rendezvous->port(), setup.cpus_per_worker);
+    log.info("started {} workers ({} threads each)", world_size(), setup.cpus_per_worker);
   }
 
   static std::string prefix(const Slot& slot) {
@@ -163,9 +159,8 @@ struct Controller::State {
     if (hello.index < 0 || hello.index >= world_size() ||
         slots[static_cast<size_t>(hello.index)].routing_id ||
         slots[static_cast<size_t>(hello.index)].process.pid != hello.pid) {
-      throw ProtocolError("HELLO from an unexpected worker (index " +
-                          std::to_string(hello.index) + ", pid " + std::to_string(hello.pid) +
-                          ")");
+      throw ProtocolError("HELLO from an unexpected worker (index " + std::to_string(hello.index) +
+                          ", pid " + std::to_string(hello.pid) + ")");
     }
     auto& slot = slots[static_cast<size_t>(hello.index)];
     slot.routing_id = id;
@@ -209,8 +204,7 @@ struct Controller::State {
         assign.config.assign(config.begin(), config.end());
         assign.plugin_sha256 = setup.plugin_sha256;
         assign.plugin_size = setup.plugin_bytes.size();
-        assign.store_host = rendezvous->host();
-        assign.store_port = rendezvous->port();
+        assign.store_host = "127.0.0.1";  // rank 0's address; local workers only so far
         assign.store_prefix = "trainrun/attempt-0";
         assign.bind_host = "127.0.0.1";
         assign.num_threads = setup.cpus_per_worker;
@@ -236,6 +230,11 @@ struct Controller::State {
       std::vector<zmq::message_t> blob;
       blob.emplace_back(bytes.data() + fetch.offset, fetch.length);
       protocol::send(router, protocol::PluginChunk{fetch.offset}, std::move(blob), slot.routing_id);
+    } else if (type == protocol::StoreReady::kType && slot.rank == 0) {
+      protocol::StoreAddress address{"127.0.0.1", message.as<protocol::StoreReady>().port};
+      for (auto* s : by_rank) {
+        if (s->rank != 0) protocol::send(router, address, {}, s->routing_id);
+      }
     } else if (type == protocol::Report::kType) {
       on_report(slot, message.as<protocol::Report>());
     } else if (type == protocol::Done::kType) {
@@ -276,9 +275,8 @@ struct Controller::State {
 
   void record(int64_t iteration, nlohmann::json metrics) {
     double elapsed = seconds_since(start);
-    auto timestamp = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+    auto timestamp =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     nlohmann::json entry = {{"iteration", iteration},
                             {"timestamp", timestamp},
                             {"time_total_s", elapsed},
@@ -336,18 +334,18 @@ struct Controller::State {
     if (!assigned && now - start > setup.options.run.startup_timeout) {
       for (auto& slot : slots) {
         if (!slot.routing_id && !slot.exited) {
-          fail(slot, "setup", "did not connect to the controller within " +
-                                  std::to_string(setup.options.run.startup_timeout.count()) +
-                                  " ms");
+          fail(slot, "setup",
+               "did not connect to the controller within " +
+                   std::to_string(setup.options.run.startup_timeout.count()) + " ms");
         }
       }
     }
     for (auto& slot : slots) {
       if (slot.routing_id && !slot.exited &&
           now - slot.last_heard > setup.options.run.heartbeat_timeout) {
-        fail(slot, "lost", "sent nothing for " +
-                               std::to_string(setup.options.run.heartbeat_timeout.count()) +
-                               " ms: stopped responding");
+        fail(slot, "lost",
+             "sent nothing for " + std::to_string(setup.options.run.heartbeat_timeout.count()) +
+                 " ms: stopped responding");
       }
     }
   }
@@ -374,7 +372,8 @@ struct Controller::State {
     if (items[1].revents & ZMQ_POLLIN) {
       for (int sig : signals.drain()) {
         if ((sig == SIGINT || sig == SIGTERM) && !result.interrupted()) {
-          result.error = RunError{"interrupted", "interrupted by " + signal_description(sig), -1, "", 0};
+          result.error =
+              RunError{"interrupted", "interrupted by " + signal_description(sig), -1, "", 0};
         }
       }
     }
@@ -421,7 +420,6 @@ struct Controller::State {
       reap(true);
     }
     for (auto& slot : slots) slot.output->drain();  // the last lines before each exit
-
   }
 
   Result run() {

@@ -1,9 +1,10 @@
 #pragma once
 
-// The controller of one run: binds the ROUTER socket, hosts the rendezvous
-// store, starts the local workers, serves the plugin, runs the report barrier,
-// forwards worker output, watches heartbeats and process exits, and stops every
-// worker at the end. Everything happens on the calling thread, in one poll loop.
+// The controller of one run: binds the ROUTER socket, starts the local workers,
+// serves the plugin, relays rank 0's rendezvous address, runs the report
+// barrier, forwards worker output, watches heartbeats and process exits, and
+// stops every worker at the end. Everything happens on the calling thread, in
+// one poll loop. It never loads LibTorch: workers do.
 
 #include <trainrun/trainer.h>
 

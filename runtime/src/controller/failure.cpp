@@ -17,9 +17,7 @@ int precedence(const std::string& kind) {
 
 }  // namespace
 
-void FailureCollector::add(RunError error) {
-  errors_.push_back({std::move(error), Clock::now()});
-}
+void FailureCollector::add(RunError error) { errors_.push_back({std::move(error), Clock::now()}); }
 
 bool FailureCollector::settled(Clock::time_point now, Clock::duration grace) const {
   return any() && now - errors_.front().when >= grace;

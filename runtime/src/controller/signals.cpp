@@ -1,6 +1,5 @@
 #include "controller/signals.h"
 
-#include <utility>
 #include <trainrun/error.h>
 
 #include <fcntl.h>
@@ -9,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace trainrun {
 namespace {
@@ -57,7 +57,8 @@ std::vector<int> SignalPipe::drain() {
 
 std::string signal_description(int signal) {
   const char* abbrev = ::sigabbrev_np(signal);
-  std::string name = abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+  std::string name =
+      abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
   const char* text = ::sigdescr_np(signal);
   return text != nullptr ? name + " (" + text + ")" : name;
 }

@@ -1,9 +1,9 @@
 #include "controller/worker_output.h"
 
-#include <utility>
 #include <unistd.h>
 
 #include <cerrno>
+#include <utility>
 
 namespace trainrun {
 

@@ -1,9 +1,11 @@
 #pragma once
 
 // The messages between controller and workers, one struct each. A worker says
-// HELLO, gets ASSIGN, fetches the plugin in chunks if its cache lacks it, then
-// sends REPORTs (acknowledged once every rank reached the same one), heartbeats,
-// and DONE or FAILED. The controller ends every worker with SHUTDOWN.
+// HELLO, gets ASSIGN, fetches the plugin in chunks if its cache lacks it. Rank 0
+// hosts the rendezvous store and says STORE_READY; the controller passes its
+// address to the other ranks in STORE_ADDRESS. Then REPORTs (acknowledged once
+// every rank reached the same one), heartbeats, and DONE or FAILED. The
+// controller ends every worker with SHUTDOWN.
 
 #include <msgpack.hpp>
 
@@ -35,6 +37,12 @@ struct Report {
   int64_t iteration = 0;
   std::vector<char> metrics;  // msgpack map, as train::report encoded it
   MSGPACK_DEFINE_MAP(iteration, metrics);
+};
+
+struct StoreReady {  // from rank 0, once its store listens
+  static constexpr const char* kType = "STORE_READY";
+  int32_t port = 0;
+  MSGPACK_DEFINE_MAP(port);
 };
 
 struct Done {
@@ -71,8 +79,7 @@ struct Assign {
   std::vector<char> config;  // msgpack map
   std::string plugin_sha256;
   uint64_t plugin_size = 0;
-  std::string store_host;
-  int32_t store_port = 0;
+  std::string store_host;    // rank 0's address, where it hosts the store
   std::string store_prefix;  // one per attempt, so a restart never sees old keys
   std::string bind_host;     // the address Gloo listens on for this worker
   int32_t num_threads = 0;
@@ -80,14 +87,20 @@ struct Assign {
   int64_t heartbeat_timeout_ms = 0;
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size, store_host,
-                     store_port, store_prefix, bind_host, num_threads, device,
-                     heartbeat_timeout_ms);
+                     store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms);
 };
 
 struct PluginChunk {  // followed by one blob frame with the bytes
   static constexpr const char* kType = "PLUGIN_CHUNK";
   uint64_t offset = 0;
   MSGPACK_DEFINE_MAP(offset);
+};
+
+struct StoreAddress {  // to ranks other than 0
+  static constexpr const char* kType = "STORE_ADDRESS";
+  std::string host;
+  int32_t port = 0;
+  MSGPACK_DEFINE_MAP(host, port);
 };
 
 struct ReportAck {

@@ -1,26 +1,14 @@
 #include "worker/plugin_cache.h"
 
-#include <utility>
 #include <trainrun/error.h>
 
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace trainrun {
-
-std::filesystem::path default_cache_dir() {
-  if (const char* dir = std::getenv("TRAINRUN_CACHE_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    return std::filesystem::path(xdg) / "trainrun";
-  }
-  const char* home = std::getenv("HOME");
-  return std::filesystem::path(home != nullptr ? home : "/tmp") / ".cache" / "trainrun";
-}
 
 std::optional<std::filesystem::path> find_cached_plugin(const std::filesystem::path& cache_dir,
                                                         const std::string& sha256) {

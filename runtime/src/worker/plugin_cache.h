@@ -6,18 +6,14 @@
 // always complete. Several workers on a host may download the same plugin at
 // once; the rename makes that safe.
 
-#include "common/hash.h"
-
 #include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
 
-namespace trainrun {
+#include "common/hash.h"
 
-/// The default cache directory: $TRAINRUN_CACHE_DIR, else $XDG_CACHE_HOME/trainrun,
-/// else ~/.cache/trainrun.
-std::filesystem::path default_cache_dir();
+namespace trainrun {
 
 /// The cached plugin with this hash, if present and intact.
 std::optional<std::filesystem::path> find_cached_plugin(const std::filesystem::path& cache_dir,

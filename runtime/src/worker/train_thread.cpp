@@ -50,17 +50,41 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size, char*
   return 1;
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assign& assign) {
+// Rank 0 hosts the rendezvous store, as torchrun's master does, and tells the
+// controller its port; the other ranks wait for that address. The store's
+// address is exported as MASTER_ADDR / MASTER_PORT for code written for torchrun.
+c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign, zmq::socket_t& pair) {
   c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(assign.store_port);
-  options.isServer = false;
   options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>(assign.store_host, options);
+  std::string host = assign.store_host;
+  if (assign.world_rank == 0) {
+    options.isServer = true;
+    options.port = 0;
+    options.numWorkers = c10::nullopt;
+  } else {
+    auto message = protocol::Incoming::parse(protocol::recv_frames(pair));
+    if (message.type() != protocol::StoreAddress::kType) {
+      throw ProtocolError("expected the store's address, got " + message.type());
+    }
+    auto address = message.as<protocol::StoreAddress>();
+    host = address.host;
+    options.port = static_cast<uint16_t>(address.port);
+  }
+  auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+  if (assign.world_rank == 0) protocol::send(pair, protocol::StoreReady{store->getPort()});
+  ::setenv("MASTER_ADDR", host.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(store->getPort()).c_str(), 1);
+  return store;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assign& assign,
+                                                            zmq::socket_t& pair) {
+  auto store = join_store(assign, pair);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
   auto gloo = c10d::ProcessGroupGloo::Options::create();
   gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(assign.bind_host));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, assign.world_rank,
-                                                     assign.world_size, gloo);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, assign.world_rank, assign.world_size,
+                                                     gloo);
 }
 
 }  // namespace
@@ -80,7 +104,7 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
     auto entry = plugin.entry(assign.entry);
     failed.kind = "setup";
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
-    group = create_process_group(assign);
+    group = create_process_group(assign, pair);
 
     HostState state{&pair};
     train_host_v1_t host{};

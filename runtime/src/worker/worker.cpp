@@ -40,8 +40,6 @@ void export_torchrun_environment(const protocol::Assign& assign) {
   ::setenv("GROUP_RANK", std::to_string(assign.node_rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(assign.world_size).c_str(), 1);
   ::setenv("LOCAL_WORLD_SIZE", std::to_string(assign.local_world_size).c_str(), 1);
-  ::setenv("MASTER_ADDR", assign.store_host.c_str(), 1);
-  ::setenv("MASTER_PORT", std::to_string(assign.store_port).c_str(), 1);
 }
 
 class Worker {
@@ -68,10 +66,10 @@ class Worker {
 
   int run() {
     protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid()});
-    auto startup = options_.startup_timeout.count() > 0
-                       ? options_.startup_timeout
-                       : std::chrono::duration_cast<std::chrono::milliseconds>(
-                             kDefaultStartupTimeout);
+    auto startup =
+        options_.startup_timeout.count() > 0
+            ? options_.startup_timeout
+            : std::chrono::duration_cast<std::chrono::milliseconds>(kDefaultStartupTimeout);
     silence_limit_ = startup;
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + kHeartbeatInterval;
@@ -109,6 +107,8 @@ class Worker {
         on_plugin_chunk(message);
       } else if (type == protocol::ReportAck::kType) {
         protocol::send(pair_, message.as<protocol::ReportAck>());
+      } else if (type == protocol::StoreAddress::kType) {
+        protocol::send(pair_, message.as<protocol::StoreAddress>());
       } else if (type == protocol::Shutdown::kType) {
         exit_code_ = 0;
       } else if (type == protocol::Refused::kType) {
@@ -130,8 +130,8 @@ class Worker {
     auto type = frames[0].to_string_view();
     if (type == protocol::Done::kType || type == protocol::Failed::kType) train_finished_ = true;
     for (size_t i = 0; i < frames.size(); ++i) {
-      dealer_.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore
-                                                     : zmq::send_flags::none);
+      dealer_.send(frames[i],
+                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
 
@@ -183,8 +183,8 @@ class Worker {
   }
 
   void start_training(const std::filesystem::path& plugin_path) {
-    train_thread_ = std::thread(
-        [this, plugin_path] { run_train_thread(context_, *assign_, plugin_path); });
+    train_thread_ =
+        std::thread([this, plugin_path] { run_train_thread(context_, *assign_, plugin_path); });
   }
 
   void fail_setup(const std::string& message) {

@@ -19,6 +19,10 @@ extern "C" {
 #define TRAIN_PLUGIN_ABI_VERSION 1
 #define TRAIN_PLUGIN_SYMBOL "train_plugin_v1"
 
+#define TRAIN_PLUGIN_INFO_SECTION ".trainrun_info"
+#define TRAIN_PLUGIN_ENTRIES_SECTION ".trainrun_entries"
+#define TRAIN_PLUGIN_INFO_MAGIC "TRAINRUN"
+
 /* Return codes of an entry. */
 #define TRAIN_OK 0
 #define TRAIN_ERROR_EXCEPTION 1 /* train_func threw; the message is in `error` */
@@ -35,7 +39,7 @@ typedef struct train_host_v1_s {
   int32_t node_rank;
   int32_t world_size;
   int32_t local_world_size;
-  const char* device;       /* "cpu" or "cuda:N" */
+  const char* device; /* "cpu" or "cuda:N" */
   const char* run_name;
   const char* storage_path; /* <storage_path>/<run_name> is the run directory */
 
@@ -56,6 +60,16 @@ typedef struct train_entry_v1_s {
   const char* name;
   train_entry_fn_v1_t fn;
 } train_entry_v1_t;
+
+/* The pointer-free record in the `.trainrun_info` section. */
+typedef struct train_plugin_info_v1_s {
+  char magic[8]; /* "TRAINRUN", not NUL-terminated */
+  uint32_t abi_version;
+  uint32_t struct_size;
+  int32_t cxx11_abi;
+  char sdk_version[16];
+  char torch_version[32];
+} train_plugin_info_v1_t;
 
 /* The exported descriptor. Entries are registered by TRAIN_FUNC at load time. */
 typedef struct train_plugin_v1_s {

@@ -31,12 +31,14 @@ void call(F& fn, const Config& config) {
 /// Exports `fn` as an entry of this plugin under its own name. `fn` is
 /// `void fn(const train::Config&)` or `void fn()`. A library may export several;
 /// `trainrun --entry NAME` picks one. Use at namespace scope, once per function.
-#define TRAIN_FUNC(fn)                                                                   \
-  static void train_body_##fn(const ::train::Config& config) {                           \
-    ::train::detail::call(fn, config);                                                   \
-  }                                                                                      \
+#define TRAIN_FUNC(fn)                                                                       \
+  __attribute__((section(TRAIN_PLUGIN_ENTRIES_SECTION),                                      \
+                 used)) static const char train_entry_name_##fn[] = #fn;                     \
+  static void train_body_##fn(const ::train::Config& config) {                               \
+    ::train::detail::call(fn, config);                                                       \
+  }                                                                                          \
   static int train_entry_##fn(const train_host_v1_t* host, char* error, size_t error_size) { \
-    return ::train::detail::run_entry(host, error, error_size, &train_body_##fn);        \
-  }                                                                                      \
-  [[maybe_unused]] static const int train_registered_##fn =                              \
-      ::train::detail::register_entry(#fn, &train_entry_##fn)
+    return ::train::detail::run_entry(host, error, error_size, &train_body_##fn);            \
+  }                                                                                          \
+  [[maybe_unused]] static const int train_registered_##fn =                                  \
+      ::train::detail::register_entry(train_entry_name_##fn, &train_entry_##fn)

@@ -16,7 +16,7 @@ class MetricValue {
 
   template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
   MetricValue(T value) : value_(convert(value)) {}  // NOLINT(google-explicit-constructor)
-  MetricValue(std::string value) : value_(std::move(value)) {}  // NOLINT
+  MetricValue(std::string value) : value_(std::move(value)) {}    // NOLINT
   MetricValue(const char* value) : value_(std::string(value)) {}  // NOLINT
 
   const Variant& value() const { return value_; }

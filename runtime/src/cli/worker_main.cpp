@@ -1,0 +1,27 @@
+// trainrun-worker: one worker process. Started by the controller for local
+// workers, or by a cluster launcher (Slurm, Kubernetes, ssh) as
+// `trainrun worker --connect tcp://HOST:PORT`.
+
+#include <CLI/CLI.hpp>
+
+#include "common/paths.h"
+#include "worker/worker.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainrun-worker: runs train functions for a trainrun controller"};
+  trainrun::WorkerOptions options;
+  int64_t startup_ms = 0;
+  app.add_option("--connect", options.connect, "the controller's endpoint, tcp://HOST:PORT")
+      ->required();
+  app.add_option("--index", options.index, "launch index of a local worker");
+  app.add_option("--cache-dir", options.cache_dir, "plugin cache directory");
+  app.add_option("--startup-timeout-ms", startup_ms, "how long to wait for the assignment");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (options.cache_dir.empty()) options.cache_dir = trainrun::default_cache_dir();
+  options.startup_timeout = std::chrono::milliseconds(startup_ms);
+  return trainrun::run_worker(options);
+}

@@ -1,0 +1,44 @@
+#include "common/paths.h"
+
+#include <trainrun/error.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+namespace trainrun {
+
+std::filesystem::path default_cache_dir() {
+  if (const char* dir = std::getenv("TRAINRUN_CACHE_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return std::filesystem::path(xdg) / "trainrun";
+  }
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home != nullptr ? home : "/tmp") / ".cache" / "trainrun";
+}
+
+std::filesystem::path find_worker_executable() {
+  constexpr const char* kName = "trainrun-worker";
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    auto beside = self.parent_path() / kName;
+    if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::istringstream dirs(path);
+    std::string dir;
+    while (std::getline(dirs, dir, ':')) {
+      auto candidate = std::filesystem::path(dir) / kName;
+      if (!dir.empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+  }
+  throw UsageError(std::string("cannot find the ") + kName +
+                   " executable beside this program or on PATH");
+}
+
+}  // namespace trainrun
