@@ -30,6 +30,17 @@ TEST_CASE("bad plugins are refused with one line and exit code 2") {
                  "was built with LibTorch 0.9.0, this trainrun uses 1.13");
 }
 
+TEST_CASE("a plugin that workers cannot load fails with exit code 2 and the loader's reason") {
+  Sandbox box;
+  auto run = box.run(plugin(UNLOADABLE_PLUGIN) + " -n 2 --name u");
+  INFO(run.output);
+  CHECK(run.exit_code == 2);
+  CHECK(run.output.find("cannot load plugin") != std::string::npos);
+  CHECK(run.output.find("trainrun_test_symbol_that_does_not_exist") != std::string::npos);
+  CHECK(read_json(box.run_dir("u") / "error.json")["kind"] == "plugin");
+  CHECK_FALSE(box.any_worker_alive());
+}
+
 TEST_CASE("entries: unknown or ambiguous --entry is refused with the list") {
   expect_refused(plugin(TEST_PLUGIN) + " --entry nope",
                  "has no entry 'nope' (available: bad_config, context, crash, mismatch");

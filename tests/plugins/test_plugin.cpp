@@ -50,10 +50,14 @@ void context(const train::Config& config) {
   }
 }
 
-// Reports `steps` times and returns: the smallest real run.
+// Reports `steps` times, `sleep_ms` apart, and returns: the smallest real run.
 void steps(const train::Config& config) {
   const int n = config.get<int>("steps", 1);
-  for (int i = 0; i < n; ++i) train::report({{"step", i}, {"loss", 1.0 / (i + 1)}});
+  const int sleep_ms = config.get<int>("sleep_ms", 0);
+  for (int i = 0; i < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    train::report({{"step", i}, {"loss", 1.0 / (i + 1)}});
+  }
 }
 
 // Rank `fail_rank` throws after one report; the others wait in a collective.

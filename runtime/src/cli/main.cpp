@@ -30,8 +30,11 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
   options.config = trainrun::build_config(config_file, config_args);
   trainrun::Trainer trainer(std::move(options));
   auto result = trainer.fit();
+  if (!result.error) return kExitOk;
   if (result.interrupted()) return kExitInterrupted;
-  return result.error ? kExitFailed : kExitOk;
+  // A plugin the workers could not load is a plugin error, as when the
+  // controller refuses one.
+  return result.error->kind == "plugin" ? kExitUsage : kExitFailed;
 }
 
 }  // namespace

@@ -101,7 +101,8 @@ struct Controller::State {
           storage.logs_dir() / ("worker-" + std::to_string(i) + ".log"), setup.options.verbose);
       slot.last_heard = Clock::now();
     }
-    log.info("started {} workers ({} threads each)", world_size(), setup.cpus_per_worker);
+    log.info("listening on {}; started {} workers ({} threads each)", endpoint, world_size(),
+             setup.cpus_per_worker);
   }
 
   static std::string prefix(const Slot& slot) {

@@ -1,0 +1,71 @@
+#include <doctest/doctest.h>
+
+#include <regex>
+#include <thread>
+
+#include "protocol/message.h"
+#include "protocol/messages.h"
+#include "run_helpers.h"
+
+namespace {
+
+// The controller's endpoint, from the log of a run in progress.
+std::string wait_for_endpoint(const Sandbox& box, const std::string& name) {
+  std::regex listening("listening on (tcp://[0-9.]+:[0-9]+)");
+  for (int i = 0; i < 400; ++i) {
+    std::smatch match;
+    auto log = read_text(box.run_dir(name) / "logs" / "controller.log");
+    if (std::regex_search(log, match, listening)) return match[1];
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("garbage and other protocol versions on the controller's socket do not hurt the run") {
+  Sandbox box;
+  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN +
+                        "' --entry steps -n 2 --name net --config steps=4 --config sleep_ms=300");
+  auto endpoint = wait_for_endpoint(box, "net");
+  REQUIRE_FALSE(endpoint.empty());
+
+  zmq::context_t context;
+  zmq::socket_t peer(context, zmq::socket_type::dealer);
+  peer.set(zmq::sockopt::linger, 0);
+  peer.set(zmq::sockopt::rcvtimeo, 5000);
+  peer.connect(endpoint);
+  // Garbage: one frame, random bytes, a type with a broken body.
+  peer.send(zmq::str_buffer("x"), zmq::send_flags::none);
+  peer.send(zmq::str_buffer("\x01\x02\x03"), zmq::send_flags::sndmore);
+  peer.send(zmq::str_buffer("\xff\xfe"), zmq::send_flags::none);
+  peer.send(zmq::str_buffer("REPORT"), zmq::send_flags::sndmore);
+  peer.send(zmq::str_buffer("\x92\x01\xc1"), zmq::send_flags::none);
+  {
+    auto refused = trainrun::protocol::Incoming::parse(trainrun::protocol::recv_frames(peer));
+    CHECK(refused.type() == "REFUSED");
+  }
+  // A HELLO from a peer speaking protocol v99.
+  msgpack::sbuffer body;
+  msgpack::packer<msgpack::sbuffer> packer(body);
+  packer.pack_array(2);
+  packer.pack(99);
+  packer.pack(trainrun::protocol::Hello{0, "intruder", 1});
+  peer.send(zmq::str_buffer("HELLO"), zmq::send_flags::sndmore);
+  peer.send(zmq::buffer(body.data(), body.size()), zmq::send_flags::none);
+  bool refused_version = false;
+  for (int i = 0; i < 4 && !refused_version; ++i) {
+    auto frames = trainrun::protocol::recv_frames(peer);
+    if (frames.empty()) break;
+    auto reply = trainrun::protocol::Incoming::parse(std::move(frames));
+    refused_version =
+        reply.type() == "REFUSED" &&
+        reply.as<trainrun::protocol::Refused>().reason.find("protocol v99") != std::string::npos;
+  }
+  CHECK(refused_version);
+
+  CHECK(Sandbox::wait(pid) == 0);
+  CHECK(read_jsonl(box.run_dir("net") / "result.jsonl").size() == 4);
+  CHECK(read_text(box.run_dir("net") / "logs" / "controller.log").find("dropped a message") !=
+        std::string::npos);
+}
