@@ -9,7 +9,7 @@ packages=(
   libtorch-dev libgloo-dev
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
   libcli11-dev nlohmann-json3-dev libsodium-dev doctest-dev
-  dataset-fashion-mnist
+  zlib1g-dev dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch python3-torchvision)

@@ -6,6 +6,7 @@
 #include <train/plugin.h>
 #include <train/version.h>
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <cstring>
@@ -74,6 +75,8 @@ int run_entry(const train_host_v1_t* host, char* error, size_t error_size, Body 
     HostScope scope(host);
     body(Config::from_msgpack(host->config, host->config_size));
     return TRAIN_OK;
+  } catch (const c10::Error& e) {
+    copy_message(e.what_without_backtrace(), error, error_size);  // LibTorch's own, one message
   } catch (const std::exception& e) {
     copy_message(e.what(), error, error_size);
   } catch (...) {

@@ -1,0 +1,162 @@
+#pragma once
+
+#include <train/context.h>
+
+#include <torch/arg.h>
+#include <torch/data.h>
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace train {
+
+/// Options of prepare_data_loader (like torch::data::DataLoaderOptions).
+struct LoaderOptions {
+  /// Samples per batch on each worker. The global batch is batch_size x world_size.
+  TORCH_ARG(size_t, batch_size) = 32;
+  /// A new order every epoch (set_epoch), the same on every rank; else in order.
+  TORCH_ARG(bool, shuffle) = true;
+  /// Drop each rank's last, incomplete batch.
+  TORCH_ARG(bool, drop_last) = false;
+  /// Background threads that load batches (LibTorch's DataLoader workers).
+  TORCH_ARG(size_t, workers) = 0;
+  /// Pad with repeated samples so every rank gets as many batches as the others
+  /// (every rank must run the same number of backward passes); false gives each
+  /// sample to exactly one rank, for evaluation.
+  TORCH_ARG(bool, allow_duplicates) = true;
+};
+
+/// Samples for this rank: LibTorch's DistributedRandomSampler (shuffle) or
+/// DistributedSequentialSampler behind one type. set_epoch reseeds the shuffle.
+class DistributedSampler : public torch::data::samplers::Sampler<> {
+ public:
+  DistributedSampler(size_t size, const Context& ctx, bool shuffle, bool allow_duplicates) {
+    auto replicas = static_cast<size_t>(ctx.world_size());
+    auto rank = static_cast<size_t>(ctx.world_rank());
+    if (shuffle) {
+      sampler_ = std::make_shared<torch::data::samplers::DistributedRandomSampler>(
+          size, replicas, rank, allow_duplicates);
+    } else {
+      sampler_ = std::make_shared<torch::data::samplers::DistributedSequentialSampler>(
+          size, replicas, rank, allow_duplicates);
+    }
+  }
+  void set_epoch(size_t epoch) { sampler_->set_epoch(epoch); }
+  void reset(c10::optional<size_t> new_size = c10::nullopt) override { sampler_->reset(new_size); }
+  c10::optional<std::vector<size_t>> next(size_t batch_size) override {
+    return sampler_->next(batch_size);
+  }
+  void save(torch::serialize::OutputArchive& archive) const override { sampler_->save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { sampler_->load(archive); }
+
+ private:
+  std::shared_ptr<torch::data::samplers::DistributedSampler<>> sampler_;
+};
+
+/// Batches of a dataset for this rank, on this worker's device. Iterate it with
+/// a range-for; call set_epoch(epoch) before each epoch for a new shuffle.
+/// Each batch is a torch::data::Example<> (data and target stacked).
+template <typename Dataset, typename Sampler = DistributedSampler>
+class DataLoader {
+ public:
+  using Batch = torch::data::Example<>;
+  using Inner = torch::data::StatelessDataLoader<
+      torch::data::datasets::MapDataset<Dataset, torch::data::transforms::Stack<>>, Sampler>;
+
+  DataLoader(Dataset dataset, Sampler sampler, const LoaderOptions& options, c10::Device device)
+      : dataset_(std::move(dataset)),
+        sampler_(std::move(sampler)),
+        options_(options),
+        device_(device) {}
+
+  /// Reseeds the shuffle: every rank gets a new, consistent order for this epoch.
+  void set_epoch(size_t epoch) {
+    if constexpr (has_set_epoch<Sampler>::value) sampler_.set_epoch(epoch);
+  }
+
+  /// Batches on this rank in one epoch.
+  size_t size() const {
+    Sampler sampler = sampler_;
+    sampler.reset(dataset_.size().value());
+    size_t batches = 0;
+    while (auto indices = sampler.next(options_.batch_size())) {
+      if (!options_.drop_last() || indices->size() == options_.batch_size()) ++batches;
+    }
+    return batches;
+  }
+
+  /// Forward iterator over this epoch's batches; moves each batch to the device once.
+  class Iterator {
+   public:
+    using InnerIterator = torch::data::Iterator<Batch>;
+    Iterator(InnerIterator it, c10::Device device) : it_(std::move(it)), device_(device) {}
+    Batch& operator*() {
+      if (!current_) {
+        Batch& batch = *it_;
+        current_ = device_.is_cpu() ? batch
+                                    : Batch{batch.data.to(device_, /*non_blocking=*/true),
+                                            batch.target.to(device_, /*non_blocking=*/true)};
+      }
+      return *current_;
+    }
+    Iterator& operator++() {
+      ++it_;
+      current_.reset();
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return it_ != other.it_; }
+
+   private:
+    InnerIterator it_;
+    c10::Device device_;
+    c10::optional<Batch> current_;
+  };
+
+  /// Starts an epoch (in the order set by set_epoch).
+  Iterator begin() {
+    inner_ = std::make_unique<Inner>(dataset_.map(torch::data::transforms::Stack<>()), sampler_,
+                                     torch::data::DataLoaderOptions()
+                                         .batch_size(options_.batch_size())
+                                         .drop_last(options_.drop_last())
+                                         .workers(options_.workers()));
+    return Iterator(inner_->begin(), device_);
+  }
+  Iterator end() { return Iterator(inner_->end(), device_); }
+
+ private:
+  template <typename S, typename = void>
+  struct has_set_epoch : std::false_type {};
+  template <typename S>
+  struct has_set_epoch<S, std::void_t<decltype(std::declval<S&>().set_epoch(size_t{0}))>>
+      : std::true_type {};
+
+  Dataset dataset_;
+  Sampler sampler_;
+  LoaderOptions options_;
+  c10::Device device_;
+  std::unique_ptr<Inner> inner_;
+};
+
+/// Shards a LibTorch dataset across ranks, like Ray Train's prepare_data_loader:
+/// each rank reads its part through LibTorch's distributed samplers, and each
+/// batch arrives on this worker's device. The dataset is any
+/// torch::data::datasets::Dataset whose examples are torch::data::Example<>.
+/// Throws std::logic_error outside a train function started by trainrun.
+template <typename Dataset>
+DataLoader<Dataset> prepare_data_loader(Dataset dataset, const LoaderOptions& options = {}) {
+  auto ctx = get_context();
+  DistributedSampler sampler(dataset.size().value(), ctx, options.shuffle(),
+                             options.allow_duplicates());
+  return DataLoader<Dataset>(std::move(dataset), std::move(sampler), options, ctx.device());
+}
+
+/// The same with a sampler of your own (which then decides what this rank reads).
+template <typename Dataset, typename Sampler>
+DataLoader<Dataset, Sampler> prepare_data_loader(Dataset dataset, Sampler sampler,
+                                                 const LoaderOptions& options = {}) {
+  return DataLoader<Dataset, Sampler>(std::move(dataset), std::move(sampler), options,
+                                      get_context().device());
+}
+
+}  // namespace train

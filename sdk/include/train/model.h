@@ -1,0 +1,80 @@
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <utility>
+
+namespace train {
+
+/// Options of prepare_model, the counterpart of DistributedDataParallel's arguments.
+struct ModelOptions {
+  /// Size of the gradient buckets allreduced together, in MiB (DDP's bucket_cap_mb).
+  TORCH_ARG(double, bucket_cap_mb) = 25;
+  /// Size of the first bucket, in MiB: small, so that communication starts early.
+  TORCH_ARG(double, first_bucket_cap_mb) = 1;
+  /// Allow parameters that get no gradient in an iteration: their gradient counts
+  /// as zero on that rank. When false, such an iteration fails with an error that
+  /// names the parameters.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// After every synchronised backward, overwrite buffers (BatchNorm running
+  /// statistics) with rank 0's, as DDP's broadcast_buffers does.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+};
+
+namespace detail {
+void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options);
+bool set_gradient_sync(const torch::nn::Module& module, bool enabled);
+}  // namespace detail
+
+/// Makes a model data-parallel, like Ray Train's `prepare_model` (PyTorch's
+/// DistributedDataParallel, which LibTorch's C++ API lacks).
+///
+/// Moves parameters and buffers to this worker's device and broadcasts them from
+/// rank 0, so every replica starts identical. From then on, every `backward()`
+/// averages gradients across ranks: bucketed in reverse registration order, each
+/// bucket allreduced asynchronously as soon as its gradients are ready, so that
+/// communication overlaps the rest of backward; `.grad` holds the average when
+/// backward returns. The training loop does not change. Parameters with
+/// requires_grad=false are skipped. With one worker it only moves the model.
+/// Every rank must call it, in the same order for each model. Throws
+/// std::logic_error outside a train function started by trainrun.
+template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
+Holder prepare_model(Holder model, const ModelOptions& options = {}) {
+  detail::prepare_module(model.ptr(), options);
+  return model;
+}
+
+/// The same for a module held by std::shared_ptr.
+template <typename ModuleType>
+std::shared_ptr<ModuleType> prepare_model(std::shared_ptr<ModuleType> model,
+                                          const ModelOptions& options = {}) {
+  detail::prepare_module(model, options);
+  return model;
+}
+
+/// While alive, backward passes of the model accumulate gradients locally
+/// without synchronising, for gradient accumulation (DDP's no_sync()); the
+/// first backward after it ends synchronises the accumulated gradients.
+class NoSync {
+ public:
+  explicit NoSync(const torch::nn::Module& module)
+      : module_(&module), previous_(detail::set_gradient_sync(module, false)) {}
+  ~NoSync() { detail::set_gradient_sync(*module_, previous_); }
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  const torch::nn::Module* module_;
+  bool previous_;
+};
+
+/// `auto guard = train::no_sync(model);` see NoSync.
+template <typename ModuleType>
+NoSync no_sync(const torch::nn::ModuleHolder<ModuleType>& model) {
+  return NoSync(*model);
+}
+
+}  // namespace train

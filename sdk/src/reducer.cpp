@@ -1,0 +1,245 @@
+#include "reducer.h"
+
+#include <train/context.h>
+#include <train/distributed.h>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/utils/tensor_flatten.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "host.h"
+
+namespace train::detail {
+namespace {
+
+constexpr double kBytesPerMiB = 1024.0 * 1024.0;
+
+// Broadcasts tensors from rank 0 in place, one flat buffer per dtype.
+void broadcast_from_rank0(c10d::ProcessGroup& group, const std::vector<torch::Tensor>& tensors) {
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
+  for (const auto& t : tensors) by_type[t.scalar_type()].push_back(t);
+  torch::NoGradGuard no_grad;
+  for (auto& [type, group_tensors] : by_type) {
+    auto flat = torch::utils::flatten_dense_tensors(group_tensors);
+    std::vector<torch::Tensor> buffer{flat};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    group.broadcast(buffer, options)->wait();
+    auto unflat = torch::utils::unflatten_dense_tensors(flat, group_tensors);
+    for (size_t i = 0; i < group_tensors.size(); ++i) group_tensors[i].copy_(unflat[i]);
+  }
+}
+
+// The reducers of the running train function, by model.
+struct Registered {
+  std::weak_ptr<torch::nn::Module> module;
+  std::shared_ptr<Reducer> reducer;
+};
+std::vector<Registered>& registry() {
+  static std::vector<Registered> models;
+  return models;
+}
+
+}  // namespace
+
+Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                 const ModelOptions& options)
+    : group_(std::move(group)),
+      buffers_(module.buffers()),
+      find_unused_(options.find_unused_parameters()),
+      broadcast_buffers_(options.broadcast_buffers()) {
+  // Reverse registration order approximates the order gradients become ready.
+  auto named = module.named_parameters();
+  for (auto it = named.end(); it != named.begin();) {
+    --it;
+    if (!it->value().requires_grad()) continue;
+    Slot slot;
+    slot.param = it->value();
+    slot.name = it->key();
+    slots_.push_back(std::move(slot));
+  }
+  build_buckets(options);
+}
+
+void Reducer::build_buckets(const ModelOptions& options) {
+  const double first_cap = options.first_bucket_cap_mb() * kBytesPerMiB;
+  const double cap = options.bucket_cap_mb() * kBytesPerMiB;
+  // One open bucket per (dtype, device); a bucket closes when it reaches its cap.
+  std::map<std::pair<c10::ScalarType, std::string>, size_t> open;
+  std::vector<double> bucket_bytes;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const auto& p = slots_[i].param;
+    auto key = std::make_pair(p.scalar_type(), p.device().str());
+    auto found = open.find(key);
+    if (found == open.end()) {
+      found = open.emplace(key, buckets_.size()).first;
+      buckets_.emplace_back();
+      bucket_bytes.push_back(0);
+    }
+    size_t b = found->second;
+    buckets_[b].slots.push_back(i);
+    slots_[i].bucket = b;
+    bucket_bytes[b] += static_cast<double>(p.numel() * p.element_size());
+    if (bucket_bytes[b] >= (b == 0 ? first_cap : cap)) open.erase(found);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    int64_t total = 0;
+    for (size_t s : bucket.slots) total += slots_[s].param.numel();
+    const auto& first = slots_[bucket.slots.front()].param;
+    bucket.contents = torch::zeros({total}, first.options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t s : bucket.slots) {
+      auto& slot = slots_[s];
+      // Shares the bucket's storage without being an autograd view, so that
+      // LibTorch's Optimizer::zero_grad (which detaches .grad in place) works.
+      slot.view = torch::empty({0}, bucket.contents.options())
+                      .set_(bucket.contents.storage(), offset, slot.param.sizes());
+      offset += slot.param.numel();
+      if (slot.param.grad().defined()) slot.view.copy_(slot.param.grad());
+      slot.param.mutable_grad() = slot.view;  // autograd accumulates into the bucket
+    }
+    bucket.pending = bucket.slots.size();
+  }
+}
+
+void Reducer::install_hooks() {
+  std::weak_ptr<Reducer> weak = shared_from_this();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(slots_[i].param);
+    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+bool Reducer::set_sync(bool enabled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(sync_, enabled);
+}
+
+void Reducer::on_gradient_ready(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!sync_) return;
+  if (!in_backward_) {
+    in_backward_ = true;
+    std::weak_ptr<Reducer> weak = shared_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto reducer = weak.lock()) reducer->finalize();
+    });
+  }
+  auto& slot = slots_[index];
+  if (slot.ready) {
+    reset_iteration();
+    throw std::runtime_error("parameter '" + slot.name +
+                             "' got its gradient twice in one backward pass: prepare_model "
+                             "supports one backward per iteration");
+  }
+  auto& grad = slot.param.mutable_grad();
+  if (!grad.defined() || !grad.is_same(slot.view)) {
+    // Someone replaced .grad (set it to None, or autograd changed its layout):
+    // bring the value into the bucket and point .grad back at it.
+    torch::NoGradGuard no_grad;
+    if (grad.defined()) {
+      slot.view.copy_(grad);
+    } else {
+      slot.view.zero_();
+    }
+    grad = slot.view;
+  }
+  mark_ready(index);
+}
+
+void Reducer::mark_ready(size_t index) {
+  slots_[index].ready = true;
+  auto& bucket = buckets_[slots_[index].bucket];
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+// Buckets launch strictly in order: Gloo and NCCL match collectives by order,
+// so every rank must issue them identically whatever order its gradients come in.
+void Reducer::launch_ready_buckets() {
+  const double world = group_->getSize();
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    auto& bucket = buckets_[next_bucket_++];
+    bucket.contents.div_(world);
+    std::vector<torch::Tensor> tensors{bucket.contents};
+    bucket.work = group_->allreduce(tensors);
+  }
+}
+
+void Reducer::finalize() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (next_bucket_ < buckets_.size()) {
+    std::string unused;
+    for (auto& slot : slots_) {
+      if (!slot.ready) unused += (unused.empty() ? "" : ", ") + slot.name;
+    }
+    if (!find_unused_) {
+      reset_iteration();
+      throw std::runtime_error(
+          "parameters got no gradient in this iteration: " + unused +
+          ". Pass train::ModelOptions().find_unused_parameters(true) to prepare_model if that "
+          "is intended, or make every parameter take part in the loss");
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].ready) continue;
+      slots_[i].view.zero_();  // an unused parameter contributes zero on this rank
+      slots_[i].param.mutable_grad() = slots_[i].view;
+      mark_ready(i);
+    }
+  }
+  for (auto& bucket : buckets_) {
+    bucket.work->wait();
+    bucket.work.reset();
+  }
+  reset_iteration();
+  if (broadcast_buffers_ && !buffers_.empty()) broadcast_from_rank0(*group_, buffers_);
+}
+
+void Reducer::reset_iteration() {
+  for (auto& slot : slots_) slot.ready = false;
+  for (auto& bucket : buckets_) bucket.pending = bucket.slots.size();
+  next_bucket_ = 0;
+  in_backward_ = false;
+}
+
+void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options) {
+  auto ctx = get_context();
+  module->to(ctx.device());
+  if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
+  auto group = process_group();
+  std::vector<torch::Tensor> state = module->parameters();
+  for (auto& buffer : module->buffers()) state.push_back(buffer);
+  broadcast_from_rank0(*group, state);
+
+  auto& models = registry();
+  if (models.empty()) at_entry_end([] { registry().clear(); });
+  models.erase(std::remove_if(models.begin(), models.end(),
+                              [&](const Registered& r) {
+                                return r.module.expired() || r.module.lock() == module;
+                              }),
+               models.end());
+  auto reducer = std::make_shared<Reducer>(*module, group, options);
+  reducer->install_hooks();
+  models.push_back({module, std::move(reducer)});
+}
+
+bool set_gradient_sync(const torch::nn::Module& module, bool enabled) {
+  for (auto& r : registry()) {
+    if (auto m = r.module.lock(); m.get() == &module) return r.reducer->set_sync(enabled);
+  }
+  return true;  // not prepared, or one worker: nothing to pause
+}
+
+}  // namespace train::detail

@@ -1,0 +1,73 @@
+#pragma once
+
+// Gradient synchronisation for one prepared model, after PyTorch's
+// c10d::Reducer. Gradients live in flat per-bucket buffers (each parameter's
+// .grad shares its bucket's storage), so autograd accumulates straight into
+// what is allreduced. A post-hook on each parameter's gradient accumulator marks it
+// ready; a bucket whose parameters are all ready is divided by the world size
+// and its allreduce launched asynchronously, buckets strictly in order so every
+// rank issues the same collectives in the same order. A callback queued on the
+// autograd engine finalises at the end of backward: unused parameters, waiting
+// for every bucket, buffer broadcast. Hooks run on autograd's threads; a mutex
+// guards the state. Owned by the registry in reducer.cpp for the length of the
+// train function.
+
+#include <train/model.h>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace train::detail {
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
+          const ModelOptions& options);
+  /// Registers the autograd hooks; call once, after construction.
+  void install_hooks();
+  /// Enables or disables synchronisation; returns the previous setting.
+  bool set_sync(bool enabled);
+  size_t num_buckets() const { return buckets_.size(); }
+
+ private:
+  struct Slot {  // one parameter
+    torch::Tensor param;
+    std::string name;
+    size_t bucket = 0;
+    torch::Tensor view;  // its place in the bucket, shaped like the parameter
+    bool ready = false;
+  };
+  struct Bucket {
+    torch::Tensor contents;
+    std::vector<size_t> slots;
+    size_t pending = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  void build_buckets(const ModelOptions& options);
+  void on_gradient_ready(size_t slot);
+  void mark_ready(size_t slot);
+  void launch_ready_buckets();
+  void finalize();
+  void reset_iteration();
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::vector<torch::Tensor> buffers_;
+  bool find_unused_;
+  bool broadcast_buffers_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
+  std::mutex mutex_;
+  bool sync_ = true;
+  bool in_backward_ = false;
+  size_t next_bucket_ = 0;
+};
+
+}  // namespace train::detail

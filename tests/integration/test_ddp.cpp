@@ -1,0 +1,108 @@
+#include <doctest/doctest.h>
+
+#include <set>
+#include <sstream>
+
+#include "run_helpers.h"
+
+namespace {
+
+const std::string kDdpPlugin = std::string("--plugin '") + DDP_PLUGIN + "'";
+
+std::vector<double> read_numbers(const std::filesystem::path& path) {
+  std::istringstream in(read_text(path));
+  std::vector<double> values;
+  double v;
+  while (in >> v) values.push_back(v);
+  return values;
+}
+
+nlohmann::json last_metrics(const Sandbox& box, const std::string& name) {
+  auto results = read_jsonl(box.run_dir(name) / "result.jsonl");
+  REQUIRE_FALSE(results.empty());
+  return results.back()["metrics"];
+}
+
+}  // namespace
+
+TEST_CASE("DDP equivalence: 2 workers on half batches end where 1 worker on the whole batch does") {
+  Sandbox box;
+  auto one = box.run(kDdpPlugin + " --entry equivalence -n 1 --name one --config out=" +
+                     (box.root() / "one.txt").string());
+  REQUIRE(one.exit_code == 0);
+  // Tiny buckets: several buckets, launched in order, some mid-backward.
+  auto two = box.run(kDdpPlugin + " --entry equivalence -n 2 --name two --config out=" +
+                     (box.root() / "two.txt").string() +
+                     " --config bucket_cap_mb=0.002 --config first_bucket_cap_mb=0.001");
+  INFO(two.output);
+  REQUIRE(two.exit_code == 0);
+  auto a = read_numbers(box.root() / "one.txt");
+  auto b = read_numbers(box.root() / "two.txt");
+  REQUIRE(a.size() == b.size());
+  REQUIRE(a.size() == 8 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4);
+  double max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
+  CHECK(max_diff < 1e-5);
+  CHECK(last_metrics(box, "two")["replica_spread"] == 0.0);  // replicas stayed identical
+}
+
+TEST_CASE("prepare_model makes replicas identical even when ranks initialise differently") {
+  Sandbox box;
+  auto run = box.run(kDdpPlugin + " --entry init -n 2 --name init");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto metrics = last_metrics(box, "init");
+  CHECK(metrics["spread_before"].get<double>() > 0.01);
+  CHECK(metrics["spread_after"] == 0.0);
+}
+
+TEST_CASE("the distributed sampler covers every sample once per epoch and reshuffles") {
+  Sandbox box;
+  auto run =
+      box.run(kDdpPlugin + " --entry sampler -n 2 --name s --config out=" + box.root().string());
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  std::vector<std::vector<double>> epoch_order;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    auto r0 = read_numbers(box.root() / ("rank0-epoch" + std::to_string(epoch)));
+    auto r1 = read_numbers(box.root() / ("rank1-epoch" + std::to_string(epoch)));
+    CHECK(r0.size() == 52);  // ceil(103 / 2): one sample is repeated to even out the ranks
+    CHECK(r1.size() == 52);
+    std::set<double> seen(r0.begin(), r0.end());
+    seen.insert(r1.begin(), r1.end());
+    CHECK(seen.size() == 103);
+    CHECK(*seen.begin() == 0);
+    CHECK(*seen.rbegin() == 102);
+    epoch_order.push_back(r0);
+  }
+  CHECK(epoch_order[0] != epoch_order[1]);  // set_epoch gave a new order
+  CHECK(last_metrics(box, "s")["batches"] == 6);
+}
+
+TEST_CASE("no_sync accumulates locally and the next backward synchronises the sum") {
+  Sandbox box;
+  auto run = box.run(kDdpPlugin + " --entry no_sync -n 2 --name ns");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto metrics = last_metrics(box, "ns");
+  CHECK(metrics["spread_under_no_sync"].get<double>() > 1e-4);  // ranks differ: not synced
+  CHECK(metrics["spread_after_sync"] == 0.0);
+  CHECK(metrics["error_vs_reference"].get<double>() < 1e-6);
+}
+
+TEST_CASE("an unused parameter is an error naming it, or zero with find_unused_parameters") {
+  Sandbox box;
+  auto strict = box.run(kDdpPlugin + " --entry unused -n 2 --name strict");
+  INFO(strict.output);
+  CHECK(strict.exit_code == 1);
+  auto message = read_json(box.run_dir("strict") / "error.json")["message"].get<std::string>();
+  CHECK(message.find("parameters got no gradient in this iteration: unused.bias, unused.weight") !=
+        std::string::npos);
+  CHECK(message.find("find_unused_parameters(true)") != std::string::npos);
+
+  auto lenient =
+      box.run(kDdpPlugin + " --entry unused -n 2 --name lenient --config find_unused=true");
+  INFO(lenient.output);
+  CHECK(lenient.exit_code == 0);
+  CHECK(last_metrics(box, "lenient")["unused_grad_norm"] == 0.0);
+}

@@ -1,0 +1,172 @@
+// Train functions that check prepare_model and prepare_data_loader from the
+// inside: each writes what it observed to files under config "out" or reports
+// it, for tests/integration/test_ddp.cpp to compare.
+
+#include <train/train.h>
+
+#include <torch/torch.h>
+
+#include <fstream>
+
+namespace {
+
+torch::nn::Sequential make_mlp() {
+  return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Tanh(),
+                               torch::nn::Linear(32, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 4));
+}
+
+train::ModelOptions model_options(const train::Config& config) {
+  return train::ModelOptions()
+      .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
+      .first_bucket_cap_mb(config.get<double>("first_bucket_cap_mb", 1))
+      .find_unused_parameters(config.get<bool>("find_unused", false));
+}
+
+// max - min of each element across ranks, reduced to its largest value.
+double spread_across_ranks(const torch::Tensor& flat) {
+  auto group = train::process_group();
+  std::vector<torch::Tensor> hi{flat.clone()}, lo{flat.clone()};
+  c10d::AllreduceOptions max_options, min_options;
+  max_options.reduceOp = c10d::ReduceOp::MAX;
+  min_options.reduceOp = c10d::ReduceOp::MIN;
+  group->allreduce(hi, max_options)->wait();
+  group->allreduce(lo, min_options)->wait();
+  return (hi[0] - lo[0]).max().item<double>();
+}
+
+torch::Tensor flat_parameters(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : module.parameters()) parts.push_back(p.detach().flatten());
+  return torch::cat(parts);
+}
+
+torch::Tensor flat_grads(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : module.parameters()) parts.push_back(p.grad().detach().flatten().clone());
+  return torch::cat(parts);
+}
+
+void write_tensor(const std::string& path, const torch::Tensor& t) {
+  std::ofstream out(path);
+  out.precision(17);
+  auto data = t.contiguous();
+  for (int64_t i = 0; i < data.numel(); ++i) out << data[i].item<double>() << "\n";
+}
+
+}  // namespace
+
+// The global batch of 16 is split across ranks; SGD for `steps` steps. Rank 0
+// writes the final parameters to config "out": with 1 or 2 workers they must match.
+void equivalence(const train::Config& config) {
+  auto ctx = train::get_context();
+  torch::manual_seed(0);
+  auto model = train::prepare_model(make_mlp(), model_options(config));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  torch::manual_seed(1234);
+  auto x = torch::randn({16, 8});
+  auto y = torch::randn({16, 4});
+  const int64_t per_rank = 16 / ctx.world_size();
+  auto local_x = x.narrow(0, per_rank * ctx.world_rank(), per_rank);
+  auto local_y = y.narrow(0, per_rank * ctx.world_rank(), per_rank);
+  for (int step = 0; step < config.get<int>("steps", 5); ++step) {
+    optimizer.zero_grad();
+    torch::mse_loss(model->forward(local_x), local_y).backward();
+    optimizer.step();
+  }
+  auto params = flat_parameters(*model);
+  if (ctx.world_rank() == 0) write_tensor(config.get<std::string>("out"), params);
+  double spread = ctx.world_size() > 1 ? spread_across_ranks(params) : 0.0;
+  train::report({{"replica_spread", spread}});
+}
+
+// Ranks initialise with different seeds; prepare_model must make them identical.
+void init(const train::Config& config) {
+  auto ctx = train::get_context();
+  torch::manual_seed(100 + ctx.world_rank());
+  auto model = make_mlp();
+  double before = spread_across_ranks(flat_parameters(*model));
+  model = train::prepare_model(model, model_options(config));
+  double after = spread_across_ranks(flat_parameters(*model));
+  train::report({{"spread_before", before}, {"spread_after", after}});
+}
+
+// Each rank writes the sample indices it saw in epochs 0 and 1, in order.
+void sampler(const train::Config& config) {
+  struct Indices : torch::data::datasets::Dataset<Indices> {
+    torch::data::Example<> get(size_t i) override {
+      return {torch::tensor(static_cast<int64_t>(i)), torch::tensor(static_cast<int64_t>(i))};
+    }
+    c10::optional<size_t> size() const override { return 103; }
+  };
+  auto ctx = train::get_context();
+  auto loader = train::prepare_data_loader(Indices(), train::LoaderOptions().batch_size(10));
+  for (size_t epoch = 0; epoch < 2; ++epoch) {
+    loader.set_epoch(epoch);
+    std::vector<torch::Tensor> seen;
+    for (auto& batch : loader) seen.push_back(batch.data);
+    write_tensor(config.get<std::string>("out") + "/rank" + std::to_string(ctx.world_rank()) +
+                     "-epoch" + std::to_string(epoch),
+                 torch::cat(seen));
+  }
+  train::report({{"batches", static_cast<int64_t>(loader.size())}});
+}
+
+// Two backward passes under no_sync then one outside it; compared with the same
+// passes on an unprepared copy whose gradients are averaged by hand.
+void no_sync(const train::Config& config) {
+  auto ctx = train::get_context();
+  torch::manual_seed(0);
+  auto reference = make_mlp();
+  auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference->clone());
+  model = train::prepare_model(model, model_options(config));
+  torch::manual_seed(50 + ctx.world_rank());  // different data on every rank
+  std::vector<torch::Tensor> xs, ys;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(torch::randn({4, 8}));
+    ys.push_back(torch::randn({4, 4}));
+  }
+  for (auto& p : model->parameters()) p.mutable_grad().zero_();
+  double spread_local = 0;
+  {
+    auto guard = train::NoSync(*model);
+    for (int i = 0; i < 2; ++i) torch::mse_loss(model->forward(xs[i]), ys[i]).backward();
+    spread_local = spread_across_ranks(flat_grads(*model));
+  }
+  torch::mse_loss(model->forward(xs[2]), ys[2]).backward();
+  auto synced = flat_grads(*model);
+
+  for (int i = 0; i < 3; ++i) torch::mse_loss(reference->forward(xs[i]), ys[i]).backward();
+  std::vector<torch::Tensor> expected{flat_grads(*reference)};
+  train::process_group()->allreduce(expected)->wait();
+  expected[0].div_(ctx.world_size());
+  train::report({{"spread_under_no_sync", spread_local},
+                 {"spread_after_sync", spread_across_ranks(synced)},
+                 {"error_vs_reference", (synced - expected[0]).abs().max().item<double>()}});
+}
+
+// A model with a layer that the forward pass never uses.
+void unused(const train::Config& config) {
+  struct WithUnused : torch::nn::Module {
+    torch::nn::Linear used{nullptr}, unused{nullptr};
+    WithUnused() {
+      used = register_module("used", torch::nn::Linear(4, 2));
+      unused = register_module("unused", torch::nn::Linear(4, 2));
+    }
+    torch::Tensor forward(const torch::Tensor& x) { return used(x); }
+  };
+  auto model = train::prepare_model(std::make_shared<WithUnused>(), model_options(config));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    model->forward(torch::randn({8, 4})).sum().backward();
+    optimizer.step();
+  }
+  train::report({{"unused_grad_norm", model->unused->weight.grad().norm().item<double>()}});
+}
+
+TRAIN_FUNC(equivalence);
+TRAIN_FUNC(init);
+TRAIN_FUNC(sampler);
+TRAIN_FUNC(no_sync);
+TRAIN_FUNC(unused);
