@@ -4,7 +4,8 @@
 //
 // Config: epochs (10), batch_size (128), lr (1e-3), data_dir, max_steps (per
 // epoch, 0 = all), eval (true), warmup_steps (5: steps before the throughput
-// clock starts), seed (0), log_every (50).
+// clock starts), seed (0), log_every (50), bucket_cap_mb (25),
+// broadcast_buffers (true).
 
 #include <train/train.h>
 
@@ -83,7 +84,11 @@ void fashion_mnist_train(const train::Config& config) {
 
   fashion_mnist::FashionMNIST train_set(data_dir, fashion_mnist::Split::kTrain);
   fashion_mnist::FashionMNIST test_set(data_dir, fashion_mnist::Split::kTest);
-  auto model = train::prepare_model(fashion_mnist::ResNet18(10));
+  auto model = train::prepare_model(
+      fashion_mnist::ResNet18(10),
+      train::ModelOptions()
+          .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
+          .broadcast_buffers(config.get<bool>("broadcast_buffers", true)));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lr));
   auto loader = train::prepare_data_loader(
       train_set, train::LoaderOptions().batch_size(batch_size).shuffle(true));

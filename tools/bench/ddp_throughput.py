@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Data-parallel throughput: FashionMNIST ResNet-18, 2 workers x 1 intra-op thread.
+
+Runs, alternating, in this invocation:
+  trainrun  -n 2 the fashion_mnist plugin (prepare_model + prepare_data_loader)
+  torchrun  --nproc_per_node 2 the same loop in Python with DistributedDataParallel
+  ceiling   trainrun -n 1, one thread, the same per-worker batch, times two
+and prints steady-state samples/s (after warm-up), the ratios and peak RSS per
+worker. Targets: trainrun >= 1.05x torchrun, >= 0.90 of the ceiling.
+
+  tools/bench/ddp_throughput.py [--build build] [--rounds 2] [--steps 30] [--warmup 5]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd, env):
+    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout.decode()[-3000:]}")
+    return result.stdout.decode()
+
+
+def trainrun(args, tmp, env, workers, name):
+    results = os.path.join(tmp, "results")
+    run([os.path.join(args.build, "trainrun"), "--plugin",
+         os.path.join(args.build, "plugins", "fashion_mnist", "libfashion_mnist.so"),
+         "-n", str(workers), "--cpus-per-worker", "1", "-q", "--storage-path", results,
+         "--name", name, "--config", "epochs=1", "--config", "eval=false",
+         "--config", "log_every=0", "--config", f"warmup_steps={args.warmup}",
+         "--config", f"max_steps={args.warmup + args.steps}"], env)
+    with open(os.path.join(results, name, "result.jsonl")) as f:
+        metrics = json.loads(f.readlines()[-1])["metrics"]
+    return metrics["samples_per_s"], metrics["peak_rss_mb"]
+
+
+def torchrun(args, tmp, env, name):
+    out = run(["torchrun", "--nproc_per_node", "2", "--redirects", "2", "--tee", "1",
+               "--log_dir", os.path.join(tmp, name), os.path.join(HERE, "ddp_torchrun.py"),
+               "--warmup", str(args.warmup), "--steps", str(args.steps)], env)
+    line = next(l for l in out.splitlines() if "samples_per_s" in l)
+    metrics = json.loads(line[line.index("{"):])
+    return metrics["samples_per_s"], metrics["peak_rss_mb"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    ours, theirs, ceiling = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
+        for r in range(args.rounds):
+            ours.append(trainrun(args, tmp, env, 2, f"ddp{r}"))
+            theirs.append(torchrun(args, tmp, env, f"torchrun{r}"))
+            one = trainrun(args, tmp, env, 1, f"one{r}")
+            ceiling.append((2 * one[0], one[1]))
+            print(f"round {r}: trainrun {ours[-1][0]:.1f}  torchrun {theirs[-1][0]:.1f}  "
+                  f"ceiling {ceiling[-1][0]:.1f} samples/s", flush=True)
+    med = lambda rows, i: statistics.median(row[i] for row in rows)
+    t, b, c = med(ours, 0), med(theirs, 0), med(ceiling, 0)
+    print(f"FashionMNIST ResNet-18, 2 workers x 1 thread, batch 128/worker, "
+          f"{args.steps} steps after {args.warmup} warm-up (median of {args.rounds}):")
+    print(f"  trainrun + prepare_model   {t:7.1f} samples/s   peak RSS/worker {med(ours, 1):6.0f} MB")
+    print(f"  torchrun + DDP (Python)    {b:7.1f} samples/s   peak RSS/worker {med(theirs, 1):6.0f} MB")
+    print(f"  ceiling (1 worker x 2)     {c:7.1f} samples/s   peak RSS/worker {med(ceiling, 1):6.0f} MB")
+    print(f"  trainrun / torchrun = {t / b:.3f}  (target >= 1.05)")
+    print(f"  trainrun / ceiling  = {t / c:.3f}  (target >= 0.90)")
+
+
+if __name__ == "__main__":
+    main()
