@@ -3,8 +3,8 @@
 // evaluated across ranks, report({loss, accuracy, epoch}).
 //
 // Config: epochs (10), batch_size (128), lr (1e-3), data_dir, max_steps (per
-// epoch, 0 = all), eval (true), warmup_steps (5: steps before the throughput
-// clock starts), seed (0), log_every (50), bucket_cap_mb (25),
+// epoch, 0 = all), eval (true), eval_steps (test batches per rank, 0 = all), warmup_steps (5: steps
+// before the throughput clock starts), seed (0), log_every (50), bucket_cap_mb (25),
 // broadcast_buffers (true).
 
 #include <train/train.h>
@@ -47,14 +47,17 @@ double peak_rss_mb() {
 
 // Test-set accuracy and loss, each rank evaluating its own share.
 std::pair<double, double> evaluate(fashion_mnist::ResNet18& model,
-                                   const fashion_mnist::FashionMNIST& test_set, size_t batch_size) {
+                                   const fashion_mnist::FashionMNIST& test_set, size_t batch_size,
+                                   int max_batches) {
   torch::NoGradGuard no_grad;
   model->eval();
   auto loader = train::prepare_data_loader(
       test_set,
       train::LoaderOptions().batch_size(batch_size).shuffle(false).allow_duplicates(false));
   double correct = 0, loss = 0, count = 0;
+  int batches = 0;
   for (auto& batch : loader) {
+    if (max_batches > 0 && batches++ >= max_batches) break;
     auto output = model->forward(batch.data);
     loss += torch::nn::functional::cross_entropy(
                 output, batch.target,
@@ -78,17 +81,18 @@ void fashion_mnist_train(const train::Config& config) {
   const auto data_dir = config.get("data_dir", fashion_mnist::kDefaultDataDir);
   const int max_steps = config.get<int>("max_steps", 0);
   const bool eval = config.get<bool>("eval", true);
+  const int eval_steps = config.get<int>("eval_steps", 0);
   const int warmup_steps = config.get<int>("warmup_steps", 5);
   const int log_every = config.get<int>("log_every", 50);
   torch::manual_seed(config.get<int>("seed", 0));
 
   fashion_mnist::FashionMNIST train_set(data_dir, fashion_mnist::Split::kTrain);
   fashion_mnist::FashionMNIST test_set(data_dir, fashion_mnist::Split::kTest);
-  auto model = train::prepare_model(
-      fashion_mnist::ResNet18(10),
-      train::ModelOptions()
-          .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
-          .broadcast_buffers(config.get<bool>("broadcast_buffers", true)));
+  auto model =
+      train::prepare_model(fashion_mnist::ResNet18(10),
+                           train::ModelOptions()
+                               .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
+                               .broadcast_buffers(config.get<bool>("broadcast_buffers", true)));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lr));
   auto loader = train::prepare_data_loader(
       train_set, train::LoaderOptions().batch_size(batch_size).shuffle(true));
@@ -130,7 +134,7 @@ void fashion_mnist_train(const train::Config& config) {
                            {"peak_rss_mb", max_across_ranks(peak_rss_mb())}};
     if (seconds > 0) metrics.emplace("samples_per_s", totals[2] / seconds);
     if (eval) {
-      auto [accuracy, test_loss] = evaluate(model, test_set, batch_size);
+      auto [accuracy, test_loss] = evaluate(model, test_set, batch_size, eval_steps);
       metrics.emplace("accuracy", accuracy);
       metrics.emplace("test_loss", test_loss);
     }

@@ -81,6 +81,11 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                      std::to_string(options_.scaling.cpus_per_worker));
   }
   if (!options_.config.is_object()) throw UsageError("the config must be a JSON object");
+  if (options_.scaling.use_gpu && !TRAINRUN_WITH_CUDA) {
+    throw UsageError(
+        "--use-gpu needs a LibTorch built with CUDA; this trainrun was built with a "
+        "CPU-only LibTorch " TORCH_VERSION);
+  }
   if (options_.run.heartbeat_timeout.count() <= 0 || options_.run.startup_timeout.count() <= 0) {
     throw UsageError("timeouts must be positive");
   }
@@ -121,22 +126,23 @@ Result Trainer::fit() {
   auto& log = *setup.log;
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
-  nlohmann::json info = {
-      {"name", options_.run.name},
-      {"storage_path", options_.run.storage_path.string()},
-      {"plugin",
-       {{"path", std::filesystem::absolute(options_.plugin).string()},
-        {"sha256", setup.plugin_sha256},
-        {"entry", entry},
-        {"sdk_version", plugin.sdk_version},
-        {"torch_version", plugin.torch_version}}},
-      {"scaling",
-       {{"num_workers", options_.scaling.num_workers}, {"cpus_per_worker", setup.cpus_per_worker}}},
-      {"config", options_.config},
-      {"versions", {{"trainrun", TRAIN_SDK_VERSION}, {"torch", TORCH_VERSION}}},
-      {"controller_host", host},
-      {"started_at", utc_now("%Y-%m-%dT%H:%M:%SZ")},
-      {"status", "running"}};
+  nlohmann::json info = {{"name", options_.run.name},
+                         {"storage_path", options_.run.storage_path.string()},
+                         {"plugin",
+                          {{"path", std::filesystem::absolute(options_.plugin).string()},
+                           {"sha256", setup.plugin_sha256},
+                           {"entry", entry},
+                           {"sdk_version", plugin.sdk_version},
+                           {"torch_version", plugin.torch_version}}},
+                         {"scaling",
+                          {{"num_workers", options_.scaling.num_workers},
+                           {"cpus_per_worker", setup.cpus_per_worker},
+                           {"use_gpu", options_.scaling.use_gpu}}},
+                         {"config", options_.config},
+                         {"versions", {{"trainrun", TRAIN_SDK_VERSION}, {"torch", TORCH_VERSION}}},
+                         {"controller_host", host},
+                         {"started_at", utc_now("%Y-%m-%dT%H:%M:%SZ")},
+                         {"status", "running"}};
   storage.write_run_info(info);
   storage.write_error(nullptr);
   log.info("run '{}': {} x {} ({}), results in {}", options_.run.name, options_.scaling.num_workers,

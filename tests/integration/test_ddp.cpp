@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -44,6 +45,54 @@ TEST_CASE("DDP equivalence: 2 workers on half batches end where 1 worker on the 
   for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
   CHECK(max_diff < 1e-5);
   CHECK(last_metrics(box, "two")["replica_spread"] == 0.0);  // replicas stayed identical
+}
+
+TEST_CASE("DDP equivalence on CUDA devices with NCCL, when LibTorch has CUDA") {
+  if (!TRAINRUN_WITH_CUDA) return;
+  Sandbox box;
+  auto one = box.run(kDdpPlugin + " --use-gpu --entry equivalence -n 1 --name one --config out=" +
+                     (box.root() / "one.txt").string());
+  auto two = box.run(kDdpPlugin + " --use-gpu --entry equivalence -n 2 --name two --config out=" +
+                     (box.root() / "two.txt").string() + " --config bucket_cap_mb=0.002");
+  INFO(two.output);
+  REQUIRE(one.exit_code == 0);
+  REQUIRE(two.exit_code == 0);
+  auto a = read_numbers(box.root() / "one.txt");
+  auto b = read_numbers(box.root() / "two.txt");
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) < 1e-4);
+}
+
+TEST_CASE("the FashionMNIST plugin trains, evaluates across ranks and reports") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN +
+                     "' -n 2 --name fm --config epochs=2 --config max_steps=3"
+                     " --config eval_steps=2 --config batch_size=32 --config warmup_steps=1");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto results = read_jsonl(box.run_dir("fm") / "result.jsonl");
+  REQUIRE(results.size() == 2);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    const auto& m = results[static_cast<size_t>(epoch)]["metrics"];
+    CHECK(m["epoch"] == epoch);
+    CHECK(m["steps"] == 3);
+    CHECK(std::isfinite(m["loss"].get<double>()));
+    CHECK(m["accuracy"].get<double>() >= 0.0);
+    CHECK(m["accuracy"].get<double>() <= 1.0);
+    CHECK(m["samples_per_s"].get<double>() > 0);
+    CHECK(m["peak_rss_mb"].get<double>() > 0);
+  }
+  CHECK(run.output.find("60000 training images, 2 workers x batch 32 = global batch 64") !=
+        std::string::npos);
+}
+
+TEST_CASE("the FashionMNIST plugin names the missing files and the package") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN +
+                     "' -n 1 --name missing --config data_dir=/nonexistent");
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("/nonexistent/train-images-idx3-ubyte.gz") != std::string::npos);
+  CHECK(run.output.find("dataset-fashion-mnist") != std::string::npos);
 }
 
 TEST_CASE("prepare_model makes replicas identical even when ranks initialise differently") {

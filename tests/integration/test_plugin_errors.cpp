@@ -58,6 +58,12 @@ TEST_CASE("usage errors exit 2") {
   CHECK(version.output.find("trainrun 0.1.0") != std::string::npos);
 }
 
+TEST_CASE("--use-gpu without a CUDA LibTorch is refused before any worker starts") {
+  if (TRAINRUN_WITH_CUDA) return;  // then test_ddp runs the equivalence test on GPUs
+  expect_refused(plugin(QUICKSTART_PLUGIN) + " --use-gpu",
+                 "--use-gpu needs a LibTorch built with CUDA");
+}
+
 TEST_CASE("inspect prints the entries and versions") {
   Sandbox box;
   auto run = box.run(std::string("inspect '") + TEST_PLUGIN + "'");

@@ -19,6 +19,9 @@ struct ScalingConfig {
   int num_workers = 1;
   /// LibTorch intra-op threads per worker; 0 = cores / local workers (at least 1).
   int cpus_per_worker = 0;
+  /// One CUDA device per worker (by local rank) and an NCCL process group.
+  /// Needs a LibTorch built with CUDA; otherwise Trainer refuses it.
+  bool use_gpu = false;
 };
 
 /// Where results go and what the run is called (Ray Train's RunConfig).

@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
   app.add_option("--cpus-per-worker", options.scaling.cpus_per_worker,
                  "intra-op threads per worker (default: cores / local workers)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--use-gpu", options.scaling.use_gpu,
+               "one CUDA device per worker (by local rank), NCCL for collectives");
   app.add_option("--heartbeat-timeout", heartbeat_s, "seconds of silence before a peer is lost")
       ->check(CLI::PositiveNumber);
   app.add_option("--startup-timeout", startup_s, "seconds for workers to connect")

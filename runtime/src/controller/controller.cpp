@@ -209,7 +209,8 @@ struct Controller::State {
         assign.store_prefix = "trainrun/attempt-0";
         assign.bind_host = "127.0.0.1";
         assign.num_threads = setup.cpus_per_worker;
-        assign.device = "cpu";
+        assign.device =
+            setup.options.scaling.use_gpu ? "cuda:" + std::to_string(local_rank) : "cpu";
         assign.heartbeat_timeout_ms = setup.options.run.heartbeat_timeout.count();
         protocol::send(router, assign, {}, slot.routing_id);
       }

@@ -1,9 +1,15 @@
 #include "worker/train_thread.h"
 
+#include <trainrun/error.h>
+
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL  // a LibTorch built with CUDA and NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <spdlog/spdlog.h>
 
@@ -81,6 +87,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assi
                                                             zmq::socket_t& pair) {
   auto store = join_store(assign, pair);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
+  c10::Device device(assign.device);
+  if (device.is_cuda()) {
+#ifdef USE_C10D_NCCL
+    if (device.index() >= c10::cuda::device_count()) {
+      throw Error("local rank " + std::to_string(assign.local_rank) + " needs " + assign.device +
+                  " but this host has " + std::to_string(c10::cuda::device_count()) +
+                  " CUDA device(s)");
+    }
+    c10::cuda::set_device(device.index());  // the train function runs on this thread
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        prefixed, assign.world_rank, assign.world_size, c10d::ProcessGroupNCCL::Options::create());
+#else
+    throw Error("device " + assign.device + " needs a LibTorch built with CUDA and NCCL");
+#endif
+  }
   auto gloo = c10d::ProcessGroupGloo::Options::create();
   gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(assign.bind_host));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, assign.world_rank, assign.world_size,
