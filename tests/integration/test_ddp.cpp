@@ -18,6 +18,27 @@ std::vector<double> read_numbers(const std::filesystem::path& path) {
   return values;
 }
 
+// Runs the equivalence entry with 1 and then 2 workers and returns the largest
+// difference between their final parameters.
+double equivalence_gap(const Sandbox& box, const std::string& flags) {
+  auto one = box.run(kDdpPlugin + flags + " --entry equivalence -n 1 --name one --config out=" +
+                     (box.root() / "one.txt").string());
+  REQUIRE(one.exit_code == 0);
+  // Tiny buckets: several buckets, launched in order, some mid-backward.
+  auto two = box.run(kDdpPlugin + flags + " --entry equivalence -n 2 --name two --config out=" +
+                     (box.root() / "two.txt").string() +
+                     " --config bucket_cap_mb=0.002 --config first_bucket_cap_mb=0.001");
+  INFO(two.output);
+  REQUIRE(two.exit_code == 0);
+  auto a = read_numbers(box.root() / "one.txt");
+  auto b = read_numbers(box.root() / "two.txt");
+  REQUIRE(a.size() == b.size());
+  REQUIRE(a.size() == 8 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4);
+  double gap = 0;
+  for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::abs(a[i] - b[i]));
+  return gap;
+}
+
 nlohmann::json last_metrics(const Sandbox& box, const std::string& name) {
   auto results = read_jsonl(box.run_dir(name) / "result.jsonl");
   REQUIRE_FALSE(results.empty());
@@ -28,39 +49,14 @@ nlohmann::json last_metrics(const Sandbox& box, const std::string& name) {
 
 TEST_CASE("DDP equivalence: 2 workers on half batches end where 1 worker on the whole batch does") {
   Sandbox box;
-  auto one = box.run(kDdpPlugin + " --entry equivalence -n 1 --name one --config out=" +
-                     (box.root() / "one.txt").string());
-  REQUIRE(one.exit_code == 0);
-  // Tiny buckets: several buckets, launched in order, some mid-backward.
-  auto two = box.run(kDdpPlugin + " --entry equivalence -n 2 --name two --config out=" +
-                     (box.root() / "two.txt").string() +
-                     " --config bucket_cap_mb=0.002 --config first_bucket_cap_mb=0.001");
-  INFO(two.output);
-  REQUIRE(two.exit_code == 0);
-  auto a = read_numbers(box.root() / "one.txt");
-  auto b = read_numbers(box.root() / "two.txt");
-  REQUIRE(a.size() == b.size());
-  REQUIRE(a.size() == 8 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4);
-  double max_diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
-  CHECK(max_diff < 1e-5);
+  CHECK(equivalence_gap(box, "") < 1e-5);
   CHECK(last_metrics(box, "two")["replica_spread"] == 0.0);  // replicas stayed identical
 }
 
 TEST_CASE("DDP equivalence on CUDA devices with NCCL, when LibTorch has CUDA") {
   if (!TRAINRUN_WITH_CUDA) return;
   Sandbox box;
-  auto one = box.run(kDdpPlugin + " --use-gpu --entry equivalence -n 1 --name one --config out=" +
-                     (box.root() / "one.txt").string());
-  auto two = box.run(kDdpPlugin + " --use-gpu --entry equivalence -n 2 --name two --config out=" +
-                     (box.root() / "two.txt").string() + " --config bucket_cap_mb=0.002");
-  INFO(two.output);
-  REQUIRE(one.exit_code == 0);
-  REQUIRE(two.exit_code == 0);
-  auto a = read_numbers(box.root() / "one.txt");
-  auto b = read_numbers(box.root() / "two.txt");
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) < 1e-4);
+  CHECK(equivalence_gap(box, " --use-gpu") < 1e-4);
 }
 
 TEST_CASE("the FashionMNIST plugin trains, evaluates across ranks and reports") {

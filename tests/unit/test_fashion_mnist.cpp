@@ -1,10 +1,12 @@
-#include <doctest/doctest.h>
 #include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "fashion_mnist_dataset.h"
+// After LibTorch: see doctest_torch.h.
+#include "doctest_torch.h"
+#include "temp_dir.h"
 
 using fashion_mnist::FashionMNIST;
 using fashion_mnist::Split;
@@ -34,15 +36,6 @@ void write_tiny_set(const std::filesystem::path& dir, bool gzip) {
   write(dir / "t10k-images-idx3-ubyte", images, gzip);
   write(dir / "t10k-labels-idx1-ubyte", labels, gzip);
 }
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    char pattern[] = "/tmp/trainrun-fmnist-XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include "common/atomic_file.h"
 #include "storage/run_storage.h"
+#include "temp_dir.h"
 
 using namespace trainrun;
 
@@ -18,15 +19,6 @@ std::string slurp(const std::filesystem::path& path) {
   out << in.rdbuf();
   return out.str();
 }
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    char pattern[] = "/tmp/trainrun-test-XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
 
 }  // namespace
 
