@@ -52,20 +52,22 @@ int Sandbox::wait(pid_t pid) {
 
 std::string Sandbox::output_so_far() const { return read_text(root_ / "out.txt"); }
 
-bool Sandbox::any_worker_alive() const {
+std::vector<pid_t> Sandbox::worker_pids() const {
+  std::vector<pid_t> pids;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     auto cmdline = read_text(entry.path() / "cmdline");
-    if (cmdline.find(root_.string()) != std::string::npos &&
-        cmdline.find("worker") != std::string::npos) {
-      auto status = read_text(entry.path() / "stat");  // a zombie is not alive
-      auto close = status.rfind(')');
-      if (close != std::string::npos && status.size() > close + 2 && status[close + 2] == 'Z') {
-        continue;
-      }
-      return true;
+    if (cmdline.find(root_.string()) == std::string::npos ||
+        cmdline.find("trainrun-worker") == std::string::npos) {
+      continue;
     }
+    auto status = read_text(entry.path() / "stat");  // a zombie is not alive
+    auto close = status.rfind(')');
+    if (close != std::string::npos && status.size() > close + 2 && status[close + 2] == 'Z') {
+      continue;
+    }
+    pids.push_back(std::stoi(entry.path().filename().string()));
   }
-  return false;
+  return pids;
 }
 
 std::string read_text(const std::filesystem::path& path) {

@@ -33,8 +33,9 @@ class Sandbox {
   static int wait(pid_t pid);
   std::string output_so_far() const;
 
-  /// Whether any process started from this sandbox (a worker) is still alive.
-  bool any_worker_alive() const;
+  /// The live worker processes started from this sandbox.
+  std::vector<pid_t> worker_pids() const;
+  bool any_worker_alive() const { return !worker_pids().empty(); }
 
  private:
   std::string command(const std::string& args) const;

@@ -105,9 +105,11 @@ TEST_CASE("a config value of the wrong type is an error naming the key") {
         std::string::npos);
 }
 
-TEST_CASE("SIGINT stops every worker and exits 130") {
-  Sandbox box;
-  pid_t pid = box.start(kTestPlugin + " --entry sleeps -n 2 --name s");
+namespace {
+
+// Starts a run of the `sleeps` entry and waits until both ranks print.
+pid_t start_sleeping_run(const Sandbox& box, const std::string& extra) {
+  pid_t pid = box.start(kTestPlugin + " --entry sleeps -n 2 --name s " + extra);
   for (int i = 0; i < 600; ++i) {
     auto out = box.output_so_far();
     if (out.find("(rank=0") != std::string::npos && out.find("(rank=1") != std::string::npos) {
@@ -115,11 +117,45 @@ TEST_CASE("SIGINT stops every worker and exits 130") {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("SIGINT stops every worker and exits 130") {
+  Sandbox box;
+  pid_t pid = start_sleeping_run(box, "");
   REQUIRE(box.any_worker_alive());
   ::kill(pid, SIGINT);
   CHECK(Sandbox::wait(pid) == 130);
   CHECK_FALSE(box.any_worker_alive());
   CHECK(read_json(box.run_dir("s") / "error.json")["kind"] == "interrupted");
+}
+
+TEST_CASE("a killed controller leaves no worker behind") {
+  Sandbox box;
+  pid_t pid = start_sleeping_run(box, "");
+  REQUIRE(box.worker_pids().size() == 2);
+  ::kill(pid, SIGKILL);
+  Sandbox::wait(pid);
+  for (int i = 0; i < 100 && box.any_worker_alive(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("a worker that stops responding is declared lost after the heartbeat timeout") {
+  Sandbox box;
+  pid_t pid = start_sleeping_run(box, "--heartbeat-timeout 2");
+  auto workers = box.worker_pids();
+  REQUIRE(workers.size() == 2);
+  ::kill(workers[0], SIGSTOP);  // alive, but silent
+  CHECK(Sandbox::wait(pid) == 1);
+  auto error = read_json(box.run_dir("s") / "error.json");
+  CHECK(error["kind"] == "lost");
+  CHECK(error["pid"] == workers[0]);
+  CHECK(error["message"].get<std::string>().find("stopped responding") != std::string::npos);
+  CHECK_FALSE(box.any_worker_alive());
 }
 
 TEST_CASE("the quickstart example trains and its loss falls") {
