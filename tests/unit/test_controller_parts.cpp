@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "controller/failure.h"
+#include "controller/rank_assignment.h"
 #include "controller/report_barrier.h"
 #include "controller/signals.h"
 
@@ -47,4 +48,25 @@ TEST_CASE("report barrier: completes when every rank arrives and keeps rank 0 me
 TEST_CASE("signal names") {
   CHECK(signal_description(SIGSEGV) == "SIGSEGV (Segmentation fault)");
   CHECK(signal_description(SIGABRT) == "SIGABRT (Aborted)");
+}
+
+TEST_CASE("ranks are grouped by host so local and node ranks are right on every node") {
+  auto placements = assign_ranks({"b", "a", "b", "a", "b"});
+  REQUIRE(placements.size() == 5);
+  auto check = [&](size_t i, int world, int local, int node, int local_size) {
+    CAPTURE(i);
+    CHECK(placements[i].world_rank == world);
+    CHECK(placements[i].local_rank == local);
+    CHECK(placements[i].node_rank == node);
+    CHECK(placements[i].local_world_size == local_size);
+  };
+  check(0, 0, 0, 0, 3);  // host b appeared first: node 0
+  check(2, 1, 1, 0, 3);
+  check(4, 2, 2, 0, 3);
+  check(1, 3, 0, 1, 2);
+  check(3, 4, 1, 1, 2);
+  auto local = assign_ranks({"h", "h"});
+  CHECK(local[1].world_rank == 1);
+  CHECK(local[1].local_rank == 1);
+  CHECK(local[1].local_world_size == 2);
 }

@@ -12,6 +12,7 @@
 #include "common/constants.h"
 #include "controller/failure.h"
 #include "controller/local_worker.h"
+#include "controller/rank_assignment.h"
 #include "controller/report_barrier.h"
 #include "controller/signals.h"
 #include "controller/worker_output.h"
@@ -22,6 +23,10 @@ namespace trainrun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Local workers only, so far: everything talks over loopback, and rank 0's
+// store is reached there too.
+constexpr const char* kLocalHost = "127.0.0.1";
 
 // One worker process, from spawn to exit.
 struct Slot {
@@ -82,7 +87,7 @@ struct Controller::State {
 
   void start_workers() {
     router.set(zmq::sockopt::linger, 0);
-    router.bind("tcp://127.0.0.1:*");
+    router.bind(std::string("tcp://") + kLocalHost + ":*");
     auto endpoint = router.get(zmq::sockopt::last_endpoint);
     auto executable = setup.options.worker_executable;
     auto threads = std::to_string(setup.cpus_per_worker);
@@ -171,49 +176,38 @@ struct Controller::State {
     if (all) assign_ranks();
   }
 
-  // Ranks are grouped by host, in order of each host's first worker, so that
-  // local and node ranks are right on every node.
   void assign_ranks() {
     std::vector<std::string> hosts;
-    for (const auto& slot : slots) {
-      if (std::find(hosts.begin(), hosts.end(), slot.host) == hosts.end()) {
-        hosts.push_back(slot.host);
-      }
-    }
+    for (const auto& slot : slots) hosts.push_back(slot.host);
+    auto placements = trainrun::assign_ranks(hosts);
     auto config = nlohmann::json::to_msgpack(setup.options.config);
-    int rank = 0;
     by_rank.assign(slots.size(), nullptr);
-    for (size_t node = 0; node < hosts.size(); ++node) {
-      std::vector<Slot*> local;
-      for (auto& slot : slots) {
-        if (slot.host == hosts[node]) local.push_back(&slot);
-      }
-      for (size_t local_rank = 0; local_rank < local.size(); ++local_rank) {
-        Slot& slot = *local[local_rank];
-        slot.rank = rank++;
-        by_rank[static_cast<size_t>(slot.rank)] = &slot;
-        slot.output->set_prefix(prefix(slot));
-        protocol::Assign assign;
-        assign.world_rank = slot.rank;
-        assign.local_rank = static_cast<int32_t>(local_rank);
-        assign.node_rank = static_cast<int32_t>(node);
-        assign.world_size = world_size();
-        assign.local_world_size = static_cast<int32_t>(local.size());
-        assign.run_name = setup.options.run.name;
-        assign.storage_path = setup.options.run.storage_path.string();
-        assign.entry = setup.entry;
-        assign.config.assign(config.begin(), config.end());
-        assign.plugin_sha256 = setup.plugin_sha256;
-        assign.plugin_size = setup.plugin_bytes.size();
-        assign.store_host = "127.0.0.1";  // rank 0's address; local workers only so far
-        assign.store_prefix = "trainrun/attempt-0";
-        assign.bind_host = "127.0.0.1";
-        assign.num_threads = setup.cpus_per_worker;
-        assign.device =
-            setup.options.scaling.use_gpu ? "cuda:" + std::to_string(local_rank) : "cpu";
-        assign.heartbeat_timeout_ms = setup.options.run.heartbeat_timeout.count();
-        protocol::send(router, assign, {}, slot.routing_id);
-      }
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot& slot = slots[i];
+      const Placement& place = placements[i];
+      slot.rank = place.world_rank;
+      by_rank[static_cast<size_t>(slot.rank)] = &slot;
+      slot.output->set_prefix(prefix(slot));
+      protocol::Assign assign;
+      assign.world_rank = place.world_rank;
+      assign.local_rank = place.local_rank;
+      assign.node_rank = place.node_rank;
+      assign.world_size = world_size();
+      assign.local_world_size = place.local_world_size;
+      assign.run_name = setup.options.run.name;
+      assign.storage_path = setup.options.run.storage_path.string();
+      assign.entry = setup.entry;
+      assign.config.assign(config.begin(), config.end());
+      assign.plugin_sha256 = setup.plugin_sha256;
+      assign.plugin_size = setup.plugin_bytes.size();
+      assign.store_host = kLocalHost;
+      assign.store_prefix = "trainrun/attempt-0";
+      assign.bind_host = kLocalHost;
+      assign.num_threads = setup.cpus_per_worker;
+      assign.device =
+          setup.options.scaling.use_gpu ? "cuda:" + std::to_string(place.local_rank) : "cpu";
+      assign.heartbeat_timeout_ms = setup.options.run.heartbeat_timeout.count();
+      protocol::send(router, assign, {}, slot.routing_id);
     }
     assigned = true;
   }
@@ -233,7 +227,7 @@ struct Controller::State {
       blob.emplace_back(bytes.data() + fetch.offset, fetch.length);
       protocol::send(router, protocol::PluginChunk{fetch.offset}, std::move(blob), slot.routing_id);
     } else if (type == protocol::StoreReady::kType && slot.rank == 0) {
-      protocol::StoreAddress address{"127.0.0.1", message.as<protocol::StoreReady>().port};
+      protocol::StoreAddress address{kLocalHost, message.as<protocol::StoreReady>().port};
       for (auto* s : by_rank) {
         if (s->rank != 0) protocol::send(router, address, {}, s->routing_id);
       }
