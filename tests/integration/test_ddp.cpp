@@ -122,6 +122,7 @@ TEST_CASE("the distributed sampler covers every sample once per epoch and reshuf
   }
   CHECK(epoch_order[0] != epoch_order[1]);  // set_epoch gave a new order
   CHECK(last_metrics(box, "s")["batches"] == 6);
+  CHECK(last_metrics(box, "s")["own_samples"] == 103);  // the user's sampler was kept
 }
 
 TEST_CASE("no_sync accumulates locally and the next backward synchronises the sum") {

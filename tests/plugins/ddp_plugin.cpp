@@ -109,7 +109,12 @@ void sampler(const train::Config& config) {
                      "-epoch" + std::to_string(epoch),
                  torch::cat(seen));
   }
-  train::report({{"batches", static_cast<int64_t>(loader.size())}});
+  // A sampler of the user's own decides what this rank reads: here, everything.
+  auto own = train::prepare_data_loader(Indices(), torch::data::samplers::SequentialSampler(103),
+                                        train::LoaderOptions().batch_size(10));
+  int64_t own_samples = 0;
+  for (auto& batch : own) own_samples += batch.data.size(0);
+  train::report({{"batches", static_cast<int64_t>(loader.size())}, {"own_samples", own_samples}});
 }
 
 // Two backward passes under no_sync then one outside it; compared with the same
