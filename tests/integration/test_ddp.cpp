@@ -45,6 +45,14 @@ nlohmann::json last_metrics(const Sandbox& box, const std::string& name) {
   return results.back()["metrics"];
 }
 
+// Runs `entry` on 2 workers, requires success, and returns its last metrics.
+nlohmann::json run_entry(const Sandbox& box, const std::string& entry) {
+  auto run = box.run(kDdpPlugin + " --entry " + entry + " -n 2 --name " + entry);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  return last_metrics(box, entry);
+}
+
 }  // namespace
 
 TEST_CASE("DDP equivalence: 2 workers on half batches end where 1 worker on the whole batch does") {
@@ -93,10 +101,7 @@ TEST_CASE("the FashionMNIST plugin names the missing files and the package") {
 
 TEST_CASE("prepare_model makes replicas identical even when ranks initialise differently") {
   Sandbox box;
-  auto run = box.run(kDdpPlugin + " --entry init -n 2 --name init");
-  INFO(run.output);
-  REQUIRE(run.exit_code == 0);
-  auto metrics = last_metrics(box, "init");
+  auto metrics = run_entry(box, "init");
   CHECK(metrics["spread_before"].get<double>() > 0.01);
   CHECK(metrics["spread_after"] == 0.0);
 }
@@ -127,10 +132,7 @@ TEST_CASE("the distributed sampler covers every sample once per epoch and reshuf
 
 TEST_CASE("no_sync accumulates locally and the next backward synchronises the sum") {
   Sandbox box;
-  auto run = box.run(kDdpPlugin + " --entry no_sync -n 2 --name ns");
-  INFO(run.output);
-  REQUIRE(run.exit_code == 0);
-  auto metrics = last_metrics(box, "ns");
+  auto metrics = run_entry(box, "no_sync");
   CHECK(metrics["spread_under_no_sync"].get<double>() > 1e-4);  // ranks differ: not synced
   CHECK(metrics["spread_after_sync"] == 0.0);
   CHECK(metrics["error_vs_reference"].get<double>() < 1e-6);
