@@ -58,6 +58,9 @@ ResNet18Impl::ResNet18Impl(int64_t num_classes) {
       nn::init::zeros_(b->bias);
     }
   }
+  // The recipe replaces conv1 after torchvision has initialised the model, so
+  // it keeps a fresh Conv2d's default initialisation.
+  conv1->reset_parameters();
 }
 
 torch::Tensor ResNet18Impl::forward(torch::Tensor x) {
