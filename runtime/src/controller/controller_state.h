@@ -1,0 +1,121 @@
+#pragma once
+
+// The controller's state, shared by the two files that work on it: the process
+// lifecycle and the run loop (controller.cpp) and the message handlers, report
+// barrier and results (controller_messages.cpp). Used by the controller's one
+// thread only.
+
+#include <zmq.hpp>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "controller/controller.h"
+#include "controller/failure.h"
+#include "controller/local_worker.h"
+#include "controller/report_barrier.h"
+#include "controller/signals.h"
+#include "controller/worker_output.h"
+#include "protocol/message.h"
+#include "protocol/messages.h"
+
+namespace trainrun {
+
+using Clock = std::chrono::steady_clock;
+
+// Local workers only, so far: everything talks over loopback, and rank 0's
+// store is reached there too.
+constexpr const char* kLocalHost = "127.0.0.1";
+
+// One worker process, from spawn to exit.
+struct Slot {
+  int index = 0;
+  LocalWorker process;
+  std::unique_ptr<WorkerOutput> output;
+  std::optional<std::string> routing_id;  // set by HELLO
+  std::string host;
+  int rank = -1;
+  bool done = false;
+  bool failed = false;  // a failure of this worker was recorded
+  bool exited = false;
+  Clock::time_point last_heard;
+
+  std::string describe() const {
+    return "rank " + std::to_string(rank < 0 ? index : rank) + " (" +
+           (host.empty() ? "local" : host) + ", pid " + std::to_string(process.pid) + ")";
+  }
+};
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct Controller::State {
+  ControllerSetup setup;
+  RunStorage& storage;
+  spdlog::logger& log;
+  zmq::context_t context;
+  zmq::socket_t router{context, zmq::socket_type::router};
+  SignalPipe signals;
+  std::vector<Slot> slots;
+  std::vector<Slot*> by_rank;
+  ReportBarrier barrier;
+  FailureCollector failures;
+  Result result;
+  Clock::time_point start = Clock::now();
+  bool assigned = false;
+
+  State(ControllerSetup s, RunStorage& st)
+      : setup(std::move(s)),
+        storage(st),
+        log(*setup.log),
+        barrier(setup.options.scaling.num_workers) {}
+
+  int world_size() const { return setup.options.scaling.num_workers; }
+
+  void start_workers();
+
+  static std::string prefix(const Slot& slot);
+
+  Slot* slot_by_routing_id(const std::string& id);
+
+  void fail(Slot& slot, const std::string& kind, const std::string& message);
+
+  void reap(bool expected);
+
+  void check_timers();
+
+  // One pass of the loop: wait for sockets, pipes and signals; handle them.
+  void poll_once(std::chrono::milliseconds timeout);
+
+  void send_heartbeats();
+
+  bool all_exited() const;
+
+  // Ends every worker: SHUTDOWN when the run succeeded, SIGTERM to each worker's
+  // process group otherwise; SIGKILL for any still alive after the grace period.
+  void stop_workers(bool graceful);
+
+  Result run();
+
+  void on_router_readable();
+
+  void on_hello(const std::string& id, const protocol::Incoming& message);
+
+  void assign_ranks();
+
+  void handle(Slot& slot, protocol::Incoming& message);
+
+  void on_report(Slot& slot, const protocol::Report& report);
+
+  void record(int64_t iteration, nlohmann::json metrics);
+
+  // A rank that returns while others wait in report() would leave them waiting
+  // forever: every rank must report the same number of times.
+  void check_report_counts();
+};
+
+}  // namespace trainrun
