@@ -18,6 +18,7 @@
 #include "common/paths.h"
 #include "controller/controller.h"
 #include "plugin/plugin_file.h"
+#include "storage/checkpoint_store.h"
 #include "storage/run_storage.h"
 
 namespace trainrun {
@@ -122,6 +123,7 @@ Result Trainer::fit() {
                               : std::max(1, cores / options_.scaling.num_workers);
 
   RunStorage storage(options_.run.storage_path, options_.run.name);
+  CheckpointStore checkpoints(storage.dir());  // throws if its state names a missing checkpoint
   setup.log = make_logger(storage, options_.verbose);
   auto& log = *setup.log;
   char host[256] = {0};
@@ -148,7 +150,10 @@ Result Trainer::fit() {
   log.info("run '{}': {} x {} ({}), results in {}", options_.run.name, options_.scaling.num_workers,
            entry, options_.plugin.filename().string(), storage.dir().string());
 
-  Controller controller(std::move(setup), storage);
+  if (auto latest = checkpoints.latest()) {
+    log.info("resuming from {} (iteration {})", latest->name, latest->iteration);
+  }
+  Controller controller(std::move(setup), storage, checkpoints);
   Result result = controller.run();
 
   info["ended_at"] = utc_now("%Y-%m-%dT%H:%M:%SZ");

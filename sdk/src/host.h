@@ -5,6 +5,7 @@
 // own copy of this state. Set by run_entry for the duration of the call.
 
 #include <train/abi.h>
+#include <train/report.h>
 
 #include <functional>
 
@@ -16,6 +17,9 @@ const train_host_v1_t& current_host(const char* caller);
 /// Runs `cleanup` when the running entry returns (before its HostScope ends):
 /// state tied to one train function, such as prepared models, goes with it.
 void at_entry_end(std::function<void()> cleanup);
+
+/// train::report's body: `checkpoint_dir` is NULL for a report without one.
+void report_with(const Metrics& metrics, const char* checkpoint_dir);
 
 /// Installs `host` for the lifetime of the guard.
 class HostScope {

@@ -43,8 +43,8 @@ TEST_CASE("a plugin that workers cannot load fails with exit code 2 and the load
 
 TEST_CASE("entries: unknown or ambiguous --entry is refused with the list") {
   expect_refused(plugin(TEST_PLUGIN) + " --entry nope",
-                 "has no entry 'nope' (available: bad_config, context, crash, mismatch");
-  expect_refused(plugin(TEST_PLUGIN), "has several entries (bad_config, context, crash,");
+                 "has no entry 'nope' (available: bad_config, checkpoints, context, crash");
+  expect_refused(plugin(TEST_PLUGIN), "has several entries (bad_config, checkpoints, context,");
 }
 
 TEST_CASE("usage errors exit 2") {
@@ -70,7 +70,7 @@ TEST_CASE("inspect prints the entries and versions") {
   INFO(run.output);
   CHECK(run.exit_code == 0);
   CHECK(
-      run.output.find("entries:     bad_config, context, crash, mismatch, sleeps, steps, throws") !=
+      run.output.find("entries:     bad_config, checkpoints, context, crash, mismatch, sleeps, steps, throws") !=
       std::string::npos);
   CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
   CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);

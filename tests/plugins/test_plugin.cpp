@@ -8,6 +8,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <thread>
@@ -105,3 +107,31 @@ TRAIN_FUNC(crash);
 TRAIN_FUNC(mismatch);
 TRAIN_FUNC(sleeps);
 TRAIN_FUNC(bad_config);
+
+// Reports `reports` checkpoints: every rank a per-rank file, rank 0 also
+// model.txt holding the iteration. Reports what get_checkpoint() held at the
+// start ("none" or model.txt's text). With same_name=true every rank writes
+// model.txt; with symlink=true rank 0 adds a symbolic link.
+void checkpoints(const train::Config& config) {
+  auto ctx = train::get_context();
+  std::string resumed = "none";
+  if (auto checkpoint = train::get_checkpoint()) {
+    std::ifstream in(checkpoint->path() / "state" / "model.txt");
+    std::getline(in, resumed);
+  }
+  for (int i = 0; i < config.get<int>("reports", 3); ++i) {
+    train::TempDir dir;
+    std::ofstream(dir.path() / ("rank-" + std::to_string(ctx.world_rank()) + ".txt"))
+        << "rank " << ctx.world_rank() << " report " << i << "\n";
+    if (ctx.world_rank() == 0 || config.get<bool>("same_name", false)) {
+      std::filesystem::create_directories(dir.path() / "state");
+      std::ofstream(dir.path() / "state" / "model.txt") << "report " << i << " of " << resumed;
+    }
+    if (ctx.world_rank() == 0 && config.get<bool>("symlink", false)) {
+      std::filesystem::create_symlink("/etc/passwd", dir.path() / "escape");
+    }
+    train::report({{"i", i}, {"resumed", resumed}}, train::Checkpoint::from_directory(dir.path()));
+  }
+}
+
+TRAIN_FUNC(checkpoints);

@@ -38,7 +38,7 @@ std::string body(int version, const T& payload) {
 
 TEST_CASE("protocol: a message round-trips over a socket, blobs included") {
   SocketPair sockets;
-  protocol::Report report{7, {'a', 'b', 'c'}};
+  protocol::Report report{7, {'a', 'b', 'c'}, "/tmp/ckpt"};
   std::vector<zmq::message_t> blobs;
   blobs.emplace_back(std::string("blob-bytes"));
   protocol::send(sockets.a, report, std::move(blobs));
@@ -47,6 +47,7 @@ TEST_CASE("protocol: a message round-trips over a socket, blobs included") {
   auto decoded = message.as<protocol::Report>();
   CHECK(decoded.iteration == 7);
   CHECK(std::string(decoded.metrics.begin(), decoded.metrics.end()) == "abc");
+  CHECK(decoded.checkpoint_dir == "/tmp/ckpt");
   REQUIRE(message.blobs().size() == 1);
   CHECK(message.blobs()[0].to_string() == "blob-bytes");
 }

@@ -66,7 +66,8 @@ struct RunError {
 struct Result {
   std::filesystem::path path;  // the run directory
   nlohmann::json metrics;      // rank 0's last reported metrics (null if none)
-  int64_t iterations = 0;      // reports recorded
+  int64_t iterations = 0;      // reports recorded, counting earlier runs of this name
+  std::filesystem::path checkpoint;  // the latest committed checkpoint, if any
   double wall_seconds = 0;
   std::optional<RunError> error;
   /// Whether the run was stopped by SIGINT or SIGTERM.

@@ -196,8 +196,8 @@ Result Controller::State::run() {
   return std::move(result);
 }
 
-Controller::Controller(ControllerSetup setup, RunStorage& storage)
-    : state_(std::make_unique<State>(std::move(setup), storage)) {}
+Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointStore& checkpoints)
+    : state_(std::make_unique<State>(std::move(setup), storage, checkpoints)) {}
 
 Controller::~Controller() = default;
 

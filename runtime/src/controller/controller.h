@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "storage/checkpoint_store.h"
 #include "storage/run_storage.h"
 
 namespace trainrun {
@@ -28,7 +29,7 @@ struct ControllerSetup {
 
 class Controller {
  public:
-  Controller(ControllerSetup setup, RunStorage& storage);
+  Controller(ControllerSetup setup, RunStorage& storage, CheckpointStore& checkpoints);
   ~Controller();
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;

@@ -95,6 +95,7 @@ void Controller::State::assign_ranks() {
     assign.device =
         setup.options.scaling.use_gpu ? "cuda:" + std::to_string(place.local_rank) : "cpu";
     assign.heartbeat_timeout_ms = setup.options.run.heartbeat_timeout.count();
+    if (auto latest = checkpoints.latest()) assign.checkpoint_dir = latest->dir.string();
     protocol::send(router, assign, {}, slot.routing_id);
   }
   assigned = true;
@@ -134,6 +135,8 @@ void Controller::State::handle(Slot& slot, protocol::Incoming& message) {
 }
 
 void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
+  // A failing run records and commits nothing more; its workers are about to stop.
+  if (failures.any()) return;
   nlohmann::json metrics;
   if (slot.rank == 0) {
     try {
@@ -146,18 +149,45 @@ void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
     fail(slot, "usage", *error);
     return;
   }
+  if (!report.checkpoint_dir.empty()) {
+    try {
+      checkpoints.stage(slot.rank, report.checkpoint_dir);
+    } catch (const UsageError& e) {
+      checkpoints.abort_staging();
+      fail(slot, "usage", e.what());
+      return;
+    } catch (const IoError& e) {
+      checkpoints.abort_staging();
+      fail(slot, "storage", e.what());
+      return;
+    }
+  }
   if (!barrier.complete()) {
     check_report_counts();
     return;
   }
   int64_t iteration = barrier.iteration();
-  record(iteration, barrier.release());
+  auto rank0_metrics = barrier.release();
+  std::string checkpoint;
+  if (checkpoints.staging()) {
+    try {
+      checkpoint = checkpoints.commit(iteration_offset + iteration, rank0_metrics).name;
+    } catch (const IoError& e) {
+      // Earlier checkpoints are intact; the run cannot go on without this one.
+      failures.add(
+          RunError{"storage", std::string("checkpoint commit failed: ") + e.what(), -1, "", 0});
+      log.error("checkpoint commit failed: {}", e.what());
+      return;
+    }
+  }
+  record(iteration_offset + iteration, std::move(rank0_metrics), checkpoint);
   for (auto* s : by_rank) {
     protocol::send(router, protocol::ReportAck{iteration}, {}, s->routing_id);
   }
 }
 
-void Controller::State::record(int64_t iteration, nlohmann::json metrics) {
+void Controller::State::record(int64_t iteration, nlohmann::json metrics,
+                               const std::string& checkpoint) {
   double elapsed = seconds_since(start);
   auto timestamp =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -165,10 +195,13 @@ void Controller::State::record(int64_t iteration, nlohmann::json metrics) {
                           {"timestamp", timestamp},
                           {"time_total_s", elapsed},
                           {"metrics", metrics}};
+  if (!checkpoint.empty()) entry["checkpoint"] = checkpoint;
   storage.append_result(entry);
   result.metrics = std::move(metrics);
   result.iterations = iteration;
-  log.info("report {} ({:.1f} s): {}", iteration, elapsed, format_metrics(result.metrics));
+  if (!checkpoint.empty()) result.checkpoint = storage.dir() / checkpoint;
+  log.info("report {} ({:.1f} s): {}{}", iteration, elapsed, format_metrics(result.metrics),
+           checkpoint.empty() ? "" : " -> " + checkpoint);
 }
 
 // A rank that returns while others wait in report() would leave them waiting

@@ -56,6 +56,8 @@ inline double seconds_since(Clock::time_point start) {
 struct Controller::State {
   ControllerSetup setup;
   RunStorage& storage;
+  CheckpointStore& checkpoints;
+  int64_t iteration_offset = 0;  // reports recorded by earlier runs of this name
   spdlog::logger& log;
   zmq::context_t context;
   zmq::socket_t router{context, zmq::socket_type::router};
@@ -68,9 +70,11 @@ struct Controller::State {
   Clock::time_point start = Clock::now();
   bool assigned = false;
 
-  State(ControllerSetup s, RunStorage& st)
+  State(ControllerSetup s, RunStorage& st, CheckpointStore& cs)
       : setup(std::move(s)),
         storage(st),
+        checkpoints(cs),
+        iteration_offset(cs.latest() ? cs.latest()->iteration : 0),
         log(*setup.log),
         barrier(setup.options.scaling.num_workers) {}
 
@@ -111,7 +115,7 @@ struct Controller::State {
 
   void on_report(Slot& slot, const protocol::Report& report);
 
-  void record(int64_t iteration, nlohmann::json metrics);
+  void record(int64_t iteration, nlohmann::json metrics, const std::string& checkpoint);
 
   // A rank that returns while others wait in report() would leave them waiting
   // forever: every rank must report the same number of times.

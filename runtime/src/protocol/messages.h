@@ -35,8 +35,9 @@ struct FetchPlugin {
 struct Report {
   static constexpr const char* kType = "REPORT";
   int64_t iteration = 0;
-  std::vector<char> metrics;  // msgpack map, as train::report encoded it
-  MSGPACK_DEFINE_MAP(iteration, metrics);
+  std::vector<char> metrics;   // msgpack map, as train::report encoded it
+  std::string checkpoint_dir;  // this rank's checkpoint files, or empty
+  MSGPACK_DEFINE_MAP(iteration, metrics, checkpoint_dir);
 };
 
 struct StoreReady {  // from rank 0, once its store listens
@@ -85,9 +86,11 @@ struct Assign {
   int32_t num_threads = 0;
   std::string device;
   int64_t heartbeat_timeout_ms = 0;
+  std::string checkpoint_dir;  // the latest committed checkpoint, or empty
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size, store_host,
-                     store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms);
+                     store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms,
+                     checkpoint_dir);
 };
 
 struct PluginChunk {  // followed by one blob frame with the bytes

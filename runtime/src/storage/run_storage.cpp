@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 
 #include "common/atomic_file.h"
 
@@ -30,7 +31,9 @@ std::string csv_row(const std::vector<std::string>& columns, const nlohmann::jso
       value = &record["metrics"][name];
     }
     if (i > 0) line += ",";
-    if (value != nullptr) line += csv_escape(format_value(*value));
+    // Full precision in the file (format_value rounds, for the terminal).
+    if (value != nullptr)
+      line += csv_escape(value->is_string() ? value->get<std::string>() : value->dump());
   }
   return line + "\n";
 }
@@ -54,6 +57,27 @@ RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::str
   std::error_code ec;
   std::filesystem::create_directories(dir_ / "logs", ec);
   if (ec) throw IoError("cannot create run directory " + dir_.string() + ": " + ec.message());
+  // A rerun of the same name continues the earlier results.
+  std::ifstream earlier(dir_ / "result.jsonl");
+  std::string line;
+  while (std::getline(earlier, line)) {
+    auto record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_discarded() || !record.contains("metrics")) continue;
+    add_columns(record);
+    rows_.push_back(std::move(record));
+  }
+}
+
+bool RunStorage::add_columns(const nlohmann::json& record) {
+  bool added = csv_columns_.empty();
+  if (added) csv_columns_ = kFixedColumns;
+  for (const auto& item : record["metrics"].items()) {
+    if (std::find(csv_columns_.begin(), csv_columns_.end(), item.key()) == csv_columns_.end()) {
+      csv_columns_.push_back(item.key());
+      added = true;
+    }
+  }
+  return added;
 }
 
 void RunStorage::write_run_info(const nlohmann::json& info) {
@@ -63,15 +87,7 @@ void RunStorage::write_run_info(const nlohmann::json& info) {
 void RunStorage::append_result(const nlohmann::json& record) {
   append_file(dir_ / "result.jsonl", record.dump() + "\n");
   rows_.push_back(record);
-  bool new_column = csv_columns_.empty();
-  if (new_column) csv_columns_ = kFixedColumns;
-  for (const auto& item : record["metrics"].items()) {
-    if (std::find(csv_columns_.begin(), csv_columns_.end(), item.key()) == csv_columns_.end()) {
-      csv_columns_.push_back(item.key());
-      new_column = true;
-    }
-  }
-  if (new_column) {
+  if (add_columns(record)) {
     rewrite_progress_csv();
   } else {
     append_file(dir_ / "progress.csv", csv_row(csv_columns_, record));

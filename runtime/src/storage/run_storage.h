@@ -14,7 +14,8 @@ namespace trainrun {
 
 class RunStorage {
  public:
-  /// Creates <storage_path>/<name>/ and logs/ if absent. Throws IoError.
+  /// Creates <storage_path>/<name>/ and logs/ if absent, and takes up the
+  /// results of an earlier run of the same name. Throws IoError.
   RunStorage(const std::filesystem::path& storage_path, const std::string& name);
 
   const std::filesystem::path& dir() const { return dir_; }
@@ -32,6 +33,8 @@ class RunStorage {
 
  private:
   void rewrite_progress_csv();
+  /// Adds the record's new metrics as columns; true if the header changed.
+  bool add_columns(const nlohmann::json& record);
 
   std::filesystem::path dir_;
   std::vector<std::string> csv_columns_;

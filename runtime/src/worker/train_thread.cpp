@@ -18,6 +18,7 @@
 #include "common/constants.h"
 #include "plugin/plugin_library.h"
 #include "protocol/message.h"
+#include "storage/checkpoint_store.h"
 
 namespace trainrun {
 namespace {
@@ -26,6 +27,8 @@ namespace {
 struct HostState {
   zmq::socket_t* pair = nullptr;
   int64_t reports = 0;
+  std::string checkpoint_dir;  // the latest committed checkpoint, or empty
+  bool checkpoint_verified = false;
 };
 
 void copy_message(const std::string& message, char* error, size_t error_size) {
@@ -35,14 +38,15 @@ void copy_message(const std::string& message, char* error, size_t error_size) {
   error[n] = '\0';
 }
 
-int host_report(void* handle, const uint8_t* metrics, size_t metrics_size, char* error,
-                size_t error_size) {
+int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
+                const char* checkpoint_dir, char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
     protocol::Report report;
     report.iteration = ++state.reports;
     report.metrics.assign(reinterpret_cast<const char*>(metrics),
                           reinterpret_cast<const char*>(metrics) + metrics_size);
+    if (checkpoint_dir != nullptr) report.checkpoint_dir = checkpoint_dir;
     protocol::send(*state.pair, report);
     auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.pair));
     if (reply.type() == protocol::ReportAck::kType &&
@@ -59,6 +63,23 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size, char*
 // Rank 0 hosts the rendezvous store, as torchrun's master does, and tells the
 // controller its port; the other ranks wait for that address. The store's
 // address is exported as MASTER_ADDR / MASTER_PORT for code written for torchrun.
+int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
+                        size_t error_size) {
+  auto& state = *static_cast<HostState*>(handle);
+  try {
+    if (!state.checkpoint_dir.empty() && !state.checkpoint_verified) {
+      verify_checkpoint(state.checkpoint_dir);  // checksums, once per worker
+      state.checkpoint_verified = true;
+    }
+    if (state.checkpoint_dir.size() + 1 > path_size) throw Error("checkpoint path too long");
+    copy_message(state.checkpoint_dir, path, path_size);
+    return 0;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+  }
+  return 1;
+}
+
 c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign, zmq::socket_t& pair) {
   c10d::TCPStoreOptions options;
   options.waitWorkers = false;
@@ -127,7 +148,9 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
     group = create_process_group(assign, pair);
 
-    HostState state{&pair};
+    HostState state;
+    state.pair = &pair;
+    state.checkpoint_dir = assign.checkpoint_dir;
     train_host_v1_t host{};
     host.abi_version = TRAIN_PLUGIN_ABI_VERSION;
     host.struct_size = sizeof(host);
@@ -144,6 +167,7 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
     host.config_size = assign.config.size();
     host.process_group = group.get();
     host.report = &host_report;
+    host.get_checkpoint = &host_get_checkpoint;
 
     failed.kind = "exception";
     std::vector<char> error(16 * 1024, '\0');

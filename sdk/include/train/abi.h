@@ -48,10 +48,16 @@ typedef struct train_host_v1_s {
 
   void* process_group; /* c10d::ProcessGroup*, owned by the worker */
 
-  /* Reports rank-local metrics (a msgpack map); blocks until every rank has
-   * reported the same iteration. Returns 0, or non-zero with a message. */
-  int (*report)(void* handle, const uint8_t* metrics, size_t metrics_size, char* error,
-                size_t error_size);
+  /* Reports rank-local metrics (a msgpack map) and, unless NULL, a directory of
+   * checkpoint files; blocks until every rank has reported the same iteration
+   * and the checkpoint is committed. Returns 0, or non-zero with a message. */
+  int (*report)(void* handle, const uint8_t* metrics, size_t metrics_size,
+                const char* checkpoint_dir, char* error, size_t error_size);
+
+  /* Writes the directory of the latest committed checkpoint into `path` ("" when
+   * there is none), after checking its files. Returns 0, or non-zero with a
+   * message. */
+  int (*get_checkpoint)(void* handle, char* path, size_t path_size, char* error, size_t error_size);
 } train_host_v1_t;
 
 typedef int (*train_entry_fn_v1_t)(const train_host_v1_t* host, char* error, size_t error_size);

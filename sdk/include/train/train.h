@@ -10,6 +10,7 @@
 ///   }
 ///   TRAIN_FUNC(train_func);
 
+#include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/context.h>
 #include <train/data.h>

@@ -1,0 +1,203 @@
+#include "storage/checkpoint_store.h"
+
+#include <trainrun/error.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+
+#include "common/atomic_file.h"
+#include "common/hash.h"
+
+namespace trainrun {
+namespace {
+
+constexpr const char* kStateFile = "checkpoint_state.json";
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kStagingPrefix = ".staging-";
+
+std::string checkpoint_name(int64_t index) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "checkpoint_%06lld", static_cast<long long>(index));
+  return name;
+}
+
+// Copies one regular file with copy_file_range (in-kernel; reflinks where the
+// filesystem can), then fsyncs it.
+void copy_checkpoint_file(const std::filesystem::path& from, const std::filesystem::path& to) {
+  int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0)
+    throw IoError("cannot read checkpoint file " + from.string() + ": " + std::strerror(errno));
+  int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    int saved = errno;
+    ::close(in);
+    throw IoError("cannot create " + to.string() + ": " + std::strerror(saved));
+  }
+  struct stat st {};
+  ::fstat(in, &st);
+  off_t left = st.st_size;
+  bool ok = true;
+  while (left > 0) {
+    ssize_t n = ::copy_file_range(in, nullptr, out, nullptr, static_cast<size_t>(left), 0);
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    left -= n;
+  }
+  int saved = errno;
+  ok = ok && ::fsync(out) == 0;
+  if (ok)
+    saved = 0;
+  else if (saved == 0)
+    saved = errno;
+  ::close(in);
+  ::close(out);
+  if (!ok) throw IoError("cannot write " + to.string() + ": " + std::strerror(saved));
+}
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(std::filesystem::path run_dir) : run_dir_(std::move(run_dir)) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir_, ec)) {
+    if (entry.path().filename().string().rfind(kStagingPrefix, 0) == 0) {
+      std::filesystem::remove_all(entry.path(), ec);  // a commit that never finished
+    }
+  }
+  state_ = {{"checkpoints", nlohmann::json::array()}, {"latest", nullptr}, {"next_index", 0}};
+  auto path = run_dir_ / kStateFile;
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  auto loaded = nlohmann::json::parse(in, nullptr, false);
+  if (loaded.is_discarded() || !loaded.is_object()) {
+    throw IoError(path.string() + " is not valid JSON");
+  }
+  state_ = loaded;
+  if (state_["latest"].is_string()) {
+    auto name = state_["latest"].get<std::string>();
+    auto dir = run_dir_ / name;
+    if (!std::filesystem::exists(dir / kManifest)) {
+      throw IoError(path.string() + " names checkpoint " + name +
+                    ", which is missing or was never committed (no " + kManifest + ")");
+    }
+    int64_t iteration = 0;
+    for (const auto& c : state_["checkpoints"]) {
+      if (c["name"] == name) iteration = c.value("iteration", 0);
+    }
+    latest_ = CommittedCheckpoint{name, dir, iteration};
+  }
+}
+
+std::filesystem::path CheckpointStore::staging_dir() const {
+  return run_dir_ / (kStagingPrefix + checkpoint_name(state_["next_index"].get<int64_t>()));
+}
+
+void CheckpointStore::stage(int rank, const std::filesystem::path& source) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(source, ec)) {
+    throw UsageError("rank " + std::to_string(rank) + "'s checkpoint directory " + source.string() +
+                     " does not exist");
+  }
+  auto staging = staging_dir();
+  std::filesystem::create_directories(staging, ec);
+  if (ec) throw IoError("cannot create " + staging.string() + ": " + ec.message());
+  for (auto it = std::filesystem::recursive_directory_iterator(source, ec);
+       it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) throw IoError("cannot list " + source.string() + ": " + ec.message());
+    const auto& entry = *it;
+    auto relative = entry.path().lexically_relative(source).generic_string();
+    auto status = entry.symlink_status();
+    if (std::filesystem::is_symlink(status)) {
+      throw UsageError("rank " + std::to_string(rank) + "'s checkpoint holds a symbolic link, " +
+                       relative + ": only regular files and directories are allowed");
+    }
+    if (std::filesystem::is_directory(status)) {
+      std::filesystem::create_directories(staging / relative, ec);
+      continue;
+    }
+    if (!std::filesystem::is_regular_file(status)) {
+      throw UsageError("rank " + std::to_string(rank) + "'s checkpoint holds " + relative +
+                       ", which is not a regular file");
+    }
+    if (auto [found, inserted] = staged_.emplace(relative, rank); !inserted) {
+      throw UsageError(
+          "ranks " + std::to_string(found->second) + " and " + std::to_string(rank) +
+          " both report a checkpoint file named " + relative +
+          ": give per-rank files distinct names, e.g. model-rank=" + std::to_string(rank) + ".pt");
+    }
+    copy_checkpoint_file(entry.path(), staging / relative);
+  }
+}
+
+CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::json& metrics) {
+  auto staging = staging_dir();
+  auto name = checkpoint_name(state_["next_index"].get<int64_t>());
+  try {
+    nlohmann::json files = nlohmann::json::array();
+    std::vector<int> ranks;
+    for (const auto& [relative, rank] : staged_) {
+      auto path = staging / relative;
+      files.push_back({{"path", relative},
+                       {"size", std::filesystem::file_size(path)},
+                       {"sha256", sha256_file(path)},
+                       {"rank", rank}});
+      if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+    }
+    std::sort(ranks.begin(), ranks.end());
+    nlohmann::json manifest = {
+        {"iteration", iteration}, {"metrics", metrics}, {"ranks", ranks}, {"files", files}};
+    // Written last: a directory without a manifest was never committed.
+    write_file_atomic(staging / kManifest, manifest.dump(2) + "\n");
+    auto final_dir = run_dir_ / name;
+    std::error_code ec;
+    std::filesystem::rename(staging, final_dir, ec);
+    if (ec) throw IoError("cannot rename " + staging.string() + ": " + ec.message());
+    fsync_path(run_dir_);
+    auto next = state_;
+    next["checkpoints"].push_back({{"name", name}, {"iteration", iteration}, {"metrics", metrics}});
+    next["latest"] = name;
+    next["next_index"] = state_["next_index"].get<int64_t>() + 1;
+    write_file_atomic(run_dir_ / kStateFile, next.dump(2) + "\n");
+    state_ = std::move(next);
+  } catch (...) {
+    abort_staging();
+    throw;
+  }
+  staged_.clear();
+  latest_ = CommittedCheckpoint{name, run_dir_ / name, iteration};
+  return *latest_;
+}
+
+void CheckpointStore::abort_staging() {
+  std::error_code ec;
+  std::filesystem::remove_all(staging_dir(), ec);
+  staged_.clear();
+}
+
+void verify_checkpoint(const std::filesystem::path& dir) {
+  auto manifest_path = dir / kManifest;
+  std::ifstream in(manifest_path);
+  auto manifest = nlohmann::json::parse(in, nullptr, false);
+  if (!in || manifest.is_discarded() || !manifest.contains("files")) {
+    throw IoError("checkpoint " + dir.string() + " has no readable " + kManifest);
+  }
+  for (const auto& file : manifest["files"]) {
+    auto path = dir / file["path"].get<std::string>();
+    std::error_code ec;
+    auto size = std::filesystem::file_size(path, ec);
+    if (ec || size != file["size"].get<uint64_t>() || sha256_file(path) != file["sha256"]) {
+      throw IoError("checkpoint file " + path.string() +
+                    " is missing or corrupt (its size or sha256 differs from the manifest)");
+    }
+  }
+}
+
+}  // namespace trainrun

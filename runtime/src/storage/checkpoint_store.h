@@ -1,0 +1,62 @@
+#pragma once
+
+// The run's committed checkpoints and the one being staged. A report's files
+// are copied from every rank into <run>/.staging-checkpoint_NNNNNN/; the commit
+// fsyncs them, writes manifest.json (relative path, size, sha256 per file;
+// metrics; iteration; ranks) last, renames the directory to checkpoint_NNNNNN
+// and atomically replaces checkpoint_state.json. A checkpoint without a
+// manifest was never committed; a crash leaves only a staging directory, which
+// the next run removes. Owned by the controller's thread; not thread-safe.
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace trainrun {
+
+struct CommittedCheckpoint {
+  std::string name;  // checkpoint_NNNNNN
+  std::filesystem::path dir;
+  int64_t iteration = 0;
+};
+
+class CheckpointStore {
+ public:
+  /// Opens the run directory: removes stale staging directories and loads
+  /// checkpoint_state.json. Throws IoError if the state names a checkpoint that
+  /// is missing or has no manifest.
+  explicit CheckpointStore(std::filesystem::path run_dir);
+
+  std::optional<CommittedCheckpoint> latest() const { return latest_; }
+
+  /// Copies the files under `source` into the staging directory as `rank`'s.
+  /// Throws UsageError for an unsafe entry (symlink, device, socket, fifo) or a
+  /// file name another rank already gave, IoError when a copy fails.
+  void stage(int rank, const std::filesystem::path& source);
+  bool staging() const { return !staged_.empty(); }
+
+  /// Commits the staged files as the next checkpoint. Throws IoError; then the
+  /// staging directory is removed and every earlier checkpoint stays as it was.
+  CommittedCheckpoint commit(int64_t iteration, const nlohmann::json& metrics);
+
+  /// Drops the staged files.
+  void abort_staging();
+
+ private:
+  std::filesystem::path staging_dir() const;
+  void write_state();
+
+  std::filesystem::path run_dir_;
+  nlohmann::json state_;  // {"checkpoints": [...], "latest": name, "next_index": n}
+  std::optional<CommittedCheckpoint> latest_;
+  std::map<std::string, int> staged_;  // relative path -> rank
+};
+
+/// Checks every file of a committed checkpoint against its manifest (size and
+/// sha256). Throws IoError naming the first file that differs or is missing.
+void verify_checkpoint(const std::filesystem::path& dir);
+
+}  // namespace trainrun

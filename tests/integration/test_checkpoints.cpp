@@ -1,0 +1,94 @@
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+#include "common/hash.h"
+#include "run_helpers.h"
+
+namespace {
+
+const std::string kCheckpoints =
+    std::string("--plugin '") + TEST_PLUGIN + "' --entry checkpoints -n 2 --name c";
+
+}  // namespace
+
+TEST_CASE("checkpoints from every rank merge into one committed directory with a manifest") {
+  Sandbox box;
+  auto run = box.run(kCheckpoints);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto dir = box.run_dir("c");
+  auto results = read_jsonl(dir / "result.jsonl");
+  REQUIRE(results.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(results[static_cast<size_t>(i)]["checkpoint"] == "checkpoint_00000" + std::to_string(i));
+  }
+  auto state = read_json(dir / "checkpoint_state.json");
+  CHECK(state["latest"] == "checkpoint_000002");
+  CHECK(state["checkpoints"].size() == 3);
+  auto latest = dir / "checkpoint_000002";
+  auto manifest = read_json(latest / "manifest.json");
+  CHECK(manifest["iteration"] == 3);
+  CHECK(manifest["ranks"] == nlohmann::json::array({0, 1}));
+  REQUIRE(manifest["files"].size() == 3);
+  for (const auto& file : manifest["files"]) {
+    auto path = latest / file["path"].get<std::string>();
+    CHECK(file["sha256"] == trainrun::sha256_file(path));
+    CHECK(file["size"] == std::filesystem::file_size(path));
+  }
+  CHECK(read_text(latest / "rank-1.txt") == "rank 1 report 2\n");
+  CHECK(read_text(latest / "state" / "model.txt") == "report 2 of none");
+}
+
+TEST_CASE("a rerun of the same name resumes from the latest checkpoint and counts on") {
+  Sandbox box;
+  REQUIRE(box.run(kCheckpoints).exit_code == 0);
+  std::filesystem::create_directories(box.run_dir("c") / ".staging-checkpoint_000003");
+  auto rerun = box.run(kCheckpoints + " --config reports=2");
+  INFO(rerun.output);
+  REQUIRE(rerun.exit_code == 0);
+  CHECK(rerun.output.find("resuming from checkpoint_000002 (iteration 3)") != std::string::npos);
+  auto results = read_jsonl(box.run_dir("c") / "result.jsonl");
+  REQUIRE(results.size() == 5);
+  CHECK(results[3]["iteration"] == 4);
+  CHECK(results[4]["iteration"] == 5);
+  CHECK(results[4]["metrics"]["resumed"] == "report 2 of none");  // get_checkpoint() saw it
+  CHECK(read_json(box.run_dir("c") / "checkpoint_state.json")["latest"] == "checkpoint_000004");
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("c") / ".staging-checkpoint_000003"));
+  auto csv = read_text(box.run_dir("c") / "progress.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 6);  // header and all five reports
+}
+
+TEST_CASE("a corrupted checkpoint file is detected when the checkpoint is loaded") {
+  Sandbox box;
+  REQUIRE(box.run(kCheckpoints).exit_code == 0);
+  std::ofstream(box.run_dir("c") / "checkpoint_000002" / "rank-0.txt") << "tampered";
+  auto rerun = box.run(kCheckpoints);
+  CHECK(rerun.exit_code == 1);
+  CHECK(rerun.output.find("rank-0.txt is missing or corrupt") != std::string::npos);
+}
+
+TEST_CASE("a state file that names a missing checkpoint is a clear error") {
+  Sandbox box;
+  REQUIRE(box.run(kCheckpoints).exit_code == 0);
+  std::filesystem::remove_all(box.run_dir("c") / "checkpoint_000002");
+  auto rerun = box.run(kCheckpoints);
+  CHECK(rerun.exit_code == 1);
+  CHECK(rerun.output.find("names checkpoint checkpoint_000002, which is missing") !=
+        std::string::npos);
+}
+
+TEST_CASE("unsafe or clashing checkpoint files are refused and nothing is committed") {
+  Sandbox box;
+  auto clash = box.run(kCheckpoints + " --config same_name=true");
+  CHECK(clash.exit_code == 1);
+  CHECK(clash.output.find("both report a checkpoint file named state/model.txt") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("c") / "checkpoint_000000"));
+
+  Sandbox box2;
+  auto link = box2.run(kCheckpoints + " --config symlink=true");
+  CHECK(link.exit_code == 1);
+  CHECK(link.output.find("symbolic link, escape") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(box2.run_dir("c") / "checkpoint_000000"));
+}
