@@ -1,6 +1,7 @@
 // FashionMNIST with ResNet-18, data-parallel: the recipe of the seeds. Adam
 // (lr 1e-3), cross-entropy, batch 128 per worker, test accuracy after each epoch
-// evaluated across ranks, report({loss, accuracy, epoch}).
+// evaluated across ranks, report({loss, accuracy, epoch}) with a checkpoint
+// (model, optimizer, epoch), from which a rerun of the same name resumes.
 //
 // Config: epochs (10), batch_size (128), lr (1e-3), data_dir, max_steps (per
 // epoch, 0 = all), eval (true), eval_steps (test batches per rank, 0 = all), warmup_steps (5: steps
@@ -14,6 +15,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
 
 #include "fashion_mnist_dataset.h"
@@ -88,12 +90,25 @@ void fashion_mnist_train(const train::Config& config) {
 
   fashion_mnist::FashionMNIST train_set(data_dir, fashion_mnist::Split::kTrain);
   fashion_mnist::FashionMNIST test_set(data_dir, fashion_mnist::Split::kTest);
-  auto model =
-      train::prepare_model(fashion_mnist::ResNet18(10),
-                           train::ModelOptions()
-                               .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
-                               .broadcast_buffers(config.get<bool>("broadcast_buffers", true)));
+  // Resume: model, optimizer and epoch from the latest committed checkpoint.
+  auto checkpoint = train::get_checkpoint();
+  int first_epoch = 0;
+  fashion_mnist::ResNet18 net(10);
+  if (checkpoint) {
+    torch::load(net, (checkpoint->path() / "model.pt").string());
+    std::ifstream(checkpoint->path() / "epoch.txt") >> first_epoch;
+    ++first_epoch;
+    if (ctx.world_rank() == 0) {
+      std::cout << "resuming after epoch " << first_epoch - 1 << " from "
+                << checkpoint->path().string() << std::endl;
+    }
+  }
+  auto model = train::prepare_model(
+      net, train::ModelOptions()
+               .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
+               .broadcast_buffers(config.get<bool>("broadcast_buffers", true)));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lr));
+  if (checkpoint) torch::load(optimizer, (checkpoint->path() / "optimizer.pt").string());
   auto loader = train::prepare_data_loader(
       train_set, train::LoaderOptions().batch_size(batch_size).shuffle(true));
   const size_t steps_per_epoch = loader.size();
@@ -104,7 +119,7 @@ void fashion_mnist_train(const train::Config& config) {
               << std::endl;
   }
 
-  for (int epoch = 0; epoch < epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch < epochs; ++epoch) {
     loader.set_epoch(static_cast<size_t>(epoch));
     double loss_sum = 0, loss_count = 0, timed_samples = 0;
     int step = 0;
@@ -138,7 +153,16 @@ void fashion_mnist_train(const train::Config& config) {
       metrics.emplace("accuracy", accuracy);
       metrics.emplace("test_loss", test_loss);
     }
-    train::report(metrics);
+    // The replicas are identical: rank 0 saves the checkpoint for all.
+    if (ctx.world_rank() == 0) {
+      train::TempDir dir;
+      torch::save(model, (dir.path() / "model.pt").string());
+      torch::save(optimizer, (dir.path() / "optimizer.pt").string());
+      std::ofstream(dir.path() / "epoch.txt") << epoch << "\n";
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+    } else {
+      train::report(metrics);
+    }
   }
 }
 

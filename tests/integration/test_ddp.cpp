@@ -88,6 +88,21 @@ TEST_CASE("the FashionMNIST plugin trains, evaluates across ranks and reports") 
   }
   CHECK(run.output.find("60000 training images, 2 workers x batch 32 = global batch 64") !=
         std::string::npos);
+  CHECK(results[1]["checkpoint"] == "checkpoint_000001");
+  for (const char* file : {"model.pt", "optimizer.pt", "epoch.txt"}) {
+    CHECK(std::filesystem::exists(box.run_dir("fm") / "checkpoint_000001" / file));
+  }
+  // A rerun with more epochs resumes after epoch 1: only epoch 2 runs.
+  auto rerun = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN +
+                       "' -n 2 --name fm --config epochs=3 --config max_steps=3"
+                       " --config eval_steps=2 --config batch_size=32 --config warmup_steps=1");
+  INFO(rerun.output);
+  REQUIRE(rerun.exit_code == 0);
+  CHECK(rerun.output.find("resuming after epoch 1") != std::string::npos);
+  auto after = read_jsonl(box.run_dir("fm") / "result.jsonl");
+  REQUIRE(after.size() == 3);
+  CHECK(after[2]["iteration"] == 3);
+  CHECK(after[2]["metrics"]["epoch"] == 2);
 }
 
 TEST_CASE("the FashionMNIST plugin names the missing files and the package") {

@@ -69,9 +69,8 @@ TEST_CASE("inspect prints the entries and versions") {
   auto run = box.run(std::string("inspect '") + TEST_PLUGIN + "'");
   INFO(run.output);
   CHECK(run.exit_code == 0);
-  CHECK(
-      run.output.find("entries:     bad_config, checkpoints, context, crash, mismatch, sleeps, steps, throws") !=
-      std::string::npos);
+  CHECK(run.output.find("entries:     bad_config, checkpoints, context, crash, mismatch, sleeps, "
+                        "steps, throws") != std::string::npos);
   CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
   CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);
   CHECK(box.run(std::string("inspect '") + BAD_ABI_PLUGIN + "'").exit_code == 2);
