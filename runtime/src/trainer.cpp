@@ -87,6 +87,10 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
         "--use-gpu needs a LibTorch built with CUDA; this trainrun was built with a "
         "CPU-only LibTorch " TORCH_VERSION);
   }
+  if (options_.checkpoint.num_to_keep < 0) {
+    throw UsageError("num_to_keep must be at least 0, got " +
+                     std::to_string(options_.checkpoint.num_to_keep));
+  }
   if (options_.run.heartbeat_timeout.count() <= 0 || options_.run.startup_timeout.count() <= 0) {
     throw UsageError("timeouts must be positive");
   }
@@ -123,7 +127,7 @@ Result Trainer::fit() {
                               : std::max(1, cores / options_.scaling.num_workers);
 
   RunStorage storage(options_.run.storage_path, options_.run.name);
-  CheckpointStore checkpoints(storage.dir());  // throws if its state names a missing checkpoint
+  CheckpointStore checkpoints(storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
   setup.log = make_logger(storage, options_.verbose);
   auto& log = *setup.log;
   char host[256] = {0};

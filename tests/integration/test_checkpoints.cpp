@@ -59,6 +59,34 @@ TEST_CASE("a rerun of the same name resumes from the latest checkpoint and count
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 6);  // header and all five reports
 }
 
+TEST_CASE("retention keeps the best checkpoints by score, and always the latest") {
+  auto kept = [](const std::string& flags) {
+    Sandbox box;
+    auto run = box.run(kCheckpoints + " --config reports=5 " + flags);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    std::vector<std::string> names;
+    auto state = read_json(box.run_dir("c") / "checkpoint_state.json");
+    for (const auto& c : state["checkpoints"]) {
+      names.push_back(c["name"]);
+      CHECK(std::filesystem::exists(box.run_dir("c") / c["name"].get<std::string>()));
+    }
+    size_t dirs = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(box.run_dir("c"))) {
+      dirs += entry.path().filename().string().rfind("checkpoint_0", 0) == 0;
+    }
+    CHECK(dirs == names.size());  // the others were deleted
+    return names;
+  };
+  using Names = std::vector<std::string>;
+  CHECK(kept("--num-to-keep 2") == Names{"checkpoint_000003", "checkpoint_000004"});
+  CHECK(kept("--num-to-keep 2 --checkpoint-score-attribute i --checkpoint-score-order min") ==
+        Names{"checkpoint_000000", "checkpoint_000001", "checkpoint_000004"});
+  CHECK(kept("--num-to-keep 1 --checkpoint-score-attribute i --checkpoint-score-order max") ==
+        Names{"checkpoint_000004"});
+  CHECK(kept("").size() == 5);
+}
+
 TEST_CASE("a corrupted checkpoint file is detected when the checkpoint is loaded") {
   Sandbox box;
   REQUIRE(box.run(kCheckpoints).exit_code == 0);

@@ -34,6 +34,17 @@ struct RunConfig {
   std::chrono::milliseconds startup_timeout{120000};
 };
 
+/// Which checkpoints to keep (Ray Train's CheckpointConfig).
+struct CheckpointConfig {
+  /// Checkpoints kept on disk, the best by score; the latest is kept as well
+  /// (a rerun resumes from it). 0 = all.
+  int num_to_keep = 0;
+  /// The reported metric that ranks checkpoints; empty = the most recent are best.
+  std::string score_attribute;
+  /// Whether a higher score is better ("max") or a lower one ("min").
+  bool score_max = true;
+};
+
 struct TrainerOptions {
   std::filesystem::path plugin;
   /// The plugin's entry; empty = its only one.
@@ -42,6 +53,7 @@ struct TrainerOptions {
   nlohmann::json config = nlohmann::json::object();
   ScalingConfig scaling;
   RunConfig run;
+  CheckpointConfig checkpoint;
   /// The worker executable; empty = `trainrun-worker` beside this program or on PATH.
   std::filesystem::path worker_executable;
   /// Workers' plugin cache; empty = $TRAINRUN_CACHE_DIR or ~/.cache/trainrun.
@@ -64,9 +76,9 @@ struct RunError {
 
 /// The outcome of fit() (Ray Train's Result).
 struct Result {
-  std::filesystem::path path;  // the run directory
-  nlohmann::json metrics;      // rank 0's last reported metrics (null if none)
-  int64_t iterations = 0;      // reports recorded, counting earlier runs of this name
+  std::filesystem::path path;        // the run directory
+  nlohmann::json metrics;            // rank 0's last reported metrics (null if none)
+  int64_t iterations = 0;            // reports recorded, counting earlier runs of this name
   std::filesystem::path checkpoint;  // the latest committed checkpoint, if any
   double wall_seconds = 0;
   std::optional<RunError> error;

@@ -83,6 +83,14 @@ int main(int argc, char** argv) {
   app.add_option("--cpus-per-worker", options.scaling.cpus_per_worker,
                  "intra-op threads per worker (default: cores / local workers)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--num-to-keep", options.checkpoint.num_to_keep,
+                 "checkpoints kept, the best by score, and the latest (default: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-score-attribute", options.checkpoint.score_attribute,
+                 "the reported metric that ranks checkpoints (default: most recent)");
+  std::string score_order = "max";
+  app.add_option("--checkpoint-score-order", score_order, "max or min (default max)")
+      ->check(CLI::IsMember({"max", "min"}));
   app.add_flag("--use-gpu", options.scaling.use_gpu,
                "one CUDA device per worker (by local rank), NCCL for collectives");
   app.add_option("--heartbeat-timeout", heartbeat_s, "seconds of silence before a peer is lost")
@@ -113,6 +121,7 @@ int main(int argc, char** argv) {
       std::cerr << "trainrun: --plugin is required (see trainrun --help)\n";
       return kExitUsage;
     }
+    options.checkpoint.score_max = score_order == "max";
     options.run.heartbeat_timeout = std::chrono::seconds(heartbeat_s);
     options.run.startup_timeout = std::chrono::seconds(startup_s);
     return run_training(std::move(options), config_file, config_args);

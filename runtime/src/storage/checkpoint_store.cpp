@@ -65,7 +65,8 @@ void copy_checkpoint_file(const std::filesystem::path& from, const std::filesyst
 
 }  // namespace
 
-CheckpointStore::CheckpointStore(std::filesystem::path run_dir) : run_dir_(std::move(run_dir)) {
+CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config)
+    : run_dir_(std::move(run_dir)), config_(std::move(config)) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(run_dir_, ec)) {
     if (entry.path().filename().string().rfind(kStagingPrefix, 0) == 0) {
@@ -165,8 +166,22 @@ CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::j
     next["checkpoints"].push_back({{"name", name}, {"iteration", iteration}, {"metrics", metrics}});
     next["latest"] = name;
     next["next_index"] = state_["next_index"].get<int64_t>() + 1;
+    auto keep = kept(next["checkpoints"]);
+    auto before = next["checkpoints"];
+    next["checkpoints"] = nlohmann::json::array();
+    for (const auto& c : before) {
+      if (std::find(keep.begin(), keep.end(), c["name"]) != keep.end()) {
+        next["checkpoints"].push_back(c);
+      }
+    }
     write_file_atomic(run_dir_ / kStateFile, next.dump(2) + "\n");
     state_ = std::move(next);
+    // Deleted only once the state that no longer names them is committed.
+    for (const auto& c : before) {
+      if (std::find(keep.begin(), keep.end(), c["name"]) == keep.end()) {
+        std::filesystem::remove_all(run_dir_ / c["name"].get<std::string>(), ec);
+      }
+    }
   } catch (...) {
     abort_staging();
     throw;
@@ -174,6 +189,31 @@ CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::j
   staged_.clear();
   latest_ = CommittedCheckpoint{name, run_dir_ / name, iteration};
   return *latest_;
+}
+
+std::vector<std::string> CheckpointStore::kept(const nlohmann::json& checkpoints) const {
+  std::vector<std::string> names;
+  for (const auto& c : checkpoints) names.push_back(c["name"]);
+  if (config_.num_to_keep <= 0 || names.empty()) return names;
+  // Best first: by score when one is named (checkpoints without it last), else
+  // the most recent.
+  std::vector<nlohmann::json> ranked(checkpoints.begin(), checkpoints.end());
+  const auto& attribute = config_.score_attribute;
+  std::stable_sort(ranked.begin(), ranked.end(), [&](const auto& a, const auto& b) {
+    if (attribute.empty()) return a["iteration"] > b["iteration"];
+    auto sa = a["metrics"].value(attribute, nlohmann::json());
+    auto sb = b["metrics"].value(attribute, nlohmann::json());
+    if (!sa.is_number() || !sb.is_number()) return sa.is_number() && !sb.is_number();
+    return config_.score_max ? sa.template get<double>() > sb.template get<double>()
+                             : sa.template get<double>() < sb.template get<double>();
+  });
+  std::vector<std::string> keep;
+  for (size_t i = 0; i < ranked.size() && i < static_cast<size_t>(config_.num_to_keep); ++i) {
+    keep.push_back(ranked[i]["name"]);
+  }
+  // The latest is always kept: a rerun resumes from it.
+  if (std::find(keep.begin(), keep.end(), names.back()) == keep.end()) keep.push_back(names.back());
+  return keep;
 }
 
 void CheckpointStore::abort_staging() {

@@ -8,6 +8,8 @@
 // manifest was never committed; a crash leaves only a staging directory, which
 // the next run removes. Owned by the controller's thread; not thread-safe.
 
+#include <trainrun/trainer.h>
+
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -28,7 +30,7 @@ class CheckpointStore {
   /// Opens the run directory: removes stale staging directories and loads
   /// checkpoint_state.json. Throws IoError if the state names a checkpoint that
   /// is missing or has no manifest.
-  explicit CheckpointStore(std::filesystem::path run_dir);
+  explicit CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config = {});
 
   std::optional<CommittedCheckpoint> latest() const { return latest_; }
 
@@ -38,7 +40,8 @@ class CheckpointStore {
   void stage(int rank, const std::filesystem::path& source);
   bool staging() const { return !staged_.empty(); }
 
-  /// Commits the staged files as the next checkpoint. Throws IoError; then the
+  /// Commits the staged files as the next checkpoint, then deletes the
+  /// checkpoints that retention no longer keeps. Throws IoError; then the
   /// staging directory is removed and every earlier checkpoint stays as it was.
   CommittedCheckpoint commit(int64_t iteration, const nlohmann::json& metrics);
 
@@ -47,9 +50,11 @@ class CheckpointStore {
 
  private:
   std::filesystem::path staging_dir() const;
-  void write_state();
+  /// The names retention keeps: the best num_to_keep by score, and the latest.
+  std::vector<std::string> kept(const nlohmann::json& checkpoints) const;
 
   std::filesystem::path run_dir_;
+  CheckpointConfig config_;
   nlohmann::json state_;  // {"checkpoints": [...], "latest": name, "next_index": n}
   std::optional<CommittedCheckpoint> latest_;
   std::map<std::string, int> staged_;  // relative path -> rank
