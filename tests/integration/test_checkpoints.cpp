@@ -87,6 +87,48 @@ TEST_CASE("retention keeps the best checkpoints by score, and always the latest"
   CHECK(kept("").size() == 5);
 }
 
+TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact") {
+  Sandbox box;
+  auto small = box.results();  // the run's storage, on a 1 MiB filesystem
+  std::filesystem::create_directories(small);
+  if (std::system(
+          ("mount -t tmpfs -o size=1m tmpfs '" + small.string() + "' 2>/dev/null").c_str())) {
+    MESSAGE("skipped: mounting a small tmpfs needs root");
+    return;
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { std::system(("umount '" + path + "'").c_str()); }
+  } unmount{small.string()};
+  // 400 KiB per checkpoint: the third does not fit in 1 MiB.
+  auto run = box.run(kCheckpoints + " --config reports=3 --config pad_kb=400");
+  INFO(run.output);
+  auto dir = small / "c";
+  REQUIRE(std::filesystem::exists(dir / "checkpoint_state.json"));
+  REQUIRE(std::filesystem::exists(dir / "error.json"));
+  auto state = read_json(dir / "checkpoint_state.json");
+  std::vector<std::string> leftovers;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind(".staging", 0) == 0) {
+      leftovers.push_back(entry.path().filename());
+    }
+  }
+  auto latest = dir / state["latest"].get<std::string>();
+  auto manifest = read_json(latest / "manifest.json");
+  std::vector<std::string> bad;
+  for (const auto& file : manifest["files"]) {
+    auto path = latest / file["path"].get<std::string>();
+    if (trainrun::sha256_file(path) != file["sha256"]) bad.push_back(path);
+  }
+  auto error = read_json(dir / "error.json");
+  CHECK(run.exit_code == 1);
+  CHECK(error["kind"] == "storage");
+  CHECK(error["message"].get<std::string>().find("No space left on device") != std::string::npos);
+  CHECK(state["latest"] == "checkpoint_000001");
+  CHECK(bad.empty());
+  CHECK(leftovers.empty());
+}
+
 TEST_CASE("a corrupted checkpoint file is detected when the checkpoint is loaded") {
   Sandbox box;
   REQUIRE(box.run(kCheckpoints).exit_code == 0);

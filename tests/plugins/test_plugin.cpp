@@ -111,7 +111,8 @@ TRAIN_FUNC(bad_config);
 // Reports `reports` checkpoints: every rank a per-rank file, rank 0 also
 // model.txt holding the iteration. Reports what get_checkpoint() held at the
 // start ("none" or model.txt's text). With same_name=true every rank writes
-// model.txt; with symlink=true rank 0 adds a symbolic link.
+// model.txt; with symlink=true rank 0 adds a symbolic link; pad_kb adds a file
+// of that many KiB to rank 0's checkpoints.
 void checkpoints(const train::Config& config) {
   auto ctx = train::get_context();
   std::string resumed = "none";
@@ -126,6 +127,9 @@ void checkpoints(const train::Config& config) {
     if (ctx.world_rank() == 0 || config.get<bool>("same_name", false)) {
       std::filesystem::create_directories(dir.path() / "state");
       std::ofstream(dir.path() / "state" / "model.txt") << "report " << i << " of " << resumed;
+    }
+    if (int pad = config.get<int>("pad_kb", 0); ctx.world_rank() == 0 && pad > 0) {
+      std::ofstream(dir.path() / "pad.bin") << std::string(static_cast<size_t>(pad) * 1024, 'x');
     }
     if (ctx.world_rank() == 0 && config.get<bool>("symlink", false)) {
       std::filesystem::create_symlink("/etc/passwd", dir.path() / "escape");

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <string_view>
+#include <vector>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
@@ -44,12 +46,24 @@ void copy_checkpoint_file(const std::filesystem::path& from, const std::filesyst
   ::fstat(in, &st);
   off_t left = st.st_size;
   bool ok = true;
-  while (left > 0) {
+  bool kernel_copy = true;
+  while (left > 0 && kernel_copy) {
     ssize_t n = ::copy_file_range(in, nullptr, out, nullptr, static_cast<size_t>(left), 0);
-    if (n <= 0) {
+    if (n > 0) {
+      left -= n;
+    } else if (n < 0 && left == st.st_size &&
+               (errno == EXDEV || errno == ENOSYS || errno == EOPNOTSUPP || errno == EINVAL)) {
+      kernel_copy = false;  // across filesystems, or not supported here: copy through memory
+    } else {
       ok = false;
       break;
     }
+  }
+  std::vector<char> buffer(kernel_copy ? 0 : 1 << 20);
+  while (ok && left > 0) {
+    ssize_t n = ::read(in, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0 && write_all(out, std::string_view(buffer.data(), static_cast<size_t>(n)));
     left -= n;
   }
   int saved = errno;
