@@ -127,7 +127,8 @@ Result Trainer::fit() {
                               : std::max(1, cores / options_.scaling.num_workers);
 
   RunStorage storage(options_.run.storage_path, options_.run.name);
-  CheckpointStore checkpoints(storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
+  CheckpointStore checkpoints(
+      storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
   setup.log = make_logger(storage, options_.verbose);
   auto& log = *setup.log;
   char host[256] = {0};
@@ -145,6 +146,10 @@ Result Trainer::fit() {
                            {"cpus_per_worker", setup.cpus_per_worker},
                            {"use_gpu", options_.scaling.use_gpu}}},
                          {"config", options_.config},
+                         {"checkpoint",
+                          {{"num_to_keep", options_.checkpoint.num_to_keep},
+                           {"score_attribute", options_.checkpoint.score_attribute},
+                           {"score_order", options_.checkpoint.score_max ? "max" : "min"}}},
                          {"versions", {{"trainrun", TRAIN_SDK_VERSION}, {"torch", TORCH_VERSION}}},
                          {"controller_host", host},
                          {"started_at", utc_now("%Y-%m-%dT%H:%M:%SZ")},
@@ -170,6 +175,13 @@ Result Trainer::fit() {
     log.info("run finished: {} reports in {:.1f} s", result.iterations, result.wall_seconds);
   }
   if (!result.metrics.is_null()) log.info("last metrics: {}", result.metrics.dump());
+  // What the run left, read back as `trainrun results` would: checkpoints and history.
+  auto stored = load_result(storage.dir());
+  result.best_checkpoints = std::move(stored.best_checkpoints);
+  result.history = std::move(stored.history);
+  for (const auto& c : result.best_checkpoints) {
+    log.info("checkpoint {} (iteration {}): {}", c.name, c.iteration, c.metrics.dump());
+  }
   log.info("results: {}", storage.dir().string());
   return result;
 }

@@ -129,6 +129,38 @@ TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact"
   CHECK(leftovers.empty());
 }
 
+TEST_CASE("trainrun results shows metrics, the best checkpoints by score, and the error") {
+  Sandbox box;
+  auto run = box.run(kCheckpoints +
+                     " --config reports=4 --num-to-keep 2 --checkpoint-score-attribute i"
+                     " --checkpoint-score-order min");
+  REQUIRE(run.exit_code == 0);
+  // The run's own summary names the kept checkpoints too.
+  CHECK(run.output.find("checkpoint checkpoint_000000 (iteration 1)") != std::string::npos);
+  auto results = box.run("results '" + box.run_dir("c").string() + "'");
+  INFO(results.output);
+  CHECK(results.exit_code == 0);
+  CHECK(results.output.find("status:       finished") != std::string::npos);
+  CHECK(results.output.find("iterations:   4") != std::string::npos);
+  CHECK(results.output.find("last metrics: i=3 resumed=none") != std::string::npos);
+  CHECK(results.output.find("checkpoint:   " + (box.run_dir("c") / "checkpoint_000003").string()) !=
+        std::string::npos);
+  // Best first by the run's score (min i): 0, 1, then the latest, always kept.
+  auto first = results.output.find("  checkpoint_000000  iteration 1");
+  auto second = results.output.find("  checkpoint_000001  iteration 2");
+  auto latest = results.output.find("  checkpoint_000003  iteration 4");
+  CHECK(first < second);
+  CHECK(second < latest);
+  CHECK(latest != std::string::npos);
+
+  auto failed = box.run(std::string("--plugin '") + TEST_PLUGIN + "' --entry throws -n 2 --name t");
+  CHECK(failed.exit_code == 1);
+  auto failed_results = box.run("results '" + box.run_dir("t").string() + "'");
+  CHECK(failed_results.output.find("status:       failed") != std::string::npos);
+  CHECK(failed_results.output.find("error:        rank 1 (") != std::string::npos);
+  CHECK(box.run("results /nonexistent").exit_code == 2);
+}
+
 TEST_CASE("a corrupted checkpoint file is detected when the checkpoint is loaded") {
   Sandbox box;
   REQUIRE(box.run(kCheckpoints).exit_code == 0);

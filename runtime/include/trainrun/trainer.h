@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace trainrun {
 
@@ -74,17 +75,38 @@ struct RunError {
   std::string summary() const;
 };
 
+/// A committed checkpoint, as Result lists it.
+struct CheckpointInfo {
+  std::string name;  // checkpoint_NNNNNN
+  std::filesystem::path path;
+  int64_t iteration = 0;
+  nlohmann::json metrics;  // rank 0's metrics of its report
+};
+
 /// The outcome of fit() (Ray Train's Result).
 struct Result {
   std::filesystem::path path;        // the run directory
   nlohmann::json metrics;            // rank 0's last reported metrics (null if none)
   int64_t iterations = 0;            // reports recorded, counting earlier runs of this name
   std::filesystem::path checkpoint;  // the latest committed checkpoint, if any
+  /// Kept checkpoints, best first: by the run's score attribute, else the most recent.
+  std::vector<CheckpointInfo> best_checkpoints;
+  /// Every report of the run (result.jsonl), oldest first.
+  std::vector<nlohmann::json> history;
   double wall_seconds = 0;
   std::optional<RunError> error;
   /// Whether the run was stopped by SIGINT or SIGTERM.
   bool interrupted() const { return error && error->kind == "interrupted"; }
 };
+
+/// Reads what a run left in its directory (run.json, result.jsonl,
+/// checkpoint_state.json, error.json): `trainrun results DIR`. Throws
+/// UsageError if `run_dir` holds no run, IoError if a file is unreadable.
+Result load_result(const std::filesystem::path& run_dir);
+
+/// The summary `trainrun results` prints: status, iterations, last metrics,
+/// latest and best checkpoints, error.
+std::string describe(const Result& result);
 
 class Trainer {
  public:

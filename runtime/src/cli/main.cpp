@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
   app.add_flag(
       "-q,--quiet", [&](int64_t) { options.verbose = false; }, "only errors on the terminal");
 
+  auto* results =
+      app.add_subcommand("results", "print what a run left: metrics, checkpoints, error");
+  std::filesystem::path results_dir;
+  results->add_option("run_dir", results_dir, "<storage_path>/<name>")->required();
+
   auto* inspect = app.add_subcommand("inspect", "print a plugin's entries and versions");
   std::filesystem::path inspect_path;
   inspect->add_option("plugin", inspect_path, "the plugin (.so)")->required();
@@ -112,6 +117,10 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (*results) {
+      std::cout << trainrun::describe(trainrun::load_result(results_dir));
+      return kExitOk;
+    }
     if (*inspect) {
       auto info = trainrun::inspect_plugin_file(inspect_path);
       std::cout << trainrun::describe(info, trainrun::sha256_file(inspect_path));
