@@ -95,6 +95,13 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
     throw UsageError("timeouts must be positive");
   }
   auto& run = options_.run;
+  if (!run.resume_from.empty()) {
+    if (!std::filesystem::exists(run.resume_from / "manifest.json")) {
+      throw UsageError("--resume-from " + run.resume_from.string() +
+                       " is not a committed checkpoint (no manifest.json)");
+    }
+    run.resume_from = std::filesystem::absolute(run.resume_from);
+  }
   if (run.name.empty()) run.name = "trainrun-" + utc_now("%Y-%m-%d_%H-%M-%S");
   if (run.name.find('/') != std::string::npos || run.name == "." || run.name == "..") {
     throw UsageError("run name '" + run.name + "' must not contain '/'");
@@ -161,6 +168,8 @@ Result Trainer::fit() {
 
   if (auto latest = checkpoints.latest()) {
     log.info("resuming from {} (iteration {})", latest->name, latest->iteration);
+  } else if (!options_.run.resume_from.empty()) {
+    log.info("starting from {}", options_.run.resume_from.string());
   }
   Controller controller(std::move(setup), storage, checkpoints);
   Result result = controller.run();

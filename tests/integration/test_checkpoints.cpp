@@ -161,6 +161,25 @@ TEST_CASE("trainrun results shows metrics, the best checkpoints by score, and th
   CHECK(box.run("results /nonexistent").exit_code == 2);
 }
 
+TEST_CASE("--resume-from starts a new run from another run's checkpoint") {
+  Sandbox box;
+  REQUIRE(box.run(kCheckpoints).exit_code == 0);
+  auto from = box.run_dir("c") / "checkpoint_000001";
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +
+                     "' --entry checkpoints -n 2 --name fresh --config reports=1 --resume-from '" +
+                     from.string() + "'");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto results = read_jsonl(box.run_dir("fresh") / "result.jsonl");
+  REQUIRE(results.size() == 1);
+  CHECK(results[0]["iteration"] == 1);                            // a new run counts from 1
+  CHECK(results[0]["metrics"]["resumed"] == "report 1 of none");  // from checkpoint_000001
+  CHECK(results[0]["checkpoint"] == "checkpoint_000000");
+  auto bad = box.run(kCheckpoints + " --resume-from '" + box.root().string() + "'");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("is not a committed checkpoint") != std::string::npos);
+}
+
 TEST_CASE("a corrupted checkpoint file is detected when the checkpoint is loaded") {
   Sandbox box;
   REQUIRE(box.run(kCheckpoints).exit_code == 0);

@@ -31,6 +31,9 @@ struct RunConfig {
   std::string name;
   /// Storage root; empty = ~/trainrun_results. The run directory is storage_path/name.
   std::filesystem::path storage_path;
+  /// Start from this committed checkpoint (any run's checkpoint_NNNNNN) when
+  /// the run has none of its own; empty = none.
+  std::filesystem::path resume_from;
   std::chrono::milliseconds heartbeat_timeout{30000};
   std::chrono::milliseconds startup_timeout{120000};
 };

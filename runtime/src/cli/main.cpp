@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
   app.add_option("--storage-path", options.run.storage_path,
                  "where runs are stored (default ~/trainrun_results)");
   app.add_option("--name", options.run.name, "run name (default trainrun-<timestamp>)");
+  app.add_option("--resume-from", options.run.resume_from,
+                 "start from this committed checkpoint directory (any run's)");
   app.add_option("--cpus-per-worker", options.scaling.cpus_per_worker,
                  "intra-op threads per worker (default: cores / local workers)")
       ->check(CLI::PositiveNumber);

@@ -95,7 +95,11 @@ void Controller::State::assign_ranks() {
     assign.device =
         setup.options.scaling.use_gpu ? "cuda:" + std::to_string(place.local_rank) : "cpu";
     assign.heartbeat_timeout_ms = setup.options.run.heartbeat_timeout.count();
-    if (auto latest = checkpoints.latest()) assign.checkpoint_dir = latest->dir.string();
+    if (auto latest = checkpoints.latest()) {
+      assign.checkpoint_dir = latest->dir.string();
+    } else {
+      assign.checkpoint_dir = setup.options.run.resume_from.string();
+    }
     protocol::send(router, assign, {}, slot.routing_id);
   }
   assigned = true;
