@@ -43,7 +43,7 @@ TEST_CASE("a plugin that workers cannot load fails with exit code 2 and the load
 
 TEST_CASE("entries: unknown or ambiguous --entry is refused with the list") {
   expect_refused(plugin(TEST_PLUGIN) + " --entry nope",
-                 "has no entry 'nope' (available: bad_config, checkpoints, context, crash");
+                 "has no entry 'nope' (available: bad_config, checkpoints, context, crash, mismatch, report_latency");
   expect_refused(plugin(TEST_PLUGIN), "has several entries (bad_config, checkpoints, context,");
 }
 

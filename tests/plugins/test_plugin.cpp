@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -139,3 +140,35 @@ void checkpoints(const train::Config& config) {
 }
 
 TRAIN_FUNC(checkpoints);
+
+// Times `n` metrics-only reports and `n` Gloo barriers on every rank; reports
+// rank 0's p50 and p99 of each, in microseconds (tools/bench/report_latency.py).
+void report_latency(const train::Config& config) {
+  const int n = config.get<int>("n", 2000);
+  auto group = train::process_group();
+  auto percentiles = [](std::vector<double> t) {
+    std::sort(t.begin(), t.end());
+    return std::make_pair(t[t.size() / 2], t[t.size() * 99 / 100]);
+  };
+  std::vector<double> reports, barriers;
+  for (int i = 0; i < n; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    group->barrier()->wait();
+    barriers.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  for (int i = 0; i < n; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    train::report({{"i", i}, {"loss", 1.0 / (i + 1)}});
+    reports.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  auto [report_p50, report_p99] = percentiles(reports);
+  auto [barrier_p50, barrier_p99] = percentiles(barriers);
+  train::report({{"report_p50_us", report_p50},
+                 {"report_p99_us", report_p99},
+                 {"barrier_p50_us", barrier_p50},
+                 {"barrier_p99_us", barrier_p99}});
+}
+
+TRAIN_FUNC(report_latency);

@@ -75,10 +75,14 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
   fsync_path(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
 }
 
-void append_file(const std::filesystem::path& path, std::string_view content) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  if (fd.get() < 0) fail("cannot open", path);
-  if (!write_all(fd.get(), content)) fail("cannot write", path);
+void AppendFile::append(std::string_view content) {
+  if (fd_ < 0) fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot open", path_);
+  if (!write_all(fd_, content)) fail("cannot write", path_);
+}
+
+void AppendFile::close() {
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
 }
 
 }  // namespace trainrun

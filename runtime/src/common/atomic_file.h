@@ -10,8 +10,25 @@ namespace trainrun {
 /// old content or the new, never a mix. Throws IoError naming the file.
 void write_file_atomic(const std::filesystem::path& path, std::string_view content);
 
-/// Appends `content` to `path` (created if absent) and flushes it to the kernel.
-void append_file(const std::filesystem::path& path, std::string_view content);
+/// A file appended to many times, kept open between appends (a file per
+/// report would otherwise cost an open and a close each). Reopen it after the
+/// file has been replaced by a rename. Not thread-safe.
+class AppendFile {
+ public:
+  explicit AppendFile(std::filesystem::path path) : path_(std::move(path)) {}
+  ~AppendFile() { close(); }
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+
+  /// Appends `content` (created if absent) and hands it to the kernel. Throws IoError.
+  void append(std::string_view content);
+  /// Closes the file; the next append opens it again.
+  void close();
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
 
 /// fsync of a file or directory. Throws IoError.
 void fsync_path(const std::filesystem::path& path);

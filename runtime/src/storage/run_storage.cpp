@@ -53,7 +53,7 @@ std::string format_value(const nlohmann::json& value) {
 }
 
 RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::string& name)
-    : dir_(storage_path / name) {
+    : dir_(storage_path / name), results_(dir_ / "result.jsonl"), progress_(dir_ / "progress.csv") {
   std::error_code ec;
   std::filesystem::create_directories(dir_ / "logs", ec);
   if (ec) throw IoError("cannot create run directory " + dir_.string() + ": " + ec.message());
@@ -85,12 +85,12 @@ void RunStorage::write_run_info(const nlohmann::json& info) {
 }
 
 void RunStorage::append_result(const nlohmann::json& record) {
-  append_file(dir_ / "result.jsonl", record.dump() + "\n");
+  results_.append(record.dump() + "\n");
   rows_.push_back(record);
   if (add_columns(record)) {
     rewrite_progress_csv();
   } else {
-    append_file(dir_ / "progress.csv", csv_row(csv_columns_, record));
+    progress_.append(csv_row(csv_columns_, record));
   }
 }
 
@@ -102,6 +102,7 @@ void RunStorage::rewrite_progress_csv() {
   content += "\n";
   for (const auto& row : rows_) content += csv_row(csv_columns_, row);
   write_file_atomic(dir_ / "progress.csv", content);
+  progress_.close();  // the rename replaced the file the descriptor pointed at
 }
 
 void RunStorage::write_error(const nlohmann::json& error) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/atomic_file.h"
+
 namespace trainrun {
 
 class RunStorage {
@@ -37,6 +39,8 @@ class RunStorage {
   bool add_columns(const nlohmann::json& record);
 
   std::filesystem::path dir_;
+  AppendFile results_;
+  AppendFile progress_;
   std::vector<std::string> csv_columns_;
   std::vector<nlohmann::json> rows_;  // kept to rewrite progress.csv when a new metric appears
 };
