@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "storage/checkpoint_store.h"
 #include "storage/run_storage.h"
 
 namespace trainrun {
@@ -15,15 +16,6 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   auto value = nlohmann::json::parse(in, nullptr, false);
   if (value.is_discarded()) throw IoError(path.string() + " is not valid JSON");
   return value;
-}
-
-std::string format_metrics(const nlohmann::json& metrics) {
-  std::string line;
-  if (!metrics.is_object()) return "-";
-  for (const auto& item : metrics.items()) {
-    line += (line.empty() ? "" : " ") + item.key() + "=" + format_value(item.value());
-  }
-  return line.empty() ? "-" : line;
 }
 
 }  // namespace
@@ -50,24 +42,20 @@ Result load_result(const std::filesystem::path& run_dir) {
     if (state["latest"].is_string()) {
       result.checkpoint = run_dir / state["latest"].get<std::string>();
     }
-    for (const auto& c : state["checkpoints"]) {
+    // Best first, by the score settings the run recorded.
+    auto scoring = info.value("checkpoint", nlohmann::json::object());
+    CheckpointConfig config;
+    config.score_attribute = scoring.value("score_attribute", std::string());
+    config.score_max = scoring.value("score_order", std::string("max")) == "max";
+    std::vector<nlohmann::json> ranked(state["checkpoints"].begin(), state["checkpoints"].end());
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [&](const auto& a, const auto& b) { return ranks_before(a, b, config); });
+    for (const auto& c : ranked) {
       auto name = c["name"].get<std::string>();
       result.best_checkpoints.push_back(
           {name, run_dir / name, c.value("iteration", int64_t{0}), c["metrics"]});
     }
   }
-  auto scoring = info.value("checkpoint", nlohmann::json::object());
-  auto attribute = scoring.value("score_attribute", std::string());
-  bool score_max = scoring.value("score_order", std::string("max")) == "max";
-  auto& best = result.best_checkpoints;
-  std::stable_sort(best.begin(), best.end(), [&](const auto& a, const auto& b) {
-    if (attribute.empty()) return a.iteration > b.iteration;
-    auto sa = a.metrics.value(attribute, nlohmann::json());
-    auto sb = b.metrics.value(attribute, nlohmann::json());
-    if (!sa.is_number() || !sb.is_number()) return sa.is_number() && !sb.is_number();
-    return score_max ? sa.template get<double>() > sb.template get<double>()
-                     : sa.template get<double>() < sb.template get<double>();
-  });
   auto error = read_json_file(run_dir / "error.json");
   if (error.is_object()) {
     result.error = RunError{error.value("kind", std::string()),

@@ -9,18 +9,6 @@
 #include "controller/rank_assignment.h"
 
 namespace trainrun {
-namespace {
-
-std::string format_metrics(const nlohmann::json& metrics) {
-  std::string line;
-  if (!metrics.is_object()) return line;
-  for (const auto& item : metrics.items()) {
-    line += (line.empty() ? "" : " ") + item.key() + "=" + format_value(item.value());
-  }
-  return line;
-}
-
-}  // namespace
 
 void Controller::State::on_router_readable() {
   auto frames = protocol::recv_frames(router, true);

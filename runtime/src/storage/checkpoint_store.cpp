@@ -209,18 +209,9 @@ std::vector<std::string> CheckpointStore::kept(const nlohmann::json& checkpoints
   std::vector<std::string> names;
   for (const auto& c : checkpoints) names.push_back(c["name"]);
   if (config_.num_to_keep <= 0 || names.empty()) return names;
-  // Best first: by score when one is named (checkpoints without it last), else
-  // the most recent.
   std::vector<nlohmann::json> ranked(checkpoints.begin(), checkpoints.end());
-  const auto& attribute = config_.score_attribute;
-  std::stable_sort(ranked.begin(), ranked.end(), [&](const auto& a, const auto& b) {
-    if (attribute.empty()) return a["iteration"] > b["iteration"];
-    auto sa = a["metrics"].value(attribute, nlohmann::json());
-    auto sb = b["metrics"].value(attribute, nlohmann::json());
-    if (!sa.is_number() || !sb.is_number()) return sa.is_number() && !sb.is_number();
-    return config_.score_max ? sa.template get<double>() > sb.template get<double>()
-                             : sa.template get<double>() < sb.template get<double>();
-  });
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](const auto& a, const auto& b) { return ranks_before(a, b, config_); });
   std::vector<std::string> keep;
   for (size_t i = 0; i < ranked.size() && i < static_cast<size_t>(config_.num_to_keep); ++i) {
     keep.push_back(ranked[i]["name"]);
@@ -228,6 +219,17 @@ std::vector<std::string> CheckpointStore::kept(const nlohmann::json& checkpoints
   // The latest is always kept: a rerun resumes from it.
   if (std::find(keep.begin(), keep.end(), names.back()) == keep.end()) keep.push_back(names.back());
   return keep;
+}
+
+bool ranks_before(const nlohmann::json& a, const nlohmann::json& b,
+                  const CheckpointConfig& config) {
+  const auto& attribute = config.score_attribute;
+  if (attribute.empty()) return a["iteration"] > b["iteration"];
+  auto sa = a["metrics"].value(attribute, nlohmann::json());
+  auto sb = b["metrics"].value(attribute, nlohmann::json());
+  if (!sa.is_number() || !sb.is_number()) return sa.is_number() && !sb.is_number();
+  return config.score_max ? sa.get<double>() > sb.get<double>()
+                          : sa.get<double>() < sb.get<double>();
 }
 
 void CheckpointStore::abort_staging() {

@@ -60,6 +60,11 @@ class CheckpointStore {
   std::map<std::string, int> staged_;  // relative path -> rank
 };
 
+/// Whether checkpoint `a` ranks before `b` (entries of checkpoint_state.json:
+/// name, iteration, metrics): by the score attribute, those without it last,
+/// or else the more recent first.
+bool ranks_before(const nlohmann::json& a, const nlohmann::json& b, const CheckpointConfig& config);
+
 /// Checks every file of a committed checkpoint against its manifest (size and
 /// sha256). Throws IoError naming the first file that differs or is missing.
 void verify_checkpoint(const std::filesystem::path& dir);

@@ -52,6 +52,16 @@ std::string format_value(const nlohmann::json& value) {
   return value.dump();
 }
 
+std::string format_metrics(const nlohmann::json& metrics) {
+  std::string line;
+  if (metrics.is_object()) {
+    for (const auto& item : metrics.items()) {
+      line += (line.empty() ? "" : " ") + item.key() + "=" + format_value(item.value());
+    }
+  }
+  return line.empty() ? "-" : line;
+}
+
 RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::string& name)
     : dir_(storage_path / name), results_(dir_ / "result.jsonl"), progress_(dir_ / "progress.csv") {
   std::error_code ec;

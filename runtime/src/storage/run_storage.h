@@ -45,7 +45,10 @@ class RunStorage {
   std::vector<nlohmann::json> rows_;  // kept to rewrite progress.csv when a new metric appears
 };
 
-/// Formats a metric value for a terminal line or a CSV cell.
+/// Formats a metric value for the terminal (real numbers to 6 significant digits).
 std::string format_value(const nlohmann::json& value);
+
+/// "name=value name=value" for the terminal; "-" when there are none.
+std::string format_metrics(const nlohmann::json& metrics);
 
 }  // namespace trainrun
