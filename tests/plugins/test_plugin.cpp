@@ -14,6 +14,7 @@
 #include <iostream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -155,13 +156,15 @@ void report_latency(const train::Config& config) {
     auto start = std::chrono::steady_clock::now();
     group->barrier()->wait();
     barriers.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count());
   }
   for (int i = 0; i < n; ++i) {
     auto start = std::chrono::steady_clock::now();
     train::report({{"i", i}, {"loss", 1.0 / (i + 1)}});
     reports.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count());
   }
   auto [report_p50, report_p99] = percentiles(reports);
   auto [barrier_p50, barrier_p99] = percentiles(barriers);
@@ -172,3 +175,25 @@ void report_latency(const train::Config& config) {
 }
 
 TRAIN_FUNC(report_latency);
+
+// Each rank reports a checkpoint of one `mb` MiB shard; rank 0 times report()
+// until the commit and reports the seconds (tools/bench/checkpoint_throughput.py).
+void big_checkpoint(const train::Config& config) {
+  auto ctx = train::get_context();
+  const auto bytes = static_cast<size_t>(config.get<int>("mb", 512)) << 20;
+  train::TempDir dir;
+  {
+    std::ofstream out(dir.path() / ("shard-rank=" + std::to_string(ctx.world_rank()) + ".bin"),
+                      std::ios::binary);
+    std::vector<char> block(1 << 20);
+    for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i * 2654435761u >> 24);
+    for (size_t done = 0; done < bytes; done += block.size()) out.write(block.data(), block.size());
+  }
+  train::process_group()->barrier()->wait();  // both shards on disk before the clock starts
+  auto start = std::chrono::steady_clock::now();
+  train::report({{"phase", "checkpoint"}}, train::Checkpoint::from_directory(dir.path()));
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  train::report({{"commit_s", seconds}});
+}
+
+TRAIN_FUNC(big_checkpoint);
