@@ -30,51 +30,41 @@ std::string checkpoint_name(int64_t index) {
   return name;
 }
 
-// Copies one regular file with copy_file_range (in-kernel; reflinks where the
-// filesystem can), then fsyncs it.
-void copy_checkpoint_file(const std::filesystem::path& from, const std::filesystem::path& to) {
+// Copies one regular file and hashes it in the same pass (the bytes are read
+// once), then fsyncs the copy. Returns its size and sha256.
+std::pair<uint64_t, std::string> copy_and_hash(const std::filesystem::path& from,
+                                               const std::filesystem::path& to) {
   int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0)
+  if (in < 0) {
     throw IoError("cannot read checkpoint file " + from.string() + ": " + std::strerror(errno));
+  }
   int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) {
     int saved = errno;
     ::close(in);
     throw IoError("cannot create " + to.string() + ": " + std::strerror(saved));
   }
-  struct stat st {};
-  ::fstat(in, &st);
-  off_t left = st.st_size;
+  Sha256 hash;
+  uint64_t size = 0;
+  std::vector<char> buffer(4 << 20);
   bool ok = true;
-  bool kernel_copy = true;
-  while (left > 0 && kernel_copy) {
-    ssize_t n = ::copy_file_range(in, nullptr, out, nullptr, static_cast<size_t>(left), 0);
-    if (n > 0) {
-      left -= n;
-    } else if (n < 0 && left == st.st_size &&
-               (errno == EXDEV || errno == ENOSYS || errno == EOPNOTSUPP || errno == EINVAL)) {
-      kernel_copy = false;  // across filesystems, or not supported here: copy through memory
-    } else {
-      ok = false;
-      break;
-    }
-  }
-  std::vector<char> buffer(kernel_copy ? 0 : 1 << 20);
-  while (ok && left > 0) {
+  while (ok) {
     ssize_t n = ::read(in, buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
-    ok = n > 0 && write_all(out, std::string_view(buffer.data(), static_cast<size_t>(n)));
-    left -= n;
+    if (n <= 0) {
+      ok = n == 0;
+      break;
+    }
+    hash.update(buffer.data(), static_cast<size_t>(n));
+    ok = write_all(out, std::string_view(buffer.data(), static_cast<size_t>(n)));
+    size += static_cast<uint64_t>(n);
   }
-  int saved = errno;
   ok = ok && ::fsync(out) == 0;
-  if (ok)
-    saved = 0;
-  else if (saved == 0)
-    saved = errno;
+  int saved = errno;
   ::close(in);
   ::close(out);
   if (!ok) throw IoError("cannot write " + to.string() + ": " + std::strerror(saved));
+  return {size, hash.hex_digest()};
 }
 
 }  // namespace
@@ -124,6 +114,7 @@ void CheckpointStore::stage(int rank, const std::filesystem::path& source) {
   auto staging = staging_dir();
   std::filesystem::create_directories(staging, ec);
   if (ec) throw IoError("cannot create " + staging.string() + ": " + ec.message());
+  std::vector<std::pair<std::filesystem::path, std::string>> files;  // source, relative
   for (auto it = std::filesystem::recursive_directory_iterator(source, ec);
        it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     if (ec) throw IoError("cannot list " + source.string() + ": " + ec.message());
@@ -148,23 +139,39 @@ void CheckpointStore::stage(int rank, const std::filesystem::path& source) {
           " both report a checkpoint file named " + relative +
           ": give per-rank files distinct names, e.g. model-rank=" + std::to_string(rank) + ".pt");
     }
-    copy_checkpoint_file(entry.path(), staging / relative);
+    files.emplace_back(entry.path(), relative);
   }
+  copies_.push_back(std::async(std::launch::async, [files, staging, rank] {
+    std::vector<StagedFile> staged;
+    for (const auto& [from, relative] : files) {
+      auto [size, sha256] = copy_and_hash(from, staging / relative);
+      staged.push_back({relative, rank, size, sha256});
+    }
+    return staged;
+  }));
 }
 
 CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::json& metrics) {
   auto staging = staging_dir();
   auto name = checkpoint_name(state_["next_index"].get<int64_t>());
   try {
+    std::vector<StagedFile> staged;
+    for (auto& copy : copies_) {
+      auto rank_files = copy.get();  // rethrows a failed copy
+      staged.insert(staged.end(), rank_files.begin(), rank_files.end());
+    }
+    copies_.clear();
+    std::sort(staged.begin(), staged.end(),
+              [](const auto& a, const auto& b) { return a.relative < b.relative; });
     nlohmann::json files = nlohmann::json::array();
     std::vector<int> ranks;
-    for (const auto& [relative, rank] : staged_) {
-      auto path = staging / relative;
-      files.push_back({{"path", relative},
-                       {"size", std::filesystem::file_size(path)},
-                       {"sha256", sha256_file(path)},
-                       {"rank", rank}});
-      if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+    for (const auto& file : staged) {
+      files.push_back({{"path", file.relative},
+                       {"size", file.size},
+                       {"sha256", file.sha256},
+                       {"rank", file.rank}});
+      if (std::find(ranks.begin(), ranks.end(), file.rank) == ranks.end())
+        ranks.push_back(file.rank);
     }
     std::sort(ranks.begin(), ranks.end());
     nlohmann::json manifest = {
@@ -233,6 +240,13 @@ bool ranks_before(const nlohmann::json& a, const nlohmann::json& b,
 }
 
 void CheckpointStore::abort_staging() {
+  for (auto& copy : copies_) {
+    try {
+      copy.get();  // wait: nothing may still be writing into the directory
+    } catch (const std::exception&) {
+    }
+  }
+  copies_.clear();
   std::error_code ec;
   std::filesystem::remove_all(staging_dir(), ec);
   staged_.clear();

@@ -1,21 +1,25 @@
 #pragma once
 
 // The run's committed checkpoints and the one being staged. A report's files
-// are copied from every rank into <run>/.staging-checkpoint_NNNNNN/; the commit
-// fsyncs them, writes manifest.json (relative path, size, sha256 per file;
+// are copied from every rank into <run>/.staging-checkpoint_NNNNNN/ (one thread
+// per rank, copying and hashing in one pass, so the controller's loop goes on);
+// the commit waits for the copies, writes manifest.json (relative path, size, sha256 per file;
 // metrics; iteration; ranks) last, renames the directory to checkpoint_NNNNNN
 // and atomically replaces checkpoint_state.json. A checkpoint without a
 // manifest was never committed; a crash leaves only a staging directory, which
-// the next run removes. Owned by the controller's thread; not thread-safe.
+// the next run removes. Owned by the controller's thread; only the copy tasks
+// it starts run elsewhere, and they touch nothing but their own files.
 
 #include <trainrun/trainer.h>
 
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <future>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace trainrun {
 
@@ -34,9 +38,10 @@ class CheckpointStore {
 
   std::optional<CommittedCheckpoint> latest() const { return latest_; }
 
-  /// Copies the files under `source` into the staging directory as `rank`'s.
-  /// Throws UsageError for an unsafe entry (symlink, device, socket, fifo) or a
-  /// file name another rank already gave, IoError when a copy fails.
+  /// Starts copying the files under `source` into the staging directory as
+  /// `rank`'s. Throws UsageError at once for an unsafe entry (symlink, device,
+  /// socket, fifo) or a file name another rank already gave; a failed copy
+  /// surfaces from commit() as IoError.
   void stage(int rank, const std::filesystem::path& source);
   bool staging() const { return !staged_.empty(); }
 
@@ -57,7 +62,14 @@ class CheckpointStore {
   CheckpointConfig config_;
   nlohmann::json state_;  // {"checkpoints": [...], "latest": name, "next_index": n}
   std::optional<CommittedCheckpoint> latest_;
-  std::map<std::string, int> staged_;  // relative path -> rank
+  struct StagedFile {
+    std::string relative;
+    int rank = 0;
+    uint64_t size = 0;
+    std::string sha256;
+  };
+  std::map<std::string, int> staged_;                         // relative path -> rank
+  std::vector<std::future<std::vector<StagedFile>>> copies_;  // one per staged rank
 };
 
 /// Whether checkpoint `a` ranks before `b` (entries of checkpoint_state.json:
