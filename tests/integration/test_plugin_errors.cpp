@@ -57,6 +57,9 @@ TEST_CASE("usage errors exit 2") {
   CHECK(box.run("--no-such-flag").exit_code == 2);
   CHECK(box.run(plugin(QUICKSTART_PLUGIN) + " --checkpoint-score-order best").exit_code == 2);
   CHECK(box.run(plugin(QUICKSTART_PLUGIN) + " --num-to-keep -1").exit_code == 2);
+  auto help = box.run("--help");
+  CHECK(help.exit_code == 0);
+  CHECK(help.output.find("--num-workers") != std::string::npos);
   auto version = box.run("--version");
   CHECK(version.exit_code == 0);
   CHECK(version.output.find("trainrun 0.1.0") != std::string::npos);

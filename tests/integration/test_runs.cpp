@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <thread>
 
 #include "run_helpers.h"
@@ -170,11 +171,32 @@ TEST_CASE("the quickstart example trains and its loss falls") {
         0.1 * results.front()["metrics"]["loss"].get<double>());
 }
 
-TEST_CASE("workers cache the plugin by its sha256") {
+TEST_CASE("workers cache the plugin by its sha256 and fetch a damaged copy again") {
   Sandbox box;
   REQUIRE(box.run(kTestPlugin + " --entry steps -n 2 --name a").exit_code == 0);
   auto sha = read_json(box.run_dir("a") / "run.json")["plugin"]["sha256"].get<std::string>();
-  CHECK(std::filesystem::exists(box.root() / "cache" / (sha + ".so")));
+  auto cached = box.root() / "cache" / (sha + ".so");
+  REQUIRE(std::filesystem::exists(cached));
+  auto size = std::filesystem::file_size(cached);
   REQUIRE(box.run(kTestPlugin + " --entry steps -n 2 --name b").exit_code == 0);
   CHECK(read_jsonl(box.run_dir("b") / "result.jsonl").size() == 1);
+
+  std::filesystem::resize_file(cached, size / 2);  // a damaged cache entry
+  auto run = box.run(kTestPlugin + " --entry steps -n 2 --name c");
+  INFO(run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(std::filesystem::file_size(cached) == size);  // fetched whole again
+}
+
+TEST_CASE("--config-file reaches the workers, and --config overrides it") {
+  Sandbox box;
+  std::ofstream(box.root() / "config.json") << R"({"reports": 2, "label": "from-file"})";
+  auto run = box.run(kTestPlugin + " --entry context -n 2 --name f --config-file '" +
+                     (box.root() / "config.json").string() + "' --config reports=1");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto results = read_jsonl(box.run_dir("f") / "result.jsonl");
+  REQUIRE(results.size() == 1);
+  CHECK(results[0]["metrics"]["label"] == "from-file");
+  CHECK(read_json(box.run_dir("f") / "run.json")["config"]["reports"] == 1);
 }
