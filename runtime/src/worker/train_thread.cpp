@@ -60,9 +60,6 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
   return 1;
 }
 
-// Rank 0 hosts the rendezvous store, as torchrun's master does, and tells the
-// controller its port; the other ranks wait for that address. The store's
-// address is exported as MASTER_ADDR / MASTER_PORT for code written for torchrun.
 int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
                         size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
@@ -80,6 +77,9 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
   return 1;
 }
 
+// Rank 0 hosts the rendezvous store, as torchrun's master does, and tells the
+// controller its port; the other ranks wait for that address. The store's
+// address is exported as MASTER_ADDR / MASTER_PORT for code written for torchrun.
 c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign, zmq::socket_t& pair) {
   c10d::TCPStoreOptions options;
   options.waitWorkers = false;
