@@ -145,11 +145,9 @@ void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
     try {
       checkpoints.stage(slot.rank, report.checkpoint_dir);
     } catch (const UsageError& e) {
-      checkpoints.abort_staging();
       fail(slot, "usage", e.what());
       return;
     } catch (const IoError& e) {
-      checkpoints.abort_staging();
       fail(slot, "storage", e.what());
       return;
     }

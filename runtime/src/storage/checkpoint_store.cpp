@@ -86,19 +86,21 @@ CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig
     throw IoError(path.string() + " is not valid JSON");
   }
   state_ = loaded;
-  if (state_["latest"].is_string()) {
-    auto name = state_["latest"].get<std::string>();
-    auto dir = run_dir_ / name;
-    if (!std::filesystem::exists(dir / kManifest)) {
-      throw IoError(path.string() + " names checkpoint " + name +
-                    ", which is missing or was never committed (no " + kManifest + ")");
-    }
-    int64_t iteration = 0;
-    for (const auto& c : state_["checkpoints"]) {
-      if (c["name"] == name) iteration = c.value("iteration", 0);
-    }
-    latest_ = CommittedCheckpoint{name, dir, iteration};
+  if (auto checkpoint = latest();
+      checkpoint && !std::filesystem::exists(checkpoint->dir / kManifest)) {
+    throw IoError(path.string() + " names checkpoint " + checkpoint->name +
+                  ", which is missing or was never committed (no " + kManifest + ")");
   }
+}
+
+std::optional<CommittedCheckpoint> CheckpointStore::latest() const {
+  if (!state_["latest"].is_string()) return std::nullopt;
+  auto name = state_["latest"].get<std::string>();
+  int64_t iteration = 0;
+  for (const auto& c : state_["checkpoints"]) {
+    if (c["name"] == name) iteration = c.value("iteration", int64_t{0});
+  }
+  return CommittedCheckpoint{name, run_dir_ / name, iteration};
 }
 
 std::filesystem::path CheckpointStore::staging_dir() const {
@@ -106,6 +108,15 @@ std::filesystem::path CheckpointStore::staging_dir() const {
 }
 
 void CheckpointStore::stage(int rank, const std::filesystem::path& source) {
+  try {
+    start_copy(rank, source);
+  } catch (...) {
+    abort_staging();  // this checkpoint cannot be committed: drop every rank's part
+    throw;
+  }
+}
+
+void CheckpointStore::start_copy(int rank, const std::filesystem::path& source) {
   std::error_code ec;
   if (!std::filesystem::is_directory(source, ec)) {
     throw UsageError("rank " + std::to_string(rank) + "'s checkpoint directory " + source.string() +
@@ -208,8 +219,7 @@ CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::j
     throw;
   }
   staged_.clear();
-  latest_ = CommittedCheckpoint{name, run_dir_ / name, iteration};
-  return *latest_;
+  return *latest();
 }
 
 std::vector<std::string> CheckpointStore::kept(const nlohmann::json& checkpoints) const {

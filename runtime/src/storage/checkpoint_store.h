@@ -36,11 +36,13 @@ class CheckpointStore {
   /// is missing or has no manifest.
   explicit CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config = {});
 
-  std::optional<CommittedCheckpoint> latest() const { return latest_; }
+  /// The latest committed checkpoint, as checkpoint_state.json names it.
+  std::optional<CommittedCheckpoint> latest() const;
 
   /// Starts copying the files under `source` into the staging directory as
   /// `rank`'s. Throws UsageError at once for an unsafe entry (symlink, device,
-  /// socket, fifo) or a file name another rank already gave; a failed copy
+  /// socket, fifo) or a file name another rank already gave, IoError when the
+  /// staging directory cannot be made; then nothing stays staged. A failed copy
   /// surfaces from commit() as IoError.
   void stage(int rank, const std::filesystem::path& source);
   bool staging() const { return !staged_.empty(); }
@@ -55,13 +57,14 @@ class CheckpointStore {
 
  private:
   std::filesystem::path staging_dir() const;
+  /// stage() without the clean-up on failure.
+  void start_copy(int rank, const std::filesystem::path& source);
   /// The names retention keeps: the best num_to_keep by score, and the latest.
   std::vector<std::string> kept(const nlohmann::json& checkpoints) const;
 
   std::filesystem::path run_dir_;
   CheckpointConfig config_;
   nlohmann::json state_;  // {"checkpoints": [...], "latest": name, "next_index": n}
-  std::optional<CommittedCheckpoint> latest_;
   struct StagedFile {
     std::string relative;
     int rank = 0;
