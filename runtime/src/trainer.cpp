@@ -172,22 +172,22 @@ Result Trainer::fit() {
     log.info("starting from {}", options_.run.resume_from.string());
   }
   Controller controller(std::move(setup), storage, checkpoints);
-  Result result = controller.run();
+  Result run = controller.run();
 
   info["ended_at"] = utc_now("%Y-%m-%dT%H:%M:%SZ");
-  info["status"] = !result.error ? "finished" : result.interrupted() ? "interrupted" : "failed";
+  info["status"] = !run.error ? "finished" : run.interrupted() ? "interrupted" : "failed";
   storage.write_run_info(info);
+  if (run.error) storage.write_error(run.error->to_json());
+  // What the run left, read back as `trainrun results` would.
+  Result result = load_result(storage.dir());
+  result.error = run.error;
+  result.wall_seconds = run.wall_seconds;
   if (result.error) {
-    storage.write_error(result.error->to_json());
     log.error("run {}: {}", info["status"].get<std::string>(), result.error->summary());
   } else {
     log.info("run finished: {} reports in {:.1f} s", result.iterations, result.wall_seconds);
   }
   if (!result.metrics.is_null()) log.info("last metrics: {}", result.metrics.dump());
-  // What the run left, read back as `trainrun results` would: checkpoints and history.
-  auto stored = load_result(storage.dir());
-  result.best_checkpoints = std::move(stored.best_checkpoints);
-  result.history = std::move(stored.history);
   for (const auto& c : result.best_checkpoints) {
     log.info("checkpoint {} (iteration {}): {}", c.name, c.iteration, c.metrics.dump());
   }

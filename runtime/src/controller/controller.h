@@ -34,7 +34,8 @@ class Controller {
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
-  /// Runs to the end; the Result carries the root cause of a failure.
+  /// Runs to the end. The Result carries the root cause of a failure and the
+  /// wall time; what the run recorded is in its directory (load_result).
   Result run();
 
  private:

@@ -187,10 +187,7 @@ void Controller::State::record(int64_t iteration, nlohmann::json metrics,
                           {"metrics", metrics}};
   if (!checkpoint.empty()) entry["checkpoint"] = checkpoint;
   storage.append_result(entry);
-  result.metrics = std::move(metrics);
-  result.iterations = iteration;
-  if (!checkpoint.empty()) result.checkpoint = storage.dir() / checkpoint;
-  log.info("report {} ({:.1f} s): {}{}", iteration, elapsed, format_metrics(result.metrics),
+  log.info("report {} ({:.1f} s): {}{}", iteration, elapsed, format_metrics(metrics),
            checkpoint.empty() ? "" : " -> " + checkpoint);
 }
 
