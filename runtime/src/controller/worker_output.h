@@ -24,7 +24,6 @@ class WorkerOutput {
   void read(int stream);
   /// Reads both streams until EOF or until nothing more is waiting.
   void drain();
-  bool closed() const { return streams_[0].fd < 0 && streams_[1].fd < 0; }
   /// Changes the prefix once the worker's rank is known.
   void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
 

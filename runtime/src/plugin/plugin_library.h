@@ -21,8 +21,6 @@ class PluginLibrary {
   /// Loads and checks a plugin. Throws PluginError naming the file.
   static PluginLibrary open(const std::filesystem::path& path);
 
-  const PluginInfo& info() const { return info_; }
-
   /// The entry's C function. Throws PluginError listing the entries when unknown.
   train_entry_fn_v1_t entry(const std::string& name) const;
 
