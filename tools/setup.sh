@@ -5,10 +5,10 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build
   libtorch-dev libgloo-dev
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
-  libcli11-dev nlohmann-json3-dev libsodium-dev doctest-dev
+  libcli11-dev nlohmann-json3-dev libssl-dev doctest-dev
   zlib1g-dev dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then

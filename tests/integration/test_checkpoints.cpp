@@ -88,45 +88,50 @@ TEST_CASE("retention keeps the best checkpoints by score, and always the latest"
 }
 
 TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact") {
-  Sandbox box;
-  auto small = box.results();  // the run's storage, on a 1 MiB filesystem
-  std::filesystem::create_directories(small);
-  if (std::system(
-          ("mount -t tmpfs -o size=1m tmpfs '" + small.string() + "' 2>/dev/null").c_str())) {
-    MESSAGE("skipped: mounting a small tmpfs needs root");
-    return;
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { std::system(("umount '" + path + "'").c_str()); }
-  } unmount{small.string()};
-  // 400 KiB per checkpoint: the third does not fit in 1 MiB.
-  auto run = box.run(kCheckpoints + " --config reports=3 --config pad_kb=400");
-  INFO(run.output);
-  auto dir = small / "c";
-  REQUIRE(std::filesystem::exists(dir / "checkpoint_state.json"));
-  REQUIRE(std::filesystem::exists(dir / "error.json"));
-  auto state = read_json(dir / "checkpoint_state.json");
-  std::vector<std::string> leftovers;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().filename().string().rfind(".staging", 0) == 0) {
-      leftovers.push_back(entry.path().filename());
+  // Copied by the workers themselves, or streamed and written by the controller.
+  for (std::string upload : {"auto", "stream"}) {
+    CAPTURE(upload);
+    Sandbox box;
+    auto small = box.results();  // the run's storage, on a 1 MiB filesystem
+    std::filesystem::create_directories(small);
+    if (std::system(
+            ("mount -t tmpfs -o size=1m tmpfs '" + small.string() + "' 2>/dev/null").c_str())) {
+      MESSAGE("skipped: mounting a small tmpfs needs root");
+      return;
     }
+    struct Unmount {
+      std::string path;
+      ~Unmount() { std::system(("umount '" + path + "'").c_str()); }
+    } unmount{small.string()};
+    // 400 KiB per checkpoint: the third does not fit in 1 MiB.
+    auto run = box.run(kCheckpoints + " --config reports=3 --config pad_kb=400" +
+                       " --checkpoint-upload " + upload);
+    INFO(run.output);
+    auto dir = small / "c";
+    REQUIRE(std::filesystem::exists(dir / "checkpoint_state.json"));
+    REQUIRE(std::filesystem::exists(dir / "error.json"));
+    auto state = read_json(dir / "checkpoint_state.json");
+    std::vector<std::string> leftovers;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().filename().string().rfind(".staging", 0) == 0) {
+        leftovers.push_back(entry.path().filename());
+      }
+    }
+    auto latest = dir / state["latest"].get<std::string>();
+    auto manifest = read_json(latest / "manifest.json");
+    std::vector<std::string> bad;
+    for (const auto& file : manifest["files"]) {
+      auto path = latest / file["path"].get<std::string>();
+      if (trainrun::sha256_file(path) != file["sha256"]) bad.push_back(path);
+    }
+    auto error = read_json(dir / "error.json");
+    CHECK(run.exit_code == 1);
+    CHECK(error["kind"] == "storage");
+    CHECK(error["message"].get<std::string>().find("No space left on device") != std::string::npos);
+    CHECK(state["latest"] == "checkpoint_000001");
+    CHECK(bad.empty());
+    CHECK(leftovers.empty());
   }
-  auto latest = dir / state["latest"].get<std::string>();
-  auto manifest = read_json(latest / "manifest.json");
-  std::vector<std::string> bad;
-  for (const auto& file : manifest["files"]) {
-    auto path = latest / file["path"].get<std::string>();
-    if (trainrun::sha256_file(path) != file["sha256"]) bad.push_back(path);
-  }
-  auto error = read_json(dir / "error.json");
-  CHECK(run.exit_code == 1);
-  CHECK(error["kind"] == "storage");
-  CHECK(error["message"].get<std::string>().find("No space left on device") != std::string::npos);
-  CHECK(state["latest"] == "checkpoint_000001");
-  CHECK(bad.empty());
-  CHECK(leftovers.empty());
 }
 
 TEST_CASE("trainrun results shows metrics, the best checkpoints by score, and the error") {
@@ -212,4 +217,51 @@ TEST_CASE("unsafe or clashing checkpoint files are refused and nothing is commit
   CHECK(link.exit_code == 1);
   CHECK(link.output.find("symbolic link, escape") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(box2.run_dir("c") / "checkpoint_000000"));
+}
+
+TEST_CASE("streamed checkpoints merge, commit, and are fetched to resume from") {
+  Sandbox box;
+  // 10 MiB from rank 0: more chunks than the credit lets fly at once.
+  const auto streamed = kCheckpoints + " --checkpoint-upload stream --config pad_kb=10240";
+  auto run = box.run(streamed);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto dir = box.run_dir("c");
+  auto latest = dir / "checkpoint_000002";
+  auto manifest = read_json(latest / "manifest.json");
+  CHECK(manifest["ranks"] == nlohmann::json::array({0, 1}));
+  REQUIRE(manifest["files"].size() == 4);
+  for (const auto& file : manifest["files"]) {
+    auto path = latest / file["path"].get<std::string>();
+    CHECK(file["sha256"] == trainrun::sha256_file(path));
+    CHECK(file["size"] == std::filesystem::file_size(path));
+  }
+  CHECK(std::filesystem::file_size(latest / "pad.bin") == 10240 * 1024);
+  CHECK(read_text(latest / "rank-1.txt") == "rank 1 report 2\n");
+
+  auto rerun = box.run(streamed + " --config reports=1");
+  INFO(rerun.output);
+  REQUIRE(rerun.exit_code == 0);
+  auto results = read_jsonl(dir / "result.jsonl");
+  REQUIRE(results.size() == 4);
+  CHECK(results[3]["metrics"]["resumed"] == "report 2 of none");
+  // Fetched into the worker's own directory, not read from the run's storage,
+  // and removed when the worker ended.
+  auto fetched = results[3]["metrics"]["resumed_from"].get<std::string>();
+  CHECK(fetched.rfind(box.root().string(), 0) != 0);
+  CHECK(std::filesystem::path(fetched).filename() == "checkpoint_000002");
+  CHECK_FALSE(std::filesystem::exists(fetched));
+}
+
+TEST_CASE("a corrupted checkpoint is detected when a worker fetches it") {
+  Sandbox box;
+  const auto streamed = kCheckpoints + " --checkpoint-upload stream";
+  REQUIRE(box.run(streamed).exit_code == 0);
+  // The same size as "report 2 of none": only the sha256 tells.
+  std::ofstream(box.run_dir("c") / "checkpoint_000002" / "state" / "model.txt")
+      << "report 9 of none";
+  auto rerun = box.run(streamed);
+  CHECK(rerun.exit_code == 1);
+  CHECK(rerun.output.find("state/model.txt of checkpoint_000002 arrived corrupt") !=
+        std::string::npos);
 }

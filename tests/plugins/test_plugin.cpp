@@ -112,15 +112,17 @@ TRAIN_FUNC(bad_config);
 
 // Reports `reports` checkpoints: every rank a per-rank file, rank 0 also
 // model.txt holding the iteration. Reports what get_checkpoint() held at the
-// start ("none" or model.txt's text). With same_name=true every rank writes
+// start ("none" or model.txt's text) and where it was. With same_name=true every rank writes
 // model.txt; with symlink=true rank 0 adds a symbolic link; pad_kb adds a file
 // of that many KiB to rank 0's checkpoints.
 void checkpoints(const train::Config& config) {
   auto ctx = train::get_context();
   std::string resumed = "none";
+  std::string resumed_from;
   if (auto checkpoint = train::get_checkpoint()) {
     std::ifstream in(checkpoint->path() / "state" / "model.txt");
     std::getline(in, resumed);
+    resumed_from = checkpoint->path().string();
   }
   for (int i = 0; i < config.get<int>("reports", 3); ++i) {
     train::TempDir dir;
@@ -136,7 +138,8 @@ void checkpoints(const train::Config& config) {
     if (ctx.world_rank() == 0 && config.get<bool>("symlink", false)) {
       std::filesystem::create_symlink("/etc/passwd", dir.path() / "escape");
     }
-    train::report({{"i", i}, {"resumed", resumed}}, train::Checkpoint::from_directory(dir.path()));
+    train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}},
+                  train::Checkpoint::from_directory(dir.path()));
   }
 }
 
@@ -176,22 +179,16 @@ void report_latency(const train::Config& config) {
 
 TRAIN_FUNC(report_latency);
 
-// Each rank reports a checkpoint of one `mb` MiB shard; rank 0 times report()
-// until the commit and reports the seconds (tools/bench/checkpoint_throughput.py).
+// Reports <source>/rank<R> as rank R's checkpoint, timing report() on rank 0
+// until the checkpoint is committed (tools/bench/checkpoint_throughput.py,
+// which writes those files beforehand, as it does cp's source).
 void big_checkpoint(const train::Config& config) {
   auto ctx = train::get_context();
-  const auto bytes = static_cast<size_t>(config.get<int>("mb", 512)) << 20;
-  train::TempDir dir;
-  {
-    std::ofstream out(dir.path() / ("shard-rank=" + std::to_string(ctx.world_rank()) + ".bin"),
-                      std::ios::binary);
-    std::vector<char> block(1 << 20);
-    for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i * 2654435761u >> 24);
-    for (size_t done = 0; done < bytes; done += block.size()) out.write(block.data(), block.size());
-  }
-  train::process_group()->barrier()->wait();  // both shards on disk before the clock starts
+  auto dir = std::filesystem::path(config.get<std::string>("source")) /
+             ("rank" + std::to_string(ctx.world_rank()));
+  train::process_group()->barrier()->wait();  // both ranks start the clock together
   auto start = std::chrono::steady_clock::now();
-  train::report({{"phase", "checkpoint"}}, train::Checkpoint::from_directory(dir.path()));
+  train::report({{"phase", "checkpoint"}}, train::Checkpoint::from_directory(dir));
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   train::report({{"commit_s", seconds}});
 }

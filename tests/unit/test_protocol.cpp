@@ -38,7 +38,7 @@ std::string body(int version, const T& payload) {
 
 TEST_CASE("protocol: a message round-trips over a socket, blobs included") {
   SocketPair sockets;
-  protocol::Report report{7, {'a', 'b', 'c'}, "/tmp/ckpt"};
+  protocol::Report report{7, {'a', 'b', 'c'}, true, {{"model.pt", 42, ""}}};
   std::vector<zmq::message_t> blobs;
   blobs.emplace_back(std::string("blob-bytes"));
   protocol::send(sockets.a, report, std::move(blobs));
@@ -47,7 +47,10 @@ TEST_CASE("protocol: a message round-trips over a socket, blobs included") {
   auto decoded = message.as<protocol::Report>();
   CHECK(decoded.iteration == 7);
   CHECK(std::string(decoded.metrics.begin(), decoded.metrics.end()) == "abc");
-  CHECK(decoded.checkpoint_dir == "/tmp/ckpt");
+  CHECK(decoded.checkpoint);
+  REQUIRE(decoded.files.size() == 1);
+  CHECK(decoded.files[0].path == "model.pt");
+  CHECK(decoded.files[0].size == 42);
   REQUIRE(message.blobs().size() == 1);
   CHECK(message.blobs()[0].to_string() == "blob-bytes");
 }

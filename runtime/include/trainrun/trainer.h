@@ -47,6 +47,11 @@ struct CheckpointConfig {
   std::string score_attribute;
   /// Whether a higher score is better ("max") or a lower one ("min").
   bool score_max = true;
+  /// Workers that share the controller's filesystem copy their checkpoint files
+  /// into storage themselves; with this, every worker streams them through the
+  /// controller's socket instead (as a worker on another host must), and
+  /// get_checkpoint() fetches the checkpoint the same way.
+  bool always_stream = false;
 };
 
 struct TrainerOptions {

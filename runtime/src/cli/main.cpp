@@ -93,6 +93,11 @@ int main(int argc, char** argv) {
   std::string score_order = "max";
   app.add_option("--checkpoint-score-order", score_order, "max or min (default max)")
       ->check(CLI::IsMember({"max", "min"}));
+  std::string upload = "auto";
+  app.add_option("--checkpoint-upload", upload,
+                 "auto: workers that share the storage's filesystem copy checkpoint files "
+                 "there; stream: through the controller's socket (default auto)")
+      ->check(CLI::IsMember({"auto", "stream"}));
   app.add_flag("--use-gpu", options.scaling.use_gpu,
                "one CUDA device per worker (by local rank), NCCL for collectives");
   app.add_option("--heartbeat-timeout", heartbeat_s, "seconds of silence before a peer is lost")
@@ -133,6 +138,7 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     options.checkpoint.score_max = score_order == "max";
+    options.checkpoint.always_stream = upload == "stream";
     options.run.heartbeat_timeout = std::chrono::seconds(heartbeat_s);
     options.run.startup_timeout = std::chrono::seconds(startup_s);
     return run_training(std::move(options), config_file, config_args);

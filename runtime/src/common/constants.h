@@ -24,6 +24,10 @@ constexpr auto kTerminateGrace = 3s;
 /// Plugin transfer: bytes per chunk and chunks in flight (credit).
 constexpr size_t kPluginChunkSize = 256 * 1024;
 constexpr int kPluginCredit = 8;
+/// Checkpoint streaming, both ways: bytes per chunk and chunks in flight per
+/// worker, which bound the memory a transfer holds whatever its size.
+constexpr size_t kCheckpointChunkSize = 1 << 20;
+constexpr int kCheckpointCredit = 8;
 
 /// Where a worker's train thread and I/O thread talk.
 constexpr const char* kTrainThreadEndpoint = "inproc://trainrun-train";

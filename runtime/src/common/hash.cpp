@@ -2,26 +2,38 @@
 
 #include <trainrun/error.h>
 
+#include <openssl/evp.h>
+
 #include <cstring>
 #include <fstream>
 #include <vector>
 
 namespace trainrun {
 
-Sha256::Sha256() {
-  if (sodium_init() < 0) throw Error("libsodium failed to initialise");
-  crypto_hash_sha256_init(&state_);
+void Sha256::Free::operator()(evp_md_ctx_st* context) const { EVP_MD_CTX_free(context); }
+
+Sha256::Sha256() : context_(EVP_MD_CTX_new()) {
+  if (!context_ || EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr) != 1) {
+    throw Error("OpenSSL could not start a SHA-256 digest");
+  }
 }
 
-void Sha256::update(const void* data, size_t size) {
-  crypto_hash_sha256_update(&state_, static_cast<const unsigned char*>(data), size);
-}
+Sha256::~Sha256() = default;
+Sha256::Sha256(Sha256&&) noexcept = default;
+Sha256& Sha256::operator=(Sha256&&) noexcept = default;
+
+void Sha256::update(const void* data, size_t size) { EVP_DigestUpdate(context_.get(), data, size); }
 
 std::string Sha256::hex_digest() {
-  unsigned char digest[crypto_hash_sha256_BYTES];
-  crypto_hash_sha256_final(&state_, digest);
-  char hex[crypto_hash_sha256_BYTES * 2 + 1];
-  sodium_bin2hex(hex, sizeof(hex), digest, sizeof(digest));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_DigestFinal_ex(context_.get(), digest, &size);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex(size * 2, '0');
+  for (unsigned int i = 0; i < size; ++i) {
+    hex[2 * i] = kHex[digest[i] >> 4];
+    hex[2 * i + 1] = kHex[digest[i] & 0xF];
+  }
   return hex;
 }
 

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -39,6 +41,14 @@ std::filesystem::path find_worker_executable() {
   }
   throw UsageError(std::string("cannot find the ") + kName +
                    " executable beside this program or on PATH");
+}
+
+std::filesystem::path make_temp_dir(const std::string& prefix) {
+  auto pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    throw IoError("cannot create a temporary directory: " + std::string(std::strerror(errno)));
+  }
+  return pattern;
 }
 
 }  // namespace trainrun

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 namespace trainrun {
 
@@ -11,5 +12,9 @@ std::filesystem::path default_cache_dir();
 /// The `trainrun-worker` executable: beside the running executable, else on
 /// PATH. Throws UsageError when there is none.
 std::filesystem::path find_worker_executable();
+
+/// A new, empty directory under the system's temporary directory, named
+/// `prefix` and a unique suffix. Throws IoError.
+std::filesystem::path make_temp_dir(const std::string& prefix);
 
 }  // namespace trainrun

@@ -1,8 +1,15 @@
 // The controller's message handlers: hello and rank assignment, plugin
-// chunks, the store address, the report barrier and its results, done and
-// failed.
+// chunks, the store address, the report barrier, checkpoint uploads and
+// downloads, results, done and failed.
 
 #include <trainrun/error.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 
 #include "common/constants.h"
 #include "controller/controller_state.h"
@@ -58,6 +65,11 @@ void Controller::State::assign_ranks() {
   auto placements = trainrun::assign_ranks(hosts);
   auto config = nlohmann::json::to_msgpack(setup.options.config);
   by_rank.assign(slots.size(), nullptr);
+  if (auto latest = checkpoints.latest()) {
+    resume_dir = latest->dir;
+  } else {
+    resume_dir = setup.options.run.resume_from;
+  }
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& slot = slots[i];
     const Placement& place = placements[i];
@@ -83,11 +95,8 @@ void Controller::State::assign_ranks() {
     assign.device =
         setup.options.scaling.use_gpu ? "cuda:" + std::to_string(place.local_rank) : "cpu";
     assign.heartbeat_timeout_ms = setup.options.run.heartbeat_timeout.count();
-    if (auto latest = checkpoints.latest()) {
-      assign.checkpoint_dir = latest->dir.string();
-    } else {
-      assign.checkpoint_dir = setup.options.run.resume_from.string();
-    }
+    assign.checkpoint_dir = resume_dir.string();
+    assign.fetch_checkpoint = streams_checkpoints(slot);
     protocol::send(router, assign, {}, slot.routing_id);
   }
   assigned = true;
@@ -114,6 +123,14 @@ void Controller::State::handle(Slot& slot, protocol::Incoming& message) {
     }
   } else if (type == protocol::Report::kType) {
     on_report(slot, message.as<protocol::Report>());
+  } else if (type == protocol::UploadChunk::kType) {
+    on_upload_chunk(slot, message);
+  } else if (type == protocol::Uploaded::kType) {
+    on_uploaded(slot, message.as<protocol::Uploaded>());
+  } else if (type == protocol::FetchCheckpoint::kType) {
+    on_fetch_checkpoint(slot, message.as<protocol::FetchCheckpoint>());
+  } else if (type == protocol::FetchCheckpointChunk::kType) {
+    on_fetch_checkpoint_chunk(slot, message.as<protocol::FetchCheckpointChunk>());
   } else if (type == protocol::Done::kType) {
     slot.done = true;
     check_report_counts();
@@ -141,21 +158,64 @@ void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
     fail(slot, "usage", *error);
     return;
   }
-  if (!report.checkpoint_dir.empty()) {
+  if (report.checkpoint) {
+    bool stream = streams_checkpoints(slot);
     try {
-      checkpoints.stage(slot.rank, report.checkpoint_dir);
+      auto staging = checkpoints.begin_upload(slot.rank, report.files, stream);
+      protocol::Upload upload{report.iteration, stream ? "" : staging.string(), kCheckpointCredit};
+      protocol::send(router, upload, {}, slot.routing_id);
     } catch (const UsageError& e) {
       fail(slot, "usage", e.what());
       return;
-    } catch (const IoError& e) {
-      fail(slot, "storage", e.what());
+    } catch (const Error& e) {
+      fail_storage(e.what());
       return;
     }
   }
+  release_report();
+}
+
+void Controller::State::on_upload_chunk(Slot& slot, protocol::Incoming& message) {
+  if (failures.any()) return;
+  auto chunk = message.as<protocol::UploadChunk>();
+  if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
+  const auto& bytes = message.blobs()[0];
+  try {
+    checkpoints.write_chunk(slot.rank, chunk.file, chunk.offset, bytes.data(), bytes.size());
+  } catch (const Error& e) {
+    fail_storage(e.what());
+    return;
+  }
+  protocol::send(router, protocol::UploadCredit{1}, {}, slot.routing_id);
+}
+
+void Controller::State::on_uploaded(Slot& slot, const protocol::Uploaded& uploaded) {
+  if (failures.any()) return;
+  try {
+    if (!uploaded.error.empty()) throw IoError(uploaded.error);
+    checkpoints.finish_upload(slot.rank, uploaded.files);
+  } catch (const Error& e) {
+    fail_storage(e.what());
+    return;
+  }
+  release_report();
+}
+
+void Controller::State::fail_storage(const std::string& message) {
+  checkpoints.abort_staging();
+  // Earlier checkpoints are intact; the run cannot go on without this one.
+  failures.add(RunError{"storage", "checkpoint upload failed: " + message, -1, "", 0});
+  log.error("checkpoint upload failed: {}", message);
+}
+
+// Once every rank has reported and every checkpoint file is in, the report is
+// committed, recorded and acknowledged.
+void Controller::State::release_report() {
   if (!barrier.complete()) {
     check_report_counts();
     return;
   }
+  if (checkpoints.uploading()) return;
   int64_t iteration = barrier.iteration();
   auto rank0_metrics = barrier.release();
   std::string checkpoint;
@@ -163,7 +223,6 @@ void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
     try {
       checkpoint = checkpoints.commit(iteration_offset + iteration, rank0_metrics).name;
     } catch (const IoError& e) {
-      // Earlier checkpoints are intact; the run cannot go on without this one.
       failures.add(
           RunError{"storage", std::string("checkpoint commit failed: ") + e.what(), -1, "", 0});
       log.error("checkpoint commit failed: {}", e.what());
@@ -174,6 +233,53 @@ void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
   for (auto* s : by_rank) {
     protocol::send(router, protocol::ReportAck{iteration}, {}, s->routing_id);
   }
+}
+
+void Controller::State::on_fetch_checkpoint(Slot& slot, const protocol::FetchCheckpoint& fetch) {
+  if (fetch.checkpoint_dir != resume_dir.string()) {
+    throw ProtocolError("FETCH_CHECKPOINT of " + fetch.checkpoint_dir + ", which was not assigned");
+  }
+  protocol::CheckpointListing listing;
+  if (!resume_dir.empty()) {
+    std::ifstream in(resume_dir / "manifest.json");
+    auto manifest = nlohmann::json::parse(in, nullptr, false);
+    listing.name = resume_dir.filename().string();
+    if (manifest.is_discarded() || !manifest["files"].is_array()) {
+      throw ProtocolError("checkpoint " + resume_dir.string() + " has no readable manifest");
+    }
+    for (const auto& file : manifest["files"]) {
+      listing.files.push_back(
+          {file.value("path", ""), file.value("size", uint64_t{0}), file.value("sha256", "")});
+    }
+  }
+  resume_files = listing.files;
+  protocol::send(router, listing, {}, slot.routing_id);
+}
+
+void Controller::State::on_fetch_checkpoint_chunk(Slot& slot,
+                                                  const protocol::FetchCheckpointChunk& fetch) {
+  if (fetch.file >= resume_files.size() || fetch.length > kCheckpointChunkSize ||
+      fetch.offset > resume_files[fetch.file].size ||
+      fetch.length > resume_files[fetch.file].size - fetch.offset) {
+    throw ProtocolError("FETCH_CHECKPOINT_CHUNK out of range");
+  }
+  auto path = resume_dir / resume_files[fetch.file].path;
+  std::vector<zmq::message_t> blob;
+  blob.emplace_back(fetch.length);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ssize_t n =
+      fd < 0 ? -1 : ::pread(fd, blob[0].data(), fetch.length, static_cast<off_t>(fetch.offset));
+  int saved = errno;
+  if (fd >= 0) ::close(fd);
+  if (n != static_cast<ssize_t>(fetch.length)) {
+    // The worker verifies what it fetched; a short read would only fail there later.
+    fail(slot, "storage",
+         "cannot read checkpoint file " + path.string() + ": " +
+             (n < 0 ? std::strerror(saved) : "it is shorter than its manifest says"));
+    return;
+  }
+  protocol::send(router, protocol::CheckpointChunk{fetch.file, fetch.offset}, std::move(blob),
+                 slot.routing_id);
 }
 
 void Controller::State::record(int64_t iteration, nlohmann::json metrics,

@@ -69,6 +69,10 @@ struct Controller::State {
   Result result;
   Clock::time_point start = Clock::now();
   bool assigned = false;
+  // The checkpoint the workers resume from (empty: none), and its files once a
+  // worker has fetched its listing.
+  std::filesystem::path resume_dir;
+  std::vector<protocol::CheckpointFile> resume_files;
 
   State(ControllerSetup s, RunStorage& st, CheckpointStore& cs)
       : setup(std::move(s)),
@@ -114,6 +118,26 @@ struct Controller::State {
   void handle(Slot& slot, protocol::Incoming& message);
 
   void on_report(Slot& slot, const protocol::Report& report);
+
+  void on_upload_chunk(Slot& slot, protocol::Incoming& message);
+
+  void on_uploaded(Slot& slot, const protocol::Uploaded& uploaded);
+
+  // A checkpoint could not be staged: the run fails, with what was committed intact.
+  void fail_storage(const std::string& message);
+
+  // Commits, records and acknowledges the report once every rank has reported
+  // and every checkpoint file is in.
+  void release_report();
+
+  void on_fetch_checkpoint(Slot& slot, const protocol::FetchCheckpoint& fetch);
+
+  void on_fetch_checkpoint_chunk(Slot& slot, const protocol::FetchCheckpointChunk& fetch);
+
+  // Whether this worker streams its checkpoint files through the controller
+  // rather than copying them into storage itself. Local workers share the
+  // controller's filesystem, so only when asked to.
+  bool streams_checkpoints(const Slot&) const { return setup.options.checkpoint.always_stream; }
 
   void record(int64_t iteration, nlohmann::json metrics, const std::string& checkpoint);
 

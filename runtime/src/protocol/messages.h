@@ -6,6 +6,16 @@
 // address to the other ranks in STORE_ADDRESS. Then REPORTs (acknowledged once
 // every rank reached the same one), heartbeats, and DONE or FAILED. The
 // controller ends every worker with SHUTDOWN.
+//
+// A REPORT with a checkpoint lists the rank's files; the controller answers
+// UPLOAD. With a staging directory the worker copies its files there itself
+// (it shares the controller's filesystem); without one it streams them as
+// UPLOAD_CHUNKs, never more than the credit the controller granted (one
+// UPLOAD_CREDIT back per chunk written). Either way it ends with UPLOADED,
+// carrying each file's sha256. A worker that cannot see the storage fetches the
+// checkpoint to resume from with FETCH_CHECKPOINT (the listing comes back as
+// CHECKPOINT_LISTING) and FETCH_CHECKPOINT_CHUNK requests, as many in flight as
+// its credit allows.
 
 #include <msgpack.hpp>
 
@@ -14,6 +24,15 @@
 #include <vector>
 
 namespace trainrun::protocol {
+
+/// One file of a checkpoint: its path inside the checkpoint ('/'-separated,
+/// relative), size, and sha256 once known.
+struct CheckpointFile {
+  std::string path;
+  uint64_t size = 0;
+  std::string sha256;
+  MSGPACK_DEFINE_MAP(path, size, sha256);
+};
 
 // Worker -> controller.
 
@@ -35,9 +54,39 @@ struct FetchPlugin {
 struct Report {
   static constexpr const char* kType = "REPORT";
   int64_t iteration = 0;
-  std::vector<char> metrics;   // msgpack map, as train::report encoded it
-  std::string checkpoint_dir;  // this rank's checkpoint files, or empty
-  MSGPACK_DEFINE_MAP(iteration, metrics, checkpoint_dir);
+  std::vector<char> metrics;  // msgpack map, as train::report encoded it
+  bool checkpoint = false;    // this rank passes a checkpoint: the files follow in an upload
+  std::vector<CheckpointFile> files;  // its files, without sha256
+  MSGPACK_DEFINE_MAP(iteration, metrics, checkpoint, files);
+};
+
+struct UploadChunk {  // followed by one blob frame with the bytes
+  static constexpr const char* kType = "UPLOAD_CHUNK";
+  uint32_t file = 0;  // index into the REPORT's files
+  uint64_t offset = 0;
+  MSGPACK_DEFINE_MAP(file, offset);
+};
+
+struct Uploaded {
+  static constexpr const char* kType = "UPLOADED";
+  int64_t iteration = 0;
+  std::vector<CheckpointFile> files;  // with sha256
+  std::string error;                  // why the upload failed, or empty
+  MSGPACK_DEFINE_MAP(iteration, files, error);
+};
+
+struct FetchCheckpoint {
+  static constexpr const char* kType = "FETCH_CHECKPOINT";
+  std::string checkpoint_dir;  // as ASSIGN named it
+  MSGPACK_DEFINE_MAP(checkpoint_dir);
+};
+
+struct FetchCheckpointChunk {
+  static constexpr const char* kType = "FETCH_CHECKPOINT_CHUNK";
+  uint32_t file = 0;  // index into CHECKPOINT_LISTING's files
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  MSGPACK_DEFINE_MAP(file, offset, length);
 };
 
 struct StoreReady {  // from rank 0, once its store listens
@@ -86,11 +135,12 @@ struct Assign {
   int32_t num_threads = 0;
   std::string device;
   int64_t heartbeat_timeout_ms = 0;
-  std::string checkpoint_dir;  // the latest committed checkpoint, or empty
+  std::string checkpoint_dir;     // the checkpoint to resume from, or empty
+  bool fetch_checkpoint = false;  // checkpoint_dir is not visible here: FETCH_CHECKPOINT it
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size, store_host,
                      store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms,
-                     checkpoint_dir);
+                     checkpoint_dir, fetch_checkpoint);
 };
 
 struct PluginChunk {  // followed by one blob frame with the bytes
@@ -110,6 +160,34 @@ struct ReportAck {
   static constexpr const char* kType = "REPORT_ACK";
   int64_t iteration = 0;
   MSGPACK_DEFINE_MAP(iteration);
+};
+
+struct Upload {  // the answer to a REPORT with a checkpoint
+  static constexpr const char* kType = "UPLOAD";
+  int64_t iteration = 0;
+  std::string staging_dir;  // copy the files here; empty = stream them
+  int32_t credit = 0;       // chunks that may be in flight
+  MSGPACK_DEFINE_MAP(iteration, staging_dir, credit);
+};
+
+struct UploadCredit {
+  static constexpr const char* kType = "UPLOAD_CREDIT";
+  int32_t chunks = 0;
+  MSGPACK_DEFINE_MAP(chunks);
+};
+
+struct CheckpointListing {
+  static constexpr const char* kType = "CHECKPOINT_LISTING";
+  std::string name;  // empty: there is no checkpoint
+  std::vector<CheckpointFile> files;
+  MSGPACK_DEFINE_MAP(name, files);
+};
+
+struct CheckpointChunk {  // followed by one blob frame with the bytes
+  static constexpr const char* kType = "CHECKPOINT_CHUNK";
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  MSGPACK_DEFINE_MAP(file, offset);
 };
 
 struct Shutdown {

@@ -30,43 +30,6 @@ std::string checkpoint_name(int64_t index) {
   return name;
 }
 
-// Copies one regular file and hashes it in the same pass (the bytes are read
-// once), then fsyncs the copy. Returns its size and sha256.
-std::pair<uint64_t, std::string> copy_and_hash(const std::filesystem::path& from,
-                                               const std::filesystem::path& to) {
-  int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) {
-    throw IoError("cannot read checkpoint file " + from.string() + ": " + std::strerror(errno));
-  }
-  int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out < 0) {
-    int saved = errno;
-    ::close(in);
-    throw IoError("cannot create " + to.string() + ": " + std::strerror(saved));
-  }
-  Sha256 hash;
-  uint64_t size = 0;
-  std::vector<char> buffer(4 << 20);
-  bool ok = true;
-  while (ok) {
-    ssize_t n = ::read(in, buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ok = n == 0;
-      break;
-    }
-    hash.update(buffer.data(), static_cast<size_t>(n));
-    ok = write_all(out, std::string_view(buffer.data(), static_cast<size_t>(n)));
-    size += static_cast<uint64_t>(n);
-  }
-  ok = ok && ::fsync(out) == 0;
-  int saved = errno;
-  ::close(in);
-  ::close(out);
-  if (!ok) throw IoError("cannot write " + to.string() + ": " + std::strerror(saved));
-  return {size, hash.hex_digest()};
-}
-
 }  // namespace
 
 CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config)
@@ -107,84 +70,108 @@ std::filesystem::path CheckpointStore::staging_dir() const {
   return run_dir_ / (kStagingPrefix + checkpoint_name(state_["next_index"].get<int64_t>()));
 }
 
-void CheckpointStore::stage(int rank, const std::filesystem::path& source) {
+std::filesystem::path CheckpointStore::begin_upload(
+    int rank, const std::vector<protocol::CheckpointFile>& files, bool stream) {
+  auto staging = staging_dir();
   try {
-    start_copy(rank, source);
+    if (uploads_.count(rank) != 0) {
+      throw ProtocolError("rank " + std::to_string(rank) + " uploads a checkpoint twice");
+    }
+    auto& upload = uploads_[rank];
+    upload.files = files;
+    std::error_code ec;
+    std::filesystem::create_directories(staging, ec);
+    if (ec) throw IoError("cannot create " + staging.string() + ": " + ec.message());
+    for (const auto& file : files) {
+      if (!is_safe_checkpoint_path(file.path)) {
+        throw UsageError("rank " + std::to_string(rank) + "'s checkpoint names an unsafe path, " +
+                         file.path + ": only relative paths inside the checkpoint are allowed");
+      }
+      if (auto [found, inserted] = names_.emplace(file.path, rank); !inserted) {
+        throw UsageError("ranks " + std::to_string(found->second) + " and " + std::to_string(rank) +
+                         " both report a checkpoint file named " + file.path +
+                         ": give per-rank files distinct names, e.g. model-rank=" +
+                         std::to_string(rank) + ".pt");
+      }
+      auto path = staging / file.path;
+      std::filesystem::create_directories(path.parent_path(), ec);
+      if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
+      if (stream) ChunkedFile(path, file.size, false);  // a file with no chunks exists too
+    }
   } catch (...) {
     abort_staging();  // this checkpoint cannot be committed: drop every rank's part
     throw;
   }
+  return staging;
 }
 
-void CheckpointStore::start_copy(int rank, const std::filesystem::path& source) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(source, ec)) {
-    throw UsageError("rank " + std::to_string(rank) + "'s checkpoint directory " + source.string() +
-                     " does not exist");
+void CheckpointStore::write_chunk(int rank, uint32_t index, uint64_t offset, const void* data,
+                                  size_t size) {
+  auto found = uploads_.find(rank);
+  if (found == uploads_.end() || found->second.finished || index >= found->second.files.size() ||
+      index < found->second.streaming) {
+    throw ProtocolError("UPLOAD_CHUNK for no file rank " + std::to_string(rank) + " is uploading");
   }
-  auto staging = staging_dir();
-  std::filesystem::create_directories(staging, ec);
-  if (ec) throw IoError("cannot create " + staging.string() + ": " + ec.message());
-  std::vector<std::pair<std::filesystem::path, std::string>> files;  // source, relative
-  for (auto it = std::filesystem::recursive_directory_iterator(source, ec);
-       it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (ec) throw IoError("cannot list " + source.string() + ": " + ec.message());
-    const auto& entry = *it;
-    auto relative = entry.path().lexically_relative(source).generic_string();
-    auto status = entry.symlink_status();
-    if (std::filesystem::is_symlink(status)) {
-      throw UsageError("rank " + std::to_string(rank) + "'s checkpoint holds a symbolic link, " +
-                       relative + ": only regular files and directories are allowed");
-    }
-    if (std::filesystem::is_directory(status)) {
-      std::filesystem::create_directories(staging / relative, ec);
-      continue;
-    }
-    if (!std::filesystem::is_regular_file(status)) {
-      throw UsageError("rank " + std::to_string(rank) + "'s checkpoint holds " + relative +
-                       ", which is not a regular file");
-    }
-    if (auto [found, inserted] = staged_.emplace(relative, rank); !inserted) {
-      throw UsageError(
-          "ranks " + std::to_string(found->second) + " and " + std::to_string(rank) +
-          " both report a checkpoint file named " + relative +
-          ": give per-rank files distinct names, e.g. model-rank=" + std::to_string(rank) + ".pt");
-    }
-    files.emplace_back(entry.path(), relative);
+  auto& upload = found->second;
+  if (!upload.file || index != upload.streaming) {
+    if (upload.file) upload.file->finish();  // the previous file ended
+    const auto& file = upload.files[index];
+    upload.file = std::make_unique<ChunkedFile>(staging_dir() / file.path, file.size, false);
+    upload.streaming = index;
   }
-  copies_.push_back(std::async(std::launch::async, [files, staging, rank] {
-    std::vector<StagedFile> staged;
-    for (const auto& [from, relative] : files) {
-      auto [size, sha256] = copy_and_hash(from, staging / relative);
-      staged.push_back({relative, rank, size, sha256});
+  upload.file->write(offset, data, size);
+}
+
+void CheckpointStore::finish_upload(int rank, const std::vector<protocol::CheckpointFile>& files) {
+  auto found = uploads_.find(rank);
+  if (found == uploads_.end() || found->second.finished) {
+    throw ProtocolError("UPLOADED from rank " + std::to_string(rank) + ", which is not uploading");
+  }
+  auto& upload = found->second;
+  if (upload.file) upload.file->finish();
+  upload.file.reset();
+  bool same = files.size() == upload.files.size();
+  for (size_t i = 0; same && i < files.size(); ++i) {
+    same = files[i].path == upload.files[i].path && files[i].size == upload.files[i].size &&
+           files[i].sha256.size() == 64;
+  }
+  if (!same) {
+    throw ProtocolError("rank " + std::to_string(rank) + " uploaded other files than it announced");
+  }
+  for (const auto& file : files) {
+    auto path = staging_dir() / file.path;
+    std::error_code ec;
+    auto size = std::filesystem::file_size(path, ec);
+    if (ec || size != file.size) {
+      throw IoError("rank " + std::to_string(rank) + "'s checkpoint file " + file.path +
+                    " did not arrive whole in " + staging_dir().string());
     }
-    return staged;
-  }));
+  }
+  upload.files = files;
+  upload.finished = true;
+}
+
+bool CheckpointStore::uploading() const {
+  return std::any_of(uploads_.begin(), uploads_.end(),
+                     [](const auto& upload) { return !upload.second.finished; });
 }
 
 CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::json& metrics) {
   auto staging = staging_dir();
   auto name = checkpoint_name(state_["next_index"].get<int64_t>());
   try {
-    std::vector<StagedFile> staged;
-    for (auto& copy : copies_) {
-      auto rank_files = copy.get();  // rethrows a failed copy
-      staged.insert(staged.end(), rank_files.begin(), rank_files.end());
-    }
-    copies_.clear();
-    std::sort(staged.begin(), staged.end(),
-              [](const auto& a, const auto& b) { return a.relative < b.relative; });
+    TRAINRUN_CHECK(!uploading(), "commit() while a rank is still uploading");
     nlohmann::json files = nlohmann::json::array();
     std::vector<int> ranks;
-    for (const auto& file : staged) {
-      files.push_back({{"path", file.relative},
-                       {"size", file.size},
-                       {"sha256", file.sha256},
-                       {"rank", file.rank}});
-      if (std::find(ranks.begin(), ranks.end(), file.rank) == ranks.end())
-        ranks.push_back(file.rank);
+    for (const auto& [rank, upload] : uploads_) {
+      ranks.push_back(rank);
+      for (const auto& file : upload.files) {
+        files.push_back(
+            {{"path", file.path}, {"size", file.size}, {"sha256", file.sha256}, {"rank", rank}});
+      }
     }
-    std::sort(ranks.begin(), ranks.end());
+    std::sort(files.begin(), files.end(),
+              [](const auto& a, const auto& b) { return a["path"] < b["path"]; });
     nlohmann::json manifest = {
         {"iteration", iteration}, {"metrics", metrics}, {"ranks", ranks}, {"files", files}};
     // Written last: a directory without a manifest was never committed.
@@ -218,7 +205,8 @@ CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::j
     abort_staging();
     throw;
   }
-  staged_.clear();
+  uploads_.clear();
+  names_.clear();
   return *latest();
 }
 
@@ -250,16 +238,10 @@ bool ranks_before(const nlohmann::json& a, const nlohmann::json& b,
 }
 
 void CheckpointStore::abort_staging() {
-  for (auto& copy : copies_) {
-    try {
-      copy.get();  // wait: nothing may still be writing into the directory
-    } catch (const std::exception&) {
-    }
-  }
-  copies_.clear();
+  uploads_.clear();  // closes any file being streamed
+  names_.clear();
   std::error_code ec;
   std::filesystem::remove_all(staging_dir(), ec);
-  staged_.clear();
 }
 
 void verify_checkpoint(const std::filesystem::path& dir) {

@@ -1,25 +1,29 @@
 #pragma once
 
-// The run's committed checkpoints and the one being staged. A report's files
-// are copied from every rank into <run>/.staging-checkpoint_NNNNNN/ (one thread
-// per rank, copying and hashing in one pass, so the controller's loop goes on);
-// the commit waits for the copies, writes manifest.json (relative path, size, sha256 per file;
-// metrics; iteration; ranks) last, renames the directory to checkpoint_NNNNNN
-// and atomically replaces checkpoint_state.json. A checkpoint without a
-// manifest was never committed; a crash leaves only a staging directory, which
-// the next run removes. Owned by the controller's thread; only the copy tasks
-// it starts run elsewhere, and they touch nothing but their own files.
+// The run's committed checkpoints and the one being staged. Each rank that
+// reports a checkpoint uploads its files into <run>/.staging-checkpoint_NNNNNN/:
+// a worker that shares this filesystem copies them there itself (hashing as it
+// copies, in its own process), one that does not streams them through the
+// controller, which writes them here. The commit writes manifest.json (relative
+// path, size, sha256 per file; metrics; iteration; ranks) last, renames the
+// directory to checkpoint_NNNNNN and atomically replaces
+// checkpoint_state.json. A checkpoint without a manifest was never committed; a
+// crash leaves only a staging directory, which the next run removes. Owned by
+// the controller's thread.
 
 #include <trainrun/trainer.h>
 
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <future>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "protocol/messages.h"
+#include "storage/checkpoint_files.h"
 
 namespace trainrun {
 
@@ -39,13 +43,28 @@ class CheckpointStore {
   /// The latest committed checkpoint, as checkpoint_state.json names it.
   std::optional<CommittedCheckpoint> latest() const;
 
-  /// Starts copying the files under `source` into the staging directory as
-  /// `rank`'s. Throws UsageError at once for an unsafe entry (symlink, device,
-  /// socket, fifo) or a file name another rank already gave, IoError when the
-  /// staging directory cannot be made; then nothing stays staged. A failed copy
-  /// surfaces from commit() as IoError.
-  void stage(int rank, const std::filesystem::path& source);
-  bool staging() const { return !staged_.empty(); }
+  /// Announces `rank`'s files for the checkpoint being staged and makes room
+  /// for them: the staging directory and the files' directories, and with
+  /// `stream` the (empty) files. Returns the staging directory. Throws UsageError for an unsafe
+  /// path or a file name another rank already gave, IoError when the directory cannot be made; then
+  /// nothing stays staged.
+  std::filesystem::path begin_upload(int rank, const std::vector<protocol::CheckpointFile>& files,
+                                     bool stream);
+
+  /// Writes a chunk of `rank`'s streamed file number `index` (in begin_upload's
+  /// list). Files and chunks come in order. Throws ProtocolError for a chunk out
+  /// of order, IoError when it cannot be written.
+  void write_chunk(int rank, uint32_t index, uint64_t offset, const void* data, size_t size);
+
+  /// `rank`'s files are all in the staging directory, with these sha256s.
+  /// Throws ProtocolError when they are not the files announced, IoError when
+  /// one is missing or has another size on disk.
+  void finish_upload(int rank, const std::vector<protocol::CheckpointFile>& files);
+
+  /// Whether some rank's files are being staged.
+  bool staging() const { return !uploads_.empty(); }
+  /// Whether a rank's upload has begun and not finished.
+  bool uploading() const;
 
   /// Commits the staged files as the next checkpoint, then deletes the
   /// checkpoints that retention no longer keeps. Throws IoError; then the
@@ -57,22 +76,20 @@ class CheckpointStore {
 
  private:
   std::filesystem::path staging_dir() const;
-  /// stage() without the clean-up on failure.
-  void start_copy(int rank, const std::filesystem::path& source);
   /// The names retention keeps: the best num_to_keep by score, and the latest.
   std::vector<std::string> kept(const nlohmann::json& checkpoints) const;
 
   std::filesystem::path run_dir_;
   CheckpointConfig config_;
   nlohmann::json state_;  // {"checkpoints": [...], "latest": name, "next_index": n}
-  struct StagedFile {
-    std::string relative;
-    int rank = 0;
-    uint64_t size = 0;
-    std::string sha256;
+  struct RankUpload {
+    std::vector<protocol::CheckpointFile> files;
+    bool finished = false;
+    uint32_t streaming = 0;             // the streamed file being written
+    std::unique_ptr<ChunkedFile> file;  // ... while it is open
   };
-  std::map<std::string, int> staged_;                         // relative path -> rank
-  std::vector<std::future<std::vector<StagedFile>>> copies_;  // one per staged rank
+  std::map<int, RankUpload> uploads_;  // by rank
+  std::map<std::string, int> names_;   // relative path -> rank
 };
 
 /// Whether checkpoint `a` ranks before `b` (entries of checkpoint_state.json:

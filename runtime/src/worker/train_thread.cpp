@@ -16,9 +16,12 @@
 #include <cstring>
 
 #include "common/constants.h"
+#include "common/paths.h"
 #include "plugin/plugin_library.h"
 #include "protocol/message.h"
+#include "storage/checkpoint_files.h"
 #include "storage/checkpoint_store.h"
+#include "worker/checkpoint_transfer.h"
 
 namespace trainrun {
 namespace {
@@ -26,9 +29,18 @@ namespace {
 // What the host table's callbacks reach through their opaque handle.
 struct HostState {
   zmq::socket_t* pair = nullptr;
+  int world_rank = 0;
   int64_t reports = 0;
-  std::string checkpoint_dir;  // the latest committed checkpoint, or empty
-  bool checkpoint_verified = false;
+  std::string checkpoint_dir;     // the checkpoint to resume from, or empty
+  bool fetch_checkpoint = false;  // ... on the controller's side: fetch it
+  bool checkpoint_ready = false;  // verified, or fetched: local_checkpoint is it
+  std::filesystem::path local_checkpoint;
+  std::filesystem::path downloads;  // where fetched checkpoints go, made when needed
+
+  ~HostState() {
+    std::error_code ec;
+    if (!downloads.empty()) std::filesystem::remove_all(downloads, ec);
+  }
 };
 
 void copy_message(const std::string& message, char* error, size_t error_size) {
@@ -46,8 +58,25 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
     report.iteration = ++state.reports;
     report.metrics.assign(reinterpret_cast<const char*>(metrics),
                           reinterpret_cast<const char*>(metrics) + metrics_size);
-    if (checkpoint_dir != nullptr) report.checkpoint_dir = checkpoint_dir;
+    if (checkpoint_dir != nullptr) {
+      report.checkpoint = true;
+      report.files = list_checkpoint_files(checkpoint_dir, state.world_rank);
+    }
     protocol::send(*state.pair, report);
+    if (report.checkpoint) {
+      auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.pair));
+      if (reply.type() != protocol::Upload::kType) {
+        throw Error("the run is stopping (" + reply.type() + ")");
+      }
+      protocol::Uploaded uploaded{report.iteration, {}, ""};
+      try {
+        uploaded.files = upload_checkpoint(*state.pair, checkpoint_dir, std::move(report.files),
+                                           reply.as<protocol::Upload>());
+      } catch (const IoError& e) {
+        uploaded.error = e.what();  // the controller fails the run as a storage error
+      }
+      protocol::send(*state.pair, uploaded);
+    }
     auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.pair));
     if (reply.type() == protocol::ReportAck::kType &&
         reply.as<protocol::ReportAck>().iteration == report.iteration) {
@@ -64,12 +93,20 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
                         size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
-    if (!state.checkpoint_dir.empty() && !state.checkpoint_verified) {
-      verify_checkpoint(state.checkpoint_dir);  // checksums, once per worker
-      state.checkpoint_verified = true;
+    if (!state.checkpoint_ready && !state.checkpoint_dir.empty()) {
+      if (state.fetch_checkpoint) {
+        if (state.downloads.empty()) state.downloads = make_temp_dir("trainrun-checkpoint-");
+        state.local_checkpoint =
+            download_checkpoint(*state.pair, state.checkpoint_dir, state.downloads);
+      } else {
+        verify_checkpoint(state.checkpoint_dir);  // checksums, once per worker
+        state.local_checkpoint = state.checkpoint_dir;
+      }
     }
-    if (state.checkpoint_dir.size() + 1 > path_size) throw Error("checkpoint path too long");
-    copy_message(state.checkpoint_dir, path, path_size);
+    state.checkpoint_ready = true;
+    auto local = state.local_checkpoint.string();
+    if (local.size() + 1 > path_size) throw Error("checkpoint path too long");
+    copy_message(local, path, path_size);
     return 0;
   } catch (const std::exception& e) {
     copy_message(e.what(), error, error_size);
@@ -150,7 +187,9 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
 
     HostState state;
     state.pair = &pair;
+    state.world_rank = assign.world_rank;
     state.checkpoint_dir = assign.checkpoint_dir;
+    state.fetch_checkpoint = assign.fetch_checkpoint;
     train_host_v1_t host{};
     host.abi_version = TRAIN_PLUGIN_ABI_VERSION;
     host.struct_size = sizeof(host);

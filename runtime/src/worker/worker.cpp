@@ -98,6 +98,10 @@ class Worker {
     auto frames = protocol::recv_frames(dealer_, true);
     if (frames.empty()) return;
     last_heard_ = Clock::now();
+    if (is_for_train_thread(frames[0].to_string_view())) {
+      relay(frames, pair_);  // the train thread parses it
+      return;
+    }
     try {
       auto message = protocol::Incoming::parse(std::move(frames));
       const auto& type = message.type();
@@ -105,10 +109,6 @@ class Worker {
         on_assign(message.as<protocol::Assign>());
       } else if (type == protocol::PluginChunk::kType) {
         on_plugin_chunk(message);
-      } else if (type == protocol::ReportAck::kType) {
-        protocol::send(pair_, message.as<protocol::ReportAck>());
-      } else if (type == protocol::StoreAddress::kType) {
-        protocol::send(pair_, message.as<protocol::StoreAddress>());
       } else if (type == protocol::Shutdown::kType) {
         exit_code_ = 0;
       } else if (type == protocol::Refused::kType) {
@@ -129,9 +129,23 @@ class Worker {
     // The train thread speaks the same protocol; relay its messages unchanged.
     auto type = frames[0].to_string_view();
     if (type == protocol::Done::kType || type == protocol::Failed::kType) train_finished_ = true;
+    relay(frames, dealer_);
+  }
+
+  // The controller's answers to what the train thread sent.
+  static bool is_for_train_thread(std::string_view type) {
+    for (const char* t : {protocol::ReportAck::kType, protocol::StoreAddress::kType,
+                          protocol::Upload::kType, protocol::UploadCredit::kType,
+                          protocol::CheckpointListing::kType, protocol::CheckpointChunk::kType}) {
+      if (type == t) return true;
+    }
+    return false;
+  }
+
+  // Passes a message on unchanged; its frames are moved, not copied.
+  static void relay(std::vector<zmq::message_t>& frames, zmq::socket_t& to) {
     for (size_t i = 0; i < frames.size(); ++i) {
-      dealer_.send(frames[i],
-                   i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      to.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
 

@@ -1,0 +1,156 @@
+#include "storage/checkpoint_files.h"
+
+#include <trainrun/error.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+
+#include "common/atomic_file.h"
+
+namespace trainrun {
+namespace {
+
+// Write-back is started every this many bytes (sync_file_range), so the fsync
+// at the end finds little left to write: measured, a 512 MiB copy's fsync
+// otherwise waits for all of it at once.
+constexpr uint64_t kWriteBehind = 1 << 20;
+// copy_and_hash works through a mapped source in pieces of this size.
+constexpr size_t kCopyPiece = 1 << 20;
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Starts write-back of [from, to) of fd; a hint, so its failure is ignored.
+void write_behind(int fd, uint64_t from, uint64_t to) {
+  ::sync_file_range(fd, static_cast<off64_t>(from), static_cast<off64_t>(to - from),
+                    SYNC_FILE_RANGE_WRITE);
+}
+
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+std::vector<protocol::CheckpointFile> list_checkpoint_files(const std::filesystem::path& dir,
+                                                            int rank) {
+  const auto who = "rank " + std::to_string(rank) + "'s checkpoint";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw UsageError(who + " directory " + dir.string() + " does not exist");
+  }
+  std::vector<protocol::CheckpointFile> files;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    auto relative = it->path().lexically_relative(dir).generic_string();
+    auto status = it->symlink_status();
+    if (std::filesystem::is_symlink(status)) {
+      throw UsageError(who + " holds a symbolic link, " + relative +
+                       ": only regular files and directories are allowed");
+    }
+    if (std::filesystem::is_directory(status)) continue;
+    if (!std::filesystem::is_regular_file(status)) {
+      throw UsageError(who + " holds " + relative + ", which is not a regular file");
+    }
+    files.push_back({relative, it->file_size(ec), ""});
+    if (ec) break;
+  }
+  if (ec) throw IoError("cannot list " + dir.string() + ": " + ec.message());
+  std::sort(files.begin(), files.end(),
+            [](const auto& a, const auto& b) { return a.path < b.path; });
+  return files;
+}
+
+bool is_safe_checkpoint_path(const std::string& path) {
+  if (path.empty() || path.front() == '/') return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    std::string_view part(path.data() + start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  return path.find('\0') == std::string::npos;
+}
+
+std::string copy_and_hash(const std::filesystem::path& from, const std::filesystem::path& to) {
+  Fd in{::open(from.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0)
+    throw IoError("cannot read checkpoint file " + from.string() + ": " + errno_text());
+  struct stat st {};
+  if (::fstat(in.fd, &st) != 0) throw IoError("cannot stat " + from.string() + ": " + errno_text());
+  const auto size = static_cast<uint64_t>(st.st_size);
+  ChunkedFile out(to, size, true);
+  if (size == 0) return out.finish();
+  // Mapped, the bytes are hashed and written from the page cache without a
+  // copy into a buffer first. The caller must not change the file meanwhile
+  // (train::report blocks its owner until the upload ends).
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, in.fd, 0);
+  if (map == MAP_FAILED) throw IoError("cannot map " + from.string() + ": " + errno_text());
+  ::madvise(map, size, MADV_SEQUENTIAL);
+  try {
+    const auto* bytes = static_cast<const char*>(map);
+    for (uint64_t offset = 0; offset < size; offset += kCopyPiece) {
+      out.write(offset, bytes + offset, std::min<uint64_t>(kCopyPiece, size - offset));
+    }
+  } catch (...) {
+    ::munmap(map, size);
+    throw;
+  }
+  ::munmap(map, size);
+  return out.finish();
+}
+
+ChunkedFile::ChunkedFile(std::filesystem::path path, uint64_t size, bool hash)
+    : path_(std::move(path)), size_(size) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError("cannot create " + path_.string() + ": " + errno_text());
+  if (hash) hash_.emplace();
+}
+
+ChunkedFile::~ChunkedFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ChunkedFile::write(uint64_t offset, const void* data, size_t size) {
+  if (fd_ < 0) throw ProtocolError("a chunk of " + path_.string() + " after its end");
+  if (offset != written_ || size > size_ - written_) {
+    throw ProtocolError("a chunk of " + path_.string() + " out of order or past its size (offset " +
+                        std::to_string(offset) + ", " + std::to_string(size) + " bytes)");
+  }
+  if (hash_) hash_->update(data, size);
+  if (!write_all(fd_, std::string_view(static_cast<const char*>(data), size))) {
+    throw IoError("cannot write " + path_.string() + ": " + errno_text());
+  }
+  written_ += size;
+  if (written_ - flushed_ >= kWriteBehind) {
+    write_behind(fd_, flushed_, written_);
+    flushed_ = written_;
+  }
+}
+
+std::string ChunkedFile::finish() {
+  if (!complete()) {
+    throw ProtocolError(path_.string() + " ended after " + std::to_string(written_) + " of " +
+                        std::to_string(size_) + " bytes");
+  }
+  bool synced = ::fsync(fd_) == 0;
+  auto reason = errno_text();
+  ::close(fd_);
+  fd_ = -1;
+  if (!synced) throw IoError("cannot write " + path_.string() + ": " + reason);
+  return hash_ ? hash_->hex_digest() : std::string();
+}
+
+}  // namespace trainrun

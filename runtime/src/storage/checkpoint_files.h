@@ -1,0 +1,62 @@
+#pragma once
+
+// Checkpoint files on the move, on either side of an upload or a download:
+// listing a rank's directory, copying a file with its hash, and writing a file
+// that arrives in chunks. Used by the worker (copying or streaming its files,
+// fetching a checkpoint) and by the controller (receiving a stream).
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/hash.h"
+#include "protocol/messages.h"
+
+namespace trainrun {
+
+/// The regular files under `dir`, sorted, with their sizes (no sha256 yet).
+/// Throws UsageError naming `rank` for a symbolic link or anything that is not
+/// a file or a directory, IoError when `dir` cannot be listed.
+std::vector<protocol::CheckpointFile> list_checkpoint_files(const std::filesystem::path& dir,
+                                                            int rank);
+
+/// Whether `path` may name a file inside a checkpoint: relative, and without
+/// empty, "." or ".." components.
+bool is_safe_checkpoint_path(const std::string& path);
+
+/// Copies `from` to `to` (created or replaced) and returns the sha256 of what it
+/// copied. The source is read once, mapped; write-back of the copy starts as it
+/// goes and the copy is fsynced. Throws IoError naming the file.
+std::string copy_and_hash(const std::filesystem::path& from, const std::filesystem::path& to);
+
+/// A file written from chunks that arrive in order, durable when finished.
+/// Write-back starts as it goes, so finishing does not wait for all of it.
+class ChunkedFile {
+ public:
+  /// Creates (or truncates) `path`, which will hold `size` bytes. With `hash`,
+  /// finish() returns the sha256 of what was written. Throws IoError.
+  ChunkedFile(std::filesystem::path path, uint64_t size, bool hash);
+  ~ChunkedFile();
+  ChunkedFile(const ChunkedFile&) = delete;
+  ChunkedFile& operator=(const ChunkedFile&) = delete;
+
+  /// Appends a chunk, which must start where the last one ended and stay within
+  /// the size. Throws ProtocolError otherwise, IoError on a write error.
+  void write(uint64_t offset, const void* data, size_t size);
+  bool complete() const { return written_ == size_; }
+  /// fsyncs and closes the file; its sha256 (empty without `hash`). Throws
+  /// ProtocolError if bytes are missing, IoError if the data did not reach the disk.
+  std::string finish();
+
+ private:
+  std::filesystem::path path_;
+  uint64_t size_;
+  uint64_t written_ = 0;
+  uint64_t flushed_ = 0;  // write-back started up to here
+  int fd_ = -1;
+  std::optional<Sha256> hash_;
+};
+
+}  // namespace trainrun

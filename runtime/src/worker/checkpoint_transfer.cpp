@@ -1,0 +1,142 @@
+#include "worker/checkpoint_transfer.h"
+
+#include <trainrun/error.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/constants.h"
+#include "common/hash.h"
+#include "protocol/message.h"
+#include "storage/checkpoint_files.h"
+
+namespace trainrun {
+namespace {
+
+// The next message from the controller, which must be of type T.
+protocol::Incoming expect(zmq::socket_t& pair, const char* type) {
+  auto message = protocol::Incoming::parse(protocol::recv_frames(pair));
+  if (message.type() != type) {
+    throw Error("the run is stopping (" + message.type() + " while waiting for " + type + ")");
+  }
+  return message;
+}
+
+// Sends `path`'s bytes as UPLOAD_CHUNKs, waiting for UPLOAD_CREDIT whenever the
+// credit is spent, and returns their sha256.
+std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, uint32_t index,
+                        uint64_t size, int& credit) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw IoError("cannot read checkpoint file " + path.string() + ": " + std::strerror(errno));
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close{fd};
+  Sha256 hash;
+  for (uint64_t offset = 0; offset < size;) {
+    while (credit == 0) {
+      credit += expect(pair, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
+    }
+    // Read straight into the message that carries it: no copy on the way out.
+    size_t length = std::min<uint64_t>(kCheckpointChunkSize, size - offset);
+    std::vector<zmq::message_t> blob;
+    blob.emplace_back(length);
+    ssize_t n = ::pread(fd, blob[0].data(), length, static_cast<off_t>(offset));
+    if (n != static_cast<ssize_t>(length)) {
+      throw IoError("cannot read checkpoint file " + path.string() + ": " +
+                    (n < 0 ? std::strerror(errno) : "it changed while being uploaded"));
+    }
+    hash.update(blob[0].data(), length);
+    protocol::send(pair, protocol::UploadChunk{index, offset}, std::move(blob));
+    offset += length;
+    --credit;
+  }
+  return hash.hex_digest();
+}
+
+}  // namespace
+
+std::vector<protocol::CheckpointFile> upload_checkpoint(zmq::socket_t& pair,
+                                                        const std::filesystem::path& dir,
+                                                        std::vector<protocol::CheckpointFile> files,
+                                                        const protocol::Upload& upload) {
+  int credit = upload.credit;
+  for (uint32_t i = 0; i < files.size(); ++i) {
+    auto& file = files[i];
+    if (upload.staging_dir.empty()) {
+      file.sha256 = stream_file(pair, dir / file.path, i, file.size, credit);
+    } else {
+      file.sha256 =
+          copy_and_hash(dir / file.path, std::filesystem::path(upload.staging_dir) / file.path);
+    }
+  }
+  // Every chunk written comes back as a credit; the last ones are collected
+  // here, so none arrives once the report is waiting for its acknowledgement.
+  while (credit < upload.credit) {
+    credit += expect(pair, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
+  }
+  return files;
+}
+
+std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string& checkpoint_dir,
+                                          const std::filesystem::path& parent) {
+  protocol::send(pair, protocol::FetchCheckpoint{checkpoint_dir});
+  auto listing = expect(pair, protocol::CheckpointListing::kType).as<protocol::CheckpointListing>();
+  if (listing.name.empty()) return {};
+  auto into = parent / listing.name;
+  std::error_code ec;
+  std::filesystem::remove_all(into, ec);
+  // Requests go out as credit allows, and chunks come back in the order asked.
+  size_t next_file = 0;
+  uint64_t next_offset = 0;
+  int in_flight = 0;
+  auto request_more = [&] {
+    while (in_flight < kCheckpointCredit && next_file < listing.files.size()) {
+      const auto& file = listing.files[next_file];
+      uint64_t length = std::min<uint64_t>(kCheckpointChunkSize, file.size - next_offset);
+      if (length > 0) {
+        protocol::send(pair, protocol::FetchCheckpointChunk{static_cast<uint32_t>(next_file),
+                                                            next_offset, length});
+        ++in_flight;
+        next_offset += length;
+      }
+      if (next_offset == file.size) {
+        ++next_file;
+        next_offset = 0;
+      }
+    }
+  };
+  request_more();
+  for (uint32_t index = 0; index < listing.files.size(); ++index) {
+    const auto& file = listing.files[index];
+    if (!is_safe_checkpoint_path(file.path)) {
+      throw ProtocolError("the checkpoint names an unsafe path, " + file.path);
+    }
+    auto path = into / file.path;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
+    ChunkedFile out(path, file.size, true);
+    while (!out.complete()) {
+      auto message = expect(pair, protocol::CheckpointChunk::kType);
+      auto chunk = message.as<protocol::CheckpointChunk>();
+      if (chunk.file != index || message.blobs().size() != 1) {
+        throw ProtocolError("CHECKPOINT_CHUNK out of order or without its bytes");
+      }
+      const auto& bytes = message.blobs()[0];
+      out.write(chunk.offset, bytes.data(), bytes.size());
+      --in_flight;
+      request_more();
+    }
+    if (out.finish() != file.sha256) {
+      throw IoError("checkpoint file " + file.path + " of " + listing.name +
+                    " arrived corrupt (its sha256 differs from the manifest)");
+    }
+  }
+  return into;
+}
+
+}  // namespace trainrun

@@ -1,0 +1,34 @@
+#pragma once
+
+// The worker's half of checkpoint uploads and downloads, run on the train
+// thread while train::report or train::get_checkpoint blocks it. It speaks to
+// the controller through the train thread's PAIR socket, which the I/O thread
+// relays (protocol/messages.h describes the exchange).
+
+#include <zmq.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "protocol/messages.h"
+
+namespace trainrun {
+
+/// Uploads the files of `dir` (as REPORT listed them) the way `upload` says:
+/// copied into its staging directory, or streamed within its credit. Returns
+/// the files with their sha256. Throws Error when a file cannot be read or
+/// written, or when the controller answers something else (the run is stopping).
+std::vector<protocol::CheckpointFile> upload_checkpoint(zmq::socket_t& pair,
+                                                        const std::filesystem::path& dir,
+                                                        std::vector<protocol::CheckpointFile> files,
+                                                        const protocol::Upload& upload);
+
+/// Fetches the checkpoint ASSIGN named (`checkpoint_dir`, on the controller's
+/// side) into a new directory under `parent`, verifying every file's sha256.
+/// Returns that directory, or an empty path when there is no checkpoint.
+/// Throws Error as upload_checkpoint does, or when a file arrives corrupt.
+std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string& checkpoint_dir,
+                                          const std::filesystem::path& parent);
+
+}  // namespace trainrun
