@@ -18,11 +18,13 @@ namespace trainrun {
 namespace {
 
 // Write-back is started every this many bytes (sync_file_range), so the fsync
-// at the end finds little left to write: measured, a 512 MiB copy's fsync
-// otherwise waits for all of it at once.
-constexpr uint64_t kWriteBehind = 1 << 20;
-// copy_and_hash works through a mapped source in pieces of this size.
-constexpr size_t kCopyPiece = 1 << 20;
+// at the end finds little left to write instead of all of it at once.
+constexpr uint64_t kWriteBehind = 4 << 20;
+// copy_and_hash works through a mapped source in pieces of this size. With
+// 4 MiB pieces, two ranks' 512 MiB each commit in 0.65 s against cp -r and
+// sync's 0.81 s on the same disk (1 MiB: 0.92 s; write() from the map instead
+// of copy_file_range: 1.8 s; tools/bench/checkpoint_throughput.py).
+constexpr size_t kCopyPiece = 4 << 20;
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -93,16 +95,17 @@ std::string copy_and_hash(const std::filesystem::path& from, const std::filesyst
   const auto size = static_cast<uint64_t>(st.st_size);
   ChunkedFile out(to, size, true);
   if (size == 0) return out.finish();
-  // Mapped, the bytes are hashed and written from the page cache without a
-  // copy into a buffer first. The caller must not change the file meanwhile
-  // (train::report blocks its owner until the upload ends).
+  // Mapped, the bytes are hashed from the page cache without a copy into a
+  // buffer, while the kernel copies them file to file, as cp does. The caller
+  // must not change the file meanwhile (train::report blocks its owner until
+  // the upload ends); a copy that differs from its hash fails verification.
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, in.fd, 0);
   if (map == MAP_FAILED) throw IoError("cannot map " + from.string() + ": " + errno_text());
   ::madvise(map, size, MADV_SEQUENTIAL);
   try {
     const auto* bytes = static_cast<const char*>(map);
     for (uint64_t offset = 0; offset < size; offset += kCopyPiece) {
-      out.write(offset, bytes + offset, std::min<uint64_t>(kCopyPiece, size - offset));
+      out.write_from(in.fd, offset, bytes + offset, std::min<uint64_t>(kCopyPiece, size - offset));
     }
   } catch (...) {
     ::munmap(map, size);
@@ -123,16 +126,54 @@ ChunkedFile::~ChunkedFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void ChunkedFile::write(uint64_t offset, const void* data, size_t size) {
+void ChunkedFile::check_next(uint64_t offset, size_t size) const {
   if (fd_ < 0) throw ProtocolError("a chunk of " + path_.string() + " after its end");
   if (offset != written_ || size > size_ - written_) {
     throw ProtocolError("a chunk of " + path_.string() + " out of order or past its size (offset " +
                         std::to_string(offset) + ", " + std::to_string(size) + " bytes)");
   }
+}
+
+void ChunkedFile::write(uint64_t offset, const void* data, size_t size) {
+  check_next(offset, size);
   if (hash_) hash_->update(data, size);
   if (!write_all(fd_, std::string_view(static_cast<const char*>(data), size))) {
     throw IoError("cannot write " + path_.string() + ": " + errno_text());
   }
+  wrote(size);
+}
+
+void ChunkedFile::write_from(int source, uint64_t offset, const void* data, size_t size) {
+  check_next(offset, size);
+  if (hash_) hash_->update(data, size);
+  auto from = static_cast<loff_t>(offset);
+  auto to = static_cast<loff_t>(offset);
+  size_t done = 0;
+  while (in_kernel_ && done < size) {
+    ssize_t n = ::copy_file_range(source, &from, fd_, &to, size - done, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
+                         errno == EOPNOTSUPP || errno == EBADF)) {
+      in_kernel_ = false;  // another filesystem, or no support: through memory from here on
+      if (::lseek(fd_, static_cast<off_t>(offset + done), SEEK_SET) < 0) {
+        throw IoError("cannot write " + path_.string() + ": " + errno_text());
+      }
+    } else {
+      throw IoError("cannot write " + path_.string() + ": " +
+                    (n < 0 ? errno_text() : std::string("the source ended early")));
+    }
+  }
+  if (done < size && !write_all(fd_, std::string_view(static_cast<const char*>(data) + done,
+                                                      size - done))) {
+    throw IoError("cannot write " + path_.string() + ": " + errno_text());
+  }
+  wrote(size);
+}
+
+void ChunkedFile::wrote(size_t size) {
   written_ += size;
   if (written_ - flushed_ >= kWriteBehind) {
     write_behind(fd_, flushed_, written_);

@@ -45,6 +45,10 @@ class ChunkedFile {
   /// Appends a chunk, which must start where the last one ended and stay within
   /// the size. Throws ProtocolError otherwise, IoError on a write error.
   void write(uint64_t offset, const void* data, size_t size);
+  /// write(), for a chunk that is also bytes [offset, offset + size) of the
+  /// file `source`: copied by the kernel (copy_file_range) when it can, which
+  /// spares a copy through user memory; `data` is still hashed.
+  void write_from(int source, uint64_t offset, const void* data, size_t size);
   bool complete() const { return written_ == size_; }
   /// fsyncs and closes the file; its sha256 (empty without `hash`). Throws
   /// ProtocolError if bytes are missing, IoError if the data did not reach the disk.
@@ -55,8 +59,12 @@ class ChunkedFile {
   uint64_t size_;
   uint64_t written_ = 0;
   uint64_t flushed_ = 0;  // write-back started up to here
+  bool in_kernel_ = true;  // copy_file_range works between these files
   int fd_ = -1;
   std::optional<Sha256> hash_;
+
+  void check_next(uint64_t offset, size_t size) const;
+  void wrote(size_t size);
 };
 
 }  // namespace trainrun
