@@ -37,10 +37,14 @@ struct HostState {
   std::filesystem::path local_checkpoint;
   std::filesystem::path downloads;  // where fetched checkpoints go, made when needed
 
-  ~HostState() {
+  // Called before DONE or FAILED goes out: after that the process may end at
+  // any moment.
+  void remove_downloads() {
     std::error_code ec;
     if (!downloads.empty()) std::filesystem::remove_all(downloads, ec);
+    downloads.clear();
   }
+  ~HostState() { remove_downloads(); }
 };
 
 void copy_message(const std::string& message, char* error, size_t error_size) {
@@ -211,6 +215,7 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
     failed.kind = "exception";
     std::vector<char> error(16 * 1024, '\0');
     int rc = entry(&host, error.data(), error.size());
+    state.remove_downloads();
     if (rc == TRAIN_OK) {
       protocol::send(pair, protocol::Done{state.reports});
       (void)group.release();
