@@ -235,22 +235,31 @@ void Controller::State::release_report() {
   }
 }
 
+// The worker waits for every answer here, so whatever goes wrong fails the run
+// rather than leaving it waiting.
 void Controller::State::on_fetch_checkpoint(Slot& slot, const protocol::FetchCheckpoint& fetch) {
-  if (fetch.checkpoint_dir != resume_dir.string()) {
-    throw ProtocolError("FETCH_CHECKPOINT of " + fetch.checkpoint_dir + ", which was not assigned");
-  }
   protocol::CheckpointListing listing;
-  if (!resume_dir.empty()) {
-    std::ifstream in(resume_dir / "manifest.json");
-    auto manifest = nlohmann::json::parse(in, nullptr, false);
-    listing.name = resume_dir.filename().string();
-    if (manifest.is_discarded() || !manifest["files"].is_array()) {
-      throw ProtocolError("checkpoint " + resume_dir.string() + " has no readable manifest");
+  try {
+    if (fetch.checkpoint_dir != resume_dir.string()) {
+      throw ProtocolError("FETCH_CHECKPOINT of " + fetch.checkpoint_dir +
+                          ", which it was not given");
     }
-    for (const auto& file : manifest["files"]) {
-      listing.files.push_back(
-          {file.value("path", ""), file.value("size", uint64_t{0}), file.value("sha256", "")});
+    if (!resume_dir.empty()) {
+      std::ifstream in(resume_dir / "manifest.json");
+      auto manifest = nlohmann::json::parse(in, nullptr, false);
+      if (manifest.is_discarded() || !manifest["files"].is_array()) {
+        throw IoError("checkpoint " + resume_dir.string() + " has no readable manifest.json");
+      }
+      listing.name = resume_dir.filename().string();
+      for (const auto& file : manifest["files"]) {
+        listing.files.push_back({file.at("path").get<std::string>(),
+                                 file.at("size").get<uint64_t>(),
+                                 file.at("sha256").get<std::string>()});
+      }
     }
+  } catch (const std::exception& e) {
+    fail(slot, "storage", std::string("cannot send the checkpoint to resume from: ") + e.what());
+    return;
   }
   resume_files = listing.files;
   protocol::send(router, listing, {}, slot.routing_id);
@@ -261,7 +270,8 @@ void Controller::State::on_fetch_checkpoint_chunk(Slot& slot,
   if (fetch.file >= resume_files.size() || fetch.length > kCheckpointChunkSize ||
       fetch.offset > resume_files[fetch.file].size ||
       fetch.length > resume_files[fetch.file].size - fetch.offset) {
-    throw ProtocolError("FETCH_CHECKPOINT_CHUNK out of range");
+    fail(slot, "storage", "asked for a checkpoint chunk out of range");
+    return;
   }
   auto path = resume_dir / resume_files[fetch.file].path;
   std::vector<zmq::message_t> blob;

@@ -2,16 +2,9 @@
 
 #include <trainrun/error.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <ctime>
 #include <fstream>
-#include <string_view>
 #include <vector>
 
 #include "common/atomic_file.h"
