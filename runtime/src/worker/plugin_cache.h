@@ -6,12 +6,11 @@
 // always complete. Several workers on a host may download the same plugin at
 // once; the rename makes that safe.
 
-#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
 
-#include "common/hash.h"
+#include "storage/checkpoint_files.h"
 
 namespace trainrun {
 
@@ -28,9 +27,8 @@ class PluginDownload {
 
   /// Writes a chunk; chunks must arrive in order. Throws ProtocolError on a gap
   /// or overflow, IoError on a write error.
-  void write(uint64_t offset, const void* data, size_t size);
-  uint64_t received() const { return received_; }
-  bool complete() const { return received_ == size_; }
+  void write(uint64_t offset, const void* data, size_t size) { file_.write(offset, data, size); }
+  bool complete() const { return file_.complete(); }
   /// Verifies the hash and moves the file into the cache. Throws ProtocolError
   /// on a mismatch.
   std::filesystem::path commit();
@@ -39,10 +37,7 @@ class PluginDownload {
   std::filesystem::path final_path_;
   std::filesystem::path temp_path_;
   std::string sha256_;
-  uint64_t size_;
-  uint64_t received_ = 0;
-  std::FILE* file_ = nullptr;
-  Sha256 hash_;
+  ChunkedFile file_;  // temp_path_, hashed as it is written
 };
 
 }  // namespace trainrun
