@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <string_view>
+#include <utility>
 
 namespace trainrun {
 
@@ -28,6 +29,20 @@ class AppendFile {
  private:
   std::filesystem::path path_;
   int fd_ = -1;
+};
+
+/// An open file descriptor, closed on destruction.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
 };
 
 /// fsync of a file or directory. Throws IoError.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/atomic_file.h"
 #include "common/constants.h"
 #include "controller/controller_state.h"
 #include "controller/rank_assignment.h"
@@ -276,11 +277,11 @@ void Controller::State::on_fetch_checkpoint_chunk(Slot& slot,
   auto path = resume_dir / resume_files[fetch.file].path;
   std::vector<zmq::message_t> blob;
   blob.emplace_back(fetch.length);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ssize_t n =
-      fd < 0 ? -1 : ::pread(fd, blob[0].data(), fetch.length, static_cast<off_t>(fetch.offset));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ssize_t n = fd.get() < 0 ? -1
+                           : ::pread(fd.get(), blob[0].data(), fetch.length,
+                                     static_cast<off_t>(fetch.offset));
   int saved = errno;
-  if (fd >= 0) ::close(fd);
   if (n != static_cast<ssize_t>(fetch.length)) {
     // The worker verifies what it fetched; a short read would only fail there later.
     fail(slot, "storage",

@@ -34,13 +34,6 @@ void write_behind(int fd, uint64_t from, uint64_t to) {
                     SYNC_FILE_RANGE_WRITE);
 }
 
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 std::vector<protocol::CheckpointFile> list_checkpoint_files(const std::filesystem::path& dir,
@@ -87,11 +80,12 @@ bool is_safe_checkpoint_path(const std::string& path) {
 }
 
 std::string copy_and_hash(const std::filesystem::path& from, const std::filesystem::path& to) {
-  Fd in{::open(from.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (in.fd < 0)
+  Fd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
+  if (in.get() < 0)
     throw IoError("cannot read checkpoint file " + from.string() + ": " + errno_text());
   struct stat st {};
-  if (::fstat(in.fd, &st) != 0) throw IoError("cannot stat " + from.string() + ": " + errno_text());
+  if (::fstat(in.get(), &st) != 0)
+    throw IoError("cannot stat " + from.string() + ": " + errno_text());
   const auto size = static_cast<uint64_t>(st.st_size);
   ChunkedFile out(to, size, true);
   if (size == 0) return out.finish();
@@ -99,13 +93,14 @@ std::string copy_and_hash(const std::filesystem::path& from, const std::filesyst
   // buffer, while the kernel copies them file to file, as cp does. The caller
   // must not change the file meanwhile (train::report blocks its owner until
   // the upload ends); a copy that differs from its hash fails verification.
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, in.fd, 0);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, in.get(), 0);
   if (map == MAP_FAILED) throw IoError("cannot map " + from.string() + ": " + errno_text());
   ::madvise(map, size, MADV_SEQUENTIAL);
   try {
     const auto* bytes = static_cast<const char*>(map);
     for (uint64_t offset = 0; offset < size; offset += kCopyPiece) {
-      out.write_from(in.fd, offset, bytes + offset, std::min<uint64_t>(kCopyPiece, size - offset));
+      out.write_from(in.get(), offset, bytes + offset,
+                     std::min<uint64_t>(kCopyPiece, size - offset));
     }
   } catch (...) {
     ::munmap(map, size);
@@ -166,8 +161,8 @@ void ChunkedFile::write_from(int source, uint64_t offset, const void* data, size
                     (n < 0 ? errno_text() : std::string("the source ended early")));
     }
   }
-  if (done < size && !write_all(fd_, std::string_view(static_cast<const char*>(data) + done,
-                                                      size - done))) {
+  if (done < size &&
+      !write_all(fd_, std::string_view(static_cast<const char*>(data) + done, size - done))) {
     throw IoError("cannot write " + path_.string() + ": " + errno_text());
   }
   wrote(size);

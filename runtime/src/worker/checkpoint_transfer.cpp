@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/atomic_file.h"
 #include "common/constants.h"
 #include "common/hash.h"
 #include "protocol/message.h"
@@ -16,7 +17,7 @@
 namespace trainrun {
 namespace {
 
-// The next message from the controller, which must be of type T.
+// The next message from the controller, which must be of type `type`.
 protocol::Incoming expect(zmq::socket_t& pair, const char* type) {
   auto message = protocol::Incoming::parse(protocol::recv_frames(pair));
   if (message.type() != type) {
@@ -29,13 +30,10 @@ protocol::Incoming expect(zmq::socket_t& pair, const char* type) {
 // credit is spent, and returns their sha256.
 std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, uint32_t index,
                         uint64_t size, int& credit) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
     throw IoError("cannot read checkpoint file " + path.string() + ": " + std::strerror(errno));
-  struct Close {
-    int fd;
-    ~Close() { ::close(fd); }
-  } close{fd};
+  }
   Sha256 hash;
   for (uint64_t offset = 0; offset < size;) {
     while (credit == 0) {
@@ -45,7 +43,7 @@ std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, 
     size_t length = std::min<uint64_t>(kCheckpointChunkSize, size - offset);
     std::vector<zmq::message_t> blob;
     blob.emplace_back(length);
-    ssize_t n = ::pread(fd, blob[0].data(), length, static_cast<off_t>(offset));
+    ssize_t n = ::pread(fd.get(), blob[0].data(), length, static_cast<off_t>(offset));
     if (n != static_cast<ssize_t>(length)) {
       throw IoError("cannot read checkpoint file " + path.string() + ": " +
                     (n < 0 ? std::strerror(errno) : "it changed while being uploaded"));
@@ -60,26 +58,31 @@ std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, 
 
 }  // namespace
 
-std::vector<protocol::CheckpointFile> upload_checkpoint(zmq::socket_t& pair,
-                                                        const std::filesystem::path& dir,
-                                                        std::vector<protocol::CheckpointFile> files,
-                                                        const protocol::Upload& upload) {
-  int credit = upload.credit;
-  for (uint32_t i = 0; i < files.size(); ++i) {
-    auto& file = files[i];
-    if (upload.staging_dir.empty()) {
-      file.sha256 = stream_file(pair, dir / file.path, i, file.size, credit);
-    } else {
-      file.sha256 =
-          copy_and_hash(dir / file.path, std::filesystem::path(upload.staging_dir) / file.path);
+void upload_checkpoint(zmq::socket_t& pair, int64_t iteration, const std::filesystem::path& dir,
+                       std::vector<protocol::CheckpointFile> files) {
+  auto upload = expect(pair, protocol::Upload::kType).as<protocol::Upload>();
+  protocol::Uploaded uploaded{iteration, {}, ""};
+  try {
+    int credit = upload.credit;
+    for (uint32_t i = 0; i < files.size(); ++i) {
+      auto& file = files[i];
+      if (upload.staging_dir.empty()) {
+        file.sha256 = stream_file(pair, dir / file.path, i, file.size, credit);
+      } else {
+        file.sha256 =
+            copy_and_hash(dir / file.path, std::filesystem::path(upload.staging_dir) / file.path);
+      }
     }
+    // Every chunk written comes back as a credit; the last ones are collected
+    // here, so none arrives once the report is waiting for its acknowledgement.
+    while (credit < upload.credit) {
+      credit += expect(pair, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
+    }
+    uploaded.files = std::move(files);
+  } catch (const IoError& e) {
+    uploaded.error = e.what();  // the controller fails the run as a storage error
   }
-  // Every chunk written comes back as a credit; the last ones are collected
-  // here, so none arrives once the report is waiting for its acknowledgement.
-  while (credit < upload.credit) {
-    credit += expect(pair, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
-  }
-  return files;
+  protocol::send(pair, uploaded);
 }
 
 std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string& checkpoint_dir,

@@ -7,6 +7,7 @@
 
 #include <zmq.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -15,14 +16,13 @@
 
 namespace trainrun {
 
-/// Uploads the files of `dir` (as REPORT listed them) the way `upload` says:
-/// copied into its staging directory, or streamed within its credit. Returns
-/// the files with their sha256. Throws Error when a file cannot be read or
-/// written, or when the controller answers something else (the run is stopping).
-std::vector<protocol::CheckpointFile> upload_checkpoint(zmq::socket_t& pair,
-                                                        const std::filesystem::path& dir,
-                                                        std::vector<protocol::CheckpointFile> files,
-                                                        const protocol::Upload& upload);
+/// Uploads the files of `dir`, as the REPORT of `iteration` listed them, once
+/// the controller's UPLOAD says how: copied into its staging directory, or
+/// streamed within its credit. Ends with UPLOADED: the files' sha256s, or the
+/// IoError that stopped the upload. Throws Error when the controller answers
+/// something else (the run is stopping).
+void upload_checkpoint(zmq::socket_t& pair, int64_t iteration, const std::filesystem::path& dir,
+                       std::vector<protocol::CheckpointFile> files);
 
 /// Fetches the checkpoint ASSIGN named (`checkpoint_dir`, on the controller's
 /// side) into a new directory under `parent`, verifying every file's sha256.

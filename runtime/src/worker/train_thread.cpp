@@ -68,18 +68,7 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
     }
     protocol::send(*state.pair, report);
     if (report.checkpoint) {
-      auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.pair));
-      if (reply.type() != protocol::Upload::kType) {
-        throw Error("the run is stopping (" + reply.type() + ")");
-      }
-      protocol::Uploaded uploaded{report.iteration, {}, ""};
-      try {
-        uploaded.files = upload_checkpoint(*state.pair, checkpoint_dir, std::move(report.files),
-                                           reply.as<protocol::Upload>());
-      } catch (const IoError& e) {
-        uploaded.error = e.what();  // the controller fails the run as a storage error
-      }
-      protocol::send(*state.pair, uploaded);
+      upload_checkpoint(*state.pair, report.iteration, checkpoint_dir, std::move(report.files));
     }
     auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.pair));
     if (reply.type() == protocol::ReportAck::kType &&
