@@ -10,6 +10,15 @@ namespace {
 const std::string kCheckpoints =
     std::string("--plugin '") + TEST_PLUGIN + "' --entry checkpoints -n 2 --name c";
 
+// Every file the manifest lists is in `dir`, with its size and sha256.
+void check_files_against(const nlohmann::json& manifest, const std::filesystem::path& dir) {
+  for (const auto& file : manifest["files"]) {
+    auto path = dir / file["path"].get<std::string>();
+    CHECK(file["sha256"] == trainrun::sha256_file(path));
+    CHECK(file["size"] == std::filesystem::file_size(path));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("checkpoints from every rank merge into one committed directory with a manifest") {
@@ -31,11 +40,7 @@ TEST_CASE("checkpoints from every rank merge into one committed directory with a
   CHECK(manifest["iteration"] == 3);
   CHECK(manifest["ranks"] == nlohmann::json::array({0, 1}));
   REQUIRE(manifest["files"].size() == 3);
-  for (const auto& file : manifest["files"]) {
-    auto path = latest / file["path"].get<std::string>();
-    CHECK(file["sha256"] == trainrun::sha256_file(path));
-    CHECK(file["size"] == std::filesystem::file_size(path));
-  }
+  check_files_against(manifest, latest);
   CHECK(read_text(latest / "rank-1.txt") == "rank 1 report 2\n");
   CHECK(read_text(latest / "state" / "model.txt") == "report 2 of none");
 }
@@ -231,11 +236,7 @@ TEST_CASE("streamed checkpoints merge, commit, and are fetched to resume from") 
   auto manifest = read_json(latest / "manifest.json");
   CHECK(manifest["ranks"] == nlohmann::json::array({0, 1}));
   REQUIRE(manifest["files"].size() == 4);
-  for (const auto& file : manifest["files"]) {
-    auto path = latest / file["path"].get<std::string>();
-    CHECK(file["sha256"] == trainrun::sha256_file(path));
-    CHECK(file["size"] == std::filesystem::file_size(path));
-  }
+  check_files_against(manifest, latest);
   CHECK(std::filesystem::file_size(latest / "pad.bin") == 10240 * 1024);
   CHECK(read_text(latest / "rank-1.txt") == "rank 1 report 2\n");
 
