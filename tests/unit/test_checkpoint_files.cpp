@@ -72,19 +72,41 @@ TEST_CASE("checkpoint files: copy_and_hash copies the bytes and returns their sh
 
 TEST_CASE("checkpoint files: a chunked file takes chunks in order, within its size") {
   TempDir tmp;
-  ChunkedFile file(tmp.path / "f", 6, true);
+  ChunkedFile file(tmp.path / "f", 6, ChunkedFile::Hashing::kSha256);
   file.write(0, "abc", 3);
   CHECK_THROWS_AS(file.write(1, "x", 1), ProtocolError);     // a gap or an overlap
   CHECK_THROWS_AS(file.write(3, "defg", 4), ProtocolError);  // past the size
   CHECK_FALSE(file.complete());
   CHECK_THROWS_AS(file.finish(), ProtocolError);  // bytes missing
-  ChunkedFile whole(tmp.path / "g", 6, true);
+  ChunkedFile whole(tmp.path / "g", 6, ChunkedFile::Hashing::kSha256);
   whole.write(0, "abc", 3);
   whole.write(3, "def", 3);
   CHECK(whole.complete());
   auto sha = whole.finish();
   CHECK(read(tmp.path / "g") == "abcdef");
   CHECK(sha == sha256_file(tmp.path / "g"));
+}
+
+TEST_CASE("checkpoint files: a chunked file written around the page cache holds its bytes") {
+  // Direct I/O takes whole aligned blocks: chunks of whole blocks from
+  // unaligned memory, then a chunk that ends mid-block (after which the file
+  // goes on through the page cache), then more.
+  TempDir tmp;
+  const size_t block = 4096;
+  std::string bytes(3 * block + 5 + 2 * block + 9, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 31 % 253);
+  std::string unaligned = " " + bytes;  // bytes at an odd address
+  ChunkedFile file(tmp.path / "d", bytes.size(), ChunkedFile::Hashing::kSha256,
+                   ChunkedFile::Caching::kDirect);
+  size_t offset = 0;
+  for (size_t size : {2 * block, block + 5, 2 * block, size_t{9}}) {
+    file.write(offset, unaligned.data() + 1 + offset, size);
+    offset += size;
+  }
+  CHECK(file.complete());
+  auto sha = file.finish();
+  CHECK(read(tmp.path / "d") == bytes);
+  CHECK(sha == sha256_file(tmp.path / "d"));
 }
 
 TEST_CASE("checkpoint store: unsafe names and out-of-order chunks are refused, nothing staged") {

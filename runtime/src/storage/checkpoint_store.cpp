@@ -89,7 +89,9 @@ std::filesystem::path CheckpointStore::begin_upload(
       auto path = staging / file.path;
       std::filesystem::create_directories(path.parent_path(), ec);
       if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
-      if (stream) ChunkedFile(path, file.size, false);  // a file with no chunks exists too
+      if (stream)
+        ChunkedFile(path, file.size,
+                    ChunkedFile::Hashing::kNone);  // a file with no chunks exists too
     }
   } catch (...) {
     abort_staging();  // this checkpoint cannot be committed: drop every rank's part
@@ -109,7 +111,10 @@ void CheckpointStore::write_chunk(int rank, uint32_t index, uint64_t offset, con
   if (!upload.file || index != upload.streaming) {
     if (upload.file) upload.file->finish();  // the previous file ended
     const auto& file = upload.files[index];
-    upload.file = std::make_unique<ChunkedFile>(staging_dir() / file.path, file.size, false);
+    // Nobody reads a checkpoint soon after it is written: around the page cache.
+    upload.file =
+        std::make_unique<ChunkedFile>(staging_dir() / file.path, file.size,
+                                      ChunkedFile::Hashing::kNone, ChunkedFile::Caching::kDirect);
     upload.streaming = index;
   }
   upload.file->write(offset, data, size);

@@ -122,7 +122,7 @@ std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string
     auto path = into / file.path;
     std::filesystem::create_directories(path.parent_path(), ec);
     if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
-    ChunkedFile out(path, file.size, true);
+    ChunkedFile out(path, file.size, ChunkedFile::Hashing::kSha256);
     while (!out.complete()) {
       auto message = expect(pair, protocol::CheckpointChunk::kType);
       auto chunk = message.as<protocol::CheckpointChunk>();

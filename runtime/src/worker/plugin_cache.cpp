@@ -38,7 +38,7 @@ PluginDownload::PluginDownload(const std::filesystem::path& cache_dir, std::stri
     : final_path_(cache_dir / (sha256 + ".so")),
       temp_path_(partial_path(cache_dir, sha256)),
       sha256_(std::move(sha256)),
-      file_(temp_path_, size, true) {}
+      file_(temp_path_, size, ChunkedFile::Hashing::kSha256) {}
 
 PluginDownload::~PluginDownload() {
   std::error_code ec;
