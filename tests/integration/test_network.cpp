@@ -35,16 +35,29 @@ TEST_CASE("garbage and other protocol versions on the controller's socket do not
   peer.set(zmq::sockopt::linger, 0);
   peer.set(zmq::sockopt::rcvtimeo, 5000);
   peer.connect(endpoint);
+  // Whether one of the next replies refuses the peer for `reason`.
+  auto refused_for = [&](const std::string& reason) {
+    for (int i = 0; i < 4; ++i) {
+      auto frames = trainrun::protocol::recv_frames(peer);
+      if (frames.empty()) return false;  // timed out
+      auto reply = trainrun::protocol::Incoming::parse(std::move(frames));
+      if (reply.type() == "REFUSED" &&
+          reply.as<trainrun::protocol::Refused>().reason.find(reason) != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
   // Garbage: one frame, random bytes, a type with a broken body.
   peer.send(zmq::str_buffer("x"), zmq::send_flags::none);
   peer.send(zmq::str_buffer("\x01\x02\x03"), zmq::send_flags::sndmore);
   peer.send(zmq::str_buffer("\xff\xfe"), zmq::send_flags::none);
   peer.send(zmq::str_buffer("REPORT"), zmq::send_flags::sndmore);
   peer.send(zmq::str_buffer("\x92\x01\xc1"), zmq::send_flags::none);
-  {
-    auto refused = trainrun::protocol::Incoming::parse(trainrun::protocol::recv_frames(peer));
-    CHECK(refused.type() == "REFUSED");
-  }
+  CHECK(refused_for(""));
+  // An ATTACH that claims a rank's train thread without being its process.
+  trainrun::protocol::send(peer, trainrun::protocol::Attach{0, 1});
+  CHECK(refused_for("ATTACH from an unexpected train thread"));
   // A HELLO from a peer speaking protocol v99.
   msgpack::sbuffer body;
   msgpack::packer<msgpack::sbuffer> packer(body);
@@ -53,16 +66,7 @@ TEST_CASE("garbage and other protocol versions on the controller's socket do not
   packer.pack(trainrun::protocol::Hello{0, "intruder", 1});
   peer.send(zmq::str_buffer("HELLO"), zmq::send_flags::sndmore);
   peer.send(zmq::buffer(body.data(), body.size()), zmq::send_flags::none);
-  bool refused_version = false;
-  for (int i = 0; i < 4 && !refused_version; ++i) {
-    auto frames = trainrun::protocol::recv_frames(peer);
-    if (frames.empty()) break;
-    auto reply = trainrun::protocol::Incoming::parse(std::move(frames));
-    refused_version =
-        reply.type() == "REFUSED" &&
-        reply.as<trainrun::protocol::Refused>().reason.find("protocol v99") != std::string::npos;
-  }
-  CHECK(refused_version);
+  CHECK(refused_for("protocol v99"));
 
   CHECK(Sandbox::wait(pid) == 0);
   CHECK(read_jsonl(box.run_dir("net") / "result.jsonl").size() == 4);

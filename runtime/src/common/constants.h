@@ -29,7 +29,4 @@ constexpr int kPluginCredit = 8;
 constexpr size_t kCheckpointChunkSize = 1 << 20;
 constexpr int kCheckpointCredit = 8;
 
-/// Where a worker's train thread and I/O thread talk.
-constexpr const char* kTrainThreadEndpoint = "inproc://trainrun-train";
-
 }  // namespace trainrun

@@ -45,7 +45,7 @@ std::string Controller::State::prefix(const Slot& slot) {
 
 Slot* Controller::State::slot_by_routing_id(const std::string& id) {
   for (auto& slot : slots) {
-    if (slot.routing_id == id) return &slot;
+    if (slot.routing_id == id || slot.train_id == id) return &slot;
   }
   return nullptr;
 }

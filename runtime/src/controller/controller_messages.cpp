@@ -27,11 +27,15 @@ void Controller::State::on_router_readable() {
   try {
     auto message = protocol::Incoming::parse(std::move(frames));
     if (slot == nullptr) {
-      on_hello(id, message);
+      on_new_peer(id, message);
       return;
     }
     slot->last_heard = Clock::now();
-    handle(*slot, message);
+    if (slot->train_id == id) {
+      handle_train(*slot, message);
+    } else {
+      handle_main(*slot, message);
+    }
   } catch (const ProtocolError& e) {
     if (slot == nullptr) {
       protocol::send(router, protocol::Refused{e.what()}, {}, id);
@@ -41,11 +45,17 @@ void Controller::State::on_router_readable() {
   }
 }
 
-void Controller::State::on_hello(const std::string& id, const protocol::Incoming& message) {
-  if (message.type() != protocol::Hello::kType) {
-    throw ProtocolError("expected HELLO from a new peer, got " + message.type());
+void Controller::State::on_new_peer(const std::string& id, const protocol::Incoming& message) {
+  if (message.type() == protocol::Hello::kType) {
+    on_hello(id, message.as<protocol::Hello>());
+  } else if (message.type() == protocol::Attach::kType) {
+    on_attach(id, message.as<protocol::Attach>());
+  } else {
+    throw ProtocolError("expected HELLO or ATTACH from a new peer, got " + message.type());
   }
-  auto hello = message.as<protocol::Hello>();
+}
+
+void Controller::State::on_hello(const std::string& id, const protocol::Hello& hello) {
   if (hello.index < 0 || hello.index >= world_size() ||
       slots[static_cast<size_t>(hello.index)].routing_id ||
       slots[static_cast<size_t>(hello.index)].process.pid != hello.pid) {
@@ -58,6 +68,19 @@ void Controller::State::on_hello(const std::string& id, const protocol::Incoming
   slot.last_heard = Clock::now();
   bool all = std::all_of(slots.begin(), slots.end(), [](const Slot& s) { return s.routing_id; });
   if (all) assign_ranks();
+}
+
+void Controller::State::on_attach(const std::string& id, const protocol::Attach& attach) {
+  Slot* slot = assigned && attach.rank >= 0 && attach.rank < world_size()
+                   ? by_rank[static_cast<size_t>(attach.rank)]
+                   : nullptr;
+  if (slot == nullptr || slot->train_id || slot->process.pid != attach.pid) {
+    throw ProtocolError("ATTACH from an unexpected train thread (rank " +
+                        std::to_string(attach.rank) + ", pid " + std::to_string(attach.pid) + ")");
+  }
+  slot->train_id = id;
+  slot->last_heard = Clock::now();
+  if (store_address && slot->rank != 0) to_train(*slot, *store_address);
 }
 
 void Controller::State::assign_ranks() {
@@ -103,7 +126,7 @@ void Controller::State::assign_ranks() {
   assigned = true;
 }
 
-void Controller::State::handle(Slot& slot, protocol::Incoming& message) {
+void Controller::State::handle_main(Slot& slot, protocol::Incoming& message) {
   const auto& type = message.type();
   if (type == protocol::Heartbeat::kType) return;
   if (type == protocol::FetchPlugin::kType) {
@@ -117,10 +140,20 @@ void Controller::State::handle(Slot& slot, protocol::Incoming& message) {
     std::vector<zmq::message_t> blob;
     blob.emplace_back(bytes.data() + fetch.offset, fetch.length);
     protocol::send(router, protocol::PluginChunk{fetch.offset}, std::move(blob), slot.routing_id);
-  } else if (type == protocol::StoreReady::kType && slot.rank == 0) {
-    protocol::StoreAddress address{kLocalHost, message.as<protocol::StoreReady>().port};
+  } else if (type == protocol::Failed::kType) {  // before its train thread could start
+    auto failed = message.as<protocol::Failed>();
+    fail(slot, failed.kind, failed.message);
+  } else {
+    throw ProtocolError("unexpected message type " + type + " on a worker's main connection");
+  }
+}
+
+void Controller::State::handle_train(Slot& slot, protocol::Incoming& message) {
+  const auto& type = message.type();
+  if (type == protocol::StoreReady::kType && slot.rank == 0) {
+    store_address = protocol::StoreAddress{kLocalHost, message.as<protocol::StoreReady>().port};
     for (auto* s : by_rank) {
-      if (s->rank != 0) protocol::send(router, address, {}, s->routing_id);
+      if (s->rank != 0 && s->train_id) to_train(*s, *store_address);
     }
   } else if (type == protocol::Report::kType) {
     on_report(slot, message.as<protocol::Report>());
@@ -140,7 +173,7 @@ void Controller::State::handle(Slot& slot, protocol::Incoming& message) {
     auto text = failed.kind == "exception" ? "raised: " + failed.message : failed.message;
     fail(slot, failed.kind, text);
   } else {
-    throw ProtocolError("unknown message type " + type);
+    throw ProtocolError("unexpected message type " + type + " on a train thread's connection");
   }
 }
 
@@ -164,7 +197,7 @@ void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
     try {
       auto staging = checkpoints.begin_upload(slot.rank, report.files, stream);
       protocol::Upload upload{report.iteration, stream ? "" : staging.string(), kCheckpointCredit};
-      protocol::send(router, upload, {}, slot.routing_id);
+      to_train(slot, upload);
     } catch (const UsageError& e) {
       fail(slot, "usage", e.what());
       return;
@@ -187,7 +220,7 @@ void Controller::State::on_upload_chunk(Slot& slot, protocol::Incoming& message)
     fail_storage(e.what());
     return;
   }
-  protocol::send(router, protocol::UploadCredit{1}, {}, slot.routing_id);
+  to_train(slot, protocol::UploadCredit{1});
 }
 
 void Controller::State::on_uploaded(Slot& slot, const protocol::Uploaded& uploaded) {
@@ -232,7 +265,7 @@ void Controller::State::release_report() {
   }
   record(iteration_offset + iteration, std::move(rank0_metrics), checkpoint);
   for (auto* s : by_rank) {
-    protocol::send(router, protocol::ReportAck{iteration}, {}, s->routing_id);
+    to_train(*s, protocol::ReportAck{iteration});
   }
 }
 
@@ -263,7 +296,7 @@ void Controller::State::on_fetch_checkpoint(Slot& slot, const protocol::FetchChe
     return;
   }
   resume_files = listing.files;
-  protocol::send(router, listing, {}, slot.routing_id);
+  to_train(slot, listing);
 }
 
 void Controller::State::on_fetch_checkpoint_chunk(Slot& slot,
@@ -289,8 +322,7 @@ void Controller::State::on_fetch_checkpoint_chunk(Slot& slot,
              (n < 0 ? std::strerror(saved) : "it is shorter than its manifest says"));
     return;
   }
-  protocol::send(router, protocol::CheckpointChunk{fetch.file, fetch.offset}, std::move(blob),
-                 slot.routing_id);
+  to_train(slot, protocol::CheckpointChunk{fetch.file, fetch.offset}, std::move(blob));
 }
 
 void Controller::State::record(int64_t iteration, nlohmann::json metrics,

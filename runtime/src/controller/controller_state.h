@@ -35,7 +35,8 @@ struct Slot {
   int index = 0;
   LocalWorker process;
   std::unique_ptr<WorkerOutput> output;
-  std::optional<std::string> routing_id;  // set by HELLO
+  std::optional<std::string> routing_id;  // its main thread's connection, set by HELLO
+  std::optional<std::string> train_id;    // its train thread's, set by ATTACH
   std::string host;
   int rank = -1;
   bool done = false;
@@ -69,6 +70,8 @@ struct Controller::State {
   Result result;
   Clock::time_point start = Clock::now();
   bool assigned = false;
+  // Rank 0's store, once it listens; the other ranks get it once attached.
+  std::optional<protocol::StoreAddress> store_address;
   // The checkpoint the workers resume from (empty: none), and its files once a
   // worker has fetched its listing.
   std::filesystem::path resume_dir;
@@ -111,11 +114,26 @@ struct Controller::State {
 
   void on_router_readable();
 
-  void on_hello(const std::string& id, const protocol::Incoming& message);
+  // The first message of a new connection: a worker's HELLO, or the ATTACH of
+  // its train thread.
+  void on_new_peer(const std::string& id, const protocol::Incoming& message);
+
+  void on_hello(const std::string& id, const protocol::Hello& hello);
+
+  void on_attach(const std::string& id, const protocol::Attach& attach);
 
   void assign_ranks();
 
-  void handle(Slot& slot, protocol::Incoming& message);
+  // A message on a worker's main connection, and on its train thread's.
+  void handle_main(Slot& slot, protocol::Incoming& message);
+
+  void handle_train(Slot& slot, protocol::Incoming& message);
+
+  // Sends to the slot's train thread.
+  template <typename T>
+  void to_train(const Slot& slot, const T& message, std::vector<zmq::message_t> blobs = {}) {
+    protocol::send(router, message, std::move(blobs), slot.train_id);
+  }
 
   void on_report(Slot& slot, const protocol::Report& report);
 

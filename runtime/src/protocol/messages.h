@@ -1,11 +1,14 @@
 #pragma once
 
 // The messages between controller and workers, one struct each. A worker says
-// HELLO, gets ASSIGN, fetches the plugin in chunks if its cache lacks it. Rank 0
-// hosts the rendezvous store and says STORE_READY; the controller passes its
-// address to the other ranks in STORE_ADDRESS. Then REPORTs (acknowledged once
-// every rank reached the same one), heartbeats, and DONE or FAILED. The
-// controller ends every worker with SHUTDOWN.
+// HELLO, gets ASSIGN, fetches the plugin in chunks if its cache lacks it, and
+// sends heartbeats, all on its main thread's connection. Its train thread then
+// opens a connection of its own, which begins with ATTACH and carries all the
+// train function says and waits for, with no hop through the main thread: rank
+// 0 hosts the rendezvous store and says STORE_READY, and the controller passes
+// its address to the other ranks in STORE_ADDRESS; then REPORTs (acknowledged
+// once every rank reached the same one), and DONE or FAILED. The controller
+// ends every worker with SHUTDOWN, on the main connection.
 //
 // A REPORT with a checkpoint lists the rank's files; the controller answers
 // UPLOAD. With a staging directory the worker copies its files there itself
@@ -42,6 +45,13 @@ struct Hello {
   std::string host;
   int64_t pid = 0;
   MSGPACK_DEFINE_MAP(index, host, pid);
+};
+
+struct Attach {  // the first message on a train thread's connection
+  static constexpr const char* kType = "ATTACH";
+  int32_t rank = 0;  // as assigned
+  int64_t pid = 0;
+  MSGPACK_DEFINE_MAP(rank, pid);
 };
 
 struct FetchPlugin {

@@ -18,8 +18,8 @@ namespace trainrun {
 namespace {
 
 // The next message from the controller, which must be of type `type`.
-protocol::Incoming expect(zmq::socket_t& pair, const char* type) {
-  auto message = protocol::Incoming::parse(protocol::recv_frames(pair));
+protocol::Incoming expect(zmq::socket_t& controller, const char* type) {
+  auto message = protocol::Incoming::parse(protocol::recv_frames(controller));
   if (message.type() != type) {
     throw Error("the run is stopping (" + message.type() + " while waiting for " + type + ")");
   }
@@ -28,8 +28,8 @@ protocol::Incoming expect(zmq::socket_t& pair, const char* type) {
 
 // Sends `path`'s bytes as UPLOAD_CHUNKs, waiting for UPLOAD_CREDIT whenever the
 // credit is spent, and returns their sha256.
-std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, uint32_t index,
-                        uint64_t size, int& credit) {
+std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& path,
+                        uint32_t index, uint64_t size, int& credit) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw IoError("cannot read checkpoint file " + path.string() + ": " + std::strerror(errno));
@@ -37,7 +37,8 @@ std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, 
   Sha256 hash;
   for (uint64_t offset = 0; offset < size;) {
     while (credit == 0) {
-      credit += expect(pair, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
+      credit +=
+          expect(controller, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
     }
     // Read straight into the message that carries it: no copy on the way out.
     size_t length = std::min<uint64_t>(kCheckpointChunkSize, size - offset);
@@ -49,7 +50,7 @@ std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, 
                     (n < 0 ? std::strerror(errno) : "it changed while being uploaded"));
     }
     hash.update(blob[0].data(), length);
-    protocol::send(pair, protocol::UploadChunk{index, offset}, std::move(blob));
+    protocol::send(controller, protocol::UploadChunk{index, offset}, std::move(blob));
     offset += length;
     --credit;
   }
@@ -58,16 +59,17 @@ std::string stream_file(zmq::socket_t& pair, const std::filesystem::path& path, 
 
 }  // namespace
 
-void upload_checkpoint(zmq::socket_t& pair, int64_t iteration, const std::filesystem::path& dir,
+void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
+                       const std::filesystem::path& dir,
                        std::vector<protocol::CheckpointFile> files) {
-  auto upload = expect(pair, protocol::Upload::kType).as<protocol::Upload>();
+  auto upload = expect(controller, protocol::Upload::kType).as<protocol::Upload>();
   protocol::Uploaded uploaded{iteration, {}, ""};
   try {
     int credit = upload.credit;
     for (uint32_t i = 0; i < files.size(); ++i) {
       auto& file = files[i];
       if (upload.staging_dir.empty()) {
-        file.sha256 = stream_file(pair, dir / file.path, i, file.size, credit);
+        file.sha256 = stream_file(controller, dir / file.path, i, file.size, credit);
       } else {
         file.sha256 =
             copy_and_hash(dir / file.path, std::filesystem::path(upload.staging_dir) / file.path);
@@ -76,19 +78,22 @@ void upload_checkpoint(zmq::socket_t& pair, int64_t iteration, const std::filesy
     // Every chunk written comes back as a credit; the last ones are collected
     // here, so none arrives once the report is waiting for its acknowledgement.
     while (credit < upload.credit) {
-      credit += expect(pair, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
+      credit +=
+          expect(controller, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
     }
     uploaded.files = std::move(files);
   } catch (const IoError& e) {
     uploaded.error = e.what();  // the controller fails the run as a storage error
   }
-  protocol::send(pair, uploaded);
+  protocol::send(controller, uploaded);
 }
 
-std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string& checkpoint_dir,
+std::filesystem::path download_checkpoint(zmq::socket_t& controller,
+                                          const std::string& checkpoint_dir,
                                           const std::filesystem::path& parent) {
-  protocol::send(pair, protocol::FetchCheckpoint{checkpoint_dir});
-  auto listing = expect(pair, protocol::CheckpointListing::kType).as<protocol::CheckpointListing>();
+  protocol::send(controller, protocol::FetchCheckpoint{checkpoint_dir});
+  auto listing =
+      expect(controller, protocol::CheckpointListing::kType).as<protocol::CheckpointListing>();
   if (listing.name.empty()) return {};
   auto into = parent / listing.name;
   std::error_code ec;
@@ -102,8 +107,8 @@ std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string
       const auto& file = listing.files[next_file];
       uint64_t length = std::min<uint64_t>(kCheckpointChunkSize, file.size - next_offset);
       if (length > 0) {
-        protocol::send(pair, protocol::FetchCheckpointChunk{static_cast<uint32_t>(next_file),
-                                                            next_offset, length});
+        protocol::send(controller, protocol::FetchCheckpointChunk{static_cast<uint32_t>(next_file),
+                                                                  next_offset, length});
         ++in_flight;
         next_offset += length;
       }
@@ -124,7 +129,7 @@ std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string
     if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
     ChunkedFile out(path, file.size, ChunkedFile::Hashing::kSha256);
     while (!out.complete()) {
-      auto message = expect(pair, protocol::CheckpointChunk::kType);
+      auto message = expect(controller, protocol::CheckpointChunk::kType);
       auto chunk = message.as<protocol::CheckpointChunk>();
       if (chunk.file != index || message.blobs().size() != 1) {
         throw ProtocolError("CHECKPOINT_CHUNK out of order or without its bytes");

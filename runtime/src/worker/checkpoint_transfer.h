@@ -1,9 +1,9 @@
 #pragma once
 
 // The worker's half of checkpoint uploads and downloads, run on the train
-// thread while train::report or train::get_checkpoint blocks it. It speaks to
-// the controller through the train thread's PAIR socket, which the I/O thread
-// relays (protocol/messages.h describes the exchange).
+// thread while train::report or train::get_checkpoint blocks it, on the train
+// thread's own connection to the controller (protocol/messages.h describes the
+// exchange).
 
 #include <zmq.hpp>
 
@@ -21,14 +21,16 @@ namespace trainrun {
 /// streamed within its credit. Ends with UPLOADED: the files' sha256s, or the
 /// IoError that stopped the upload. Throws Error when the controller answers
 /// something else (the run is stopping).
-void upload_checkpoint(zmq::socket_t& pair, int64_t iteration, const std::filesystem::path& dir,
+void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
+                       const std::filesystem::path& dir,
                        std::vector<protocol::CheckpointFile> files);
 
 /// Fetches the checkpoint ASSIGN named (`checkpoint_dir`, on the controller's
 /// side) into a new directory under `parent`, verifying every file's sha256.
 /// Returns that directory, or an empty path when there is no checkpoint.
 /// Throws Error as upload_checkpoint does, or when a file arrives corrupt.
-std::filesystem::path download_checkpoint(zmq::socket_t& pair, const std::string& checkpoint_dir,
+std::filesystem::path download_checkpoint(zmq::socket_t& controller,
+                                          const std::string& checkpoint_dir,
                                           const std::filesystem::path& parent);
 
 }  // namespace trainrun

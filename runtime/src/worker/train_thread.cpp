@@ -12,6 +12,7 @@
 #endif
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -28,7 +29,7 @@ namespace {
 
 // What the host table's callbacks reach through their opaque handle.
 struct HostState {
-  zmq::socket_t* pair = nullptr;
+  zmq::socket_t* controller = nullptr;  // the train thread's connection
   int world_rank = 0;
   int64_t reports = 0;
   std::string checkpoint_dir;     // the checkpoint to resume from, or empty
@@ -66,11 +67,12 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
       report.checkpoint = true;
       report.files = list_checkpoint_files(checkpoint_dir, state.world_rank);
     }
-    protocol::send(*state.pair, report);
+    protocol::send(*state.controller, report);
     if (report.checkpoint) {
-      upload_checkpoint(*state.pair, report.iteration, checkpoint_dir, std::move(report.files));
+      upload_checkpoint(*state.controller, report.iteration, checkpoint_dir,
+                        std::move(report.files));
     }
-    auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.pair));
+    auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
     if (reply.type() == protocol::ReportAck::kType &&
         reply.as<protocol::ReportAck>().iteration == report.iteration) {
       return 0;
@@ -90,7 +92,7 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
       if (state.fetch_checkpoint) {
         if (state.downloads.empty()) state.downloads = make_temp_dir("trainrun-checkpoint-");
         state.local_checkpoint =
-            download_checkpoint(*state.pair, state.checkpoint_dir, state.downloads);
+            download_checkpoint(*state.controller, state.checkpoint_dir, state.downloads);
       } else {
         verify_checkpoint(state.checkpoint_dir);  // checksums, once per worker
         state.local_checkpoint = state.checkpoint_dir;
@@ -110,7 +112,8 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
 // Rank 0 hosts the rendezvous store, as torchrun's master does, and tells the
 // controller its port; the other ranks wait for that address. The store's
 // address is exported as MASTER_ADDR / MASTER_PORT for code written for torchrun.
-c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign, zmq::socket_t& pair) {
+c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign,
+                                           zmq::socket_t& controller) {
   c10d::TCPStoreOptions options;
   options.waitWorkers = false;
   std::string host = assign.store_host;
@@ -119,7 +122,7 @@ c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign, zmq::
     options.port = 0;
     options.numWorkers = c10::nullopt;
   } else {
-    auto message = protocol::Incoming::parse(protocol::recv_frames(pair));
+    auto message = protocol::Incoming::parse(protocol::recv_frames(controller));
     if (message.type() != protocol::StoreAddress::kType) {
       throw ProtocolError("expected the store's address, got " + message.type());
     }
@@ -128,15 +131,17 @@ c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign, zmq::
     options.port = static_cast<uint16_t>(address.port);
   }
   auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-  if (assign.world_rank == 0) protocol::send(pair, protocol::StoreReady{store->getPort()});
+  if (assign.world_rank == 0) {
+    protocol::send(controller, protocol::StoreReady{store->getPort()});
+  }
   ::setenv("MASTER_ADDR", host.c_str(), 1);
   ::setenv("MASTER_PORT", std::to_string(store->getPort()).c_str(), 1);
   return store;
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assign& assign,
-                                                            zmq::socket_t& pair) {
-  auto store = join_store(assign, pair);
+                                                            zmq::socket_t& controller) {
+  auto store = join_store(assign, controller);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
   c10::Device device(assign.device);
   if (device.is_cuda()) {
@@ -161,10 +166,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assi
 
 }  // namespace
 
-void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
-                      const std::filesystem::path& plugin_path) {
-  zmq::socket_t pair(context, zmq::socket_type::pair);
-  pair.connect(kTrainThreadEndpoint);
+void run_train_thread(zmq::context_t& context, const std::string& endpoint,
+                      const protocol::Assign& assign, const std::filesystem::path& plugin_path) {
+  zmq::socket_t controller(context, zmq::socket_type::dealer);
+  controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
+  controller.connect(endpoint);
+  protocol::send(controller, protocol::Attach{assign.world_rank, ::getpid()});
   protocol::Failed failed;
   // Outlives the entry: a rank that fails must not close its connections before
   // the controller has its report, or its peers' collectives fail first and
@@ -176,10 +183,10 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
     auto entry = plugin.entry(assign.entry);
     failed.kind = "setup";
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
-    group = create_process_group(assign, pair);
+    group = create_process_group(assign, controller);
 
     HostState state;
-    state.pair = &pair;
+    state.controller = &controller;
     state.world_rank = assign.world_rank;
     state.checkpoint_dir = assign.checkpoint_dir;
     state.fetch_checkpoint = assign.fetch_checkpoint;
@@ -206,7 +213,7 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
     int rc = entry(&host, error.data(), error.size());
     state.remove_downloads();
     if (rc == TRAIN_OK) {
-      protocol::send(pair, protocol::Done{state.reports});
+      protocol::send(controller, protocol::Done{state.reports});
       (void)group.release();
       return;
     }
@@ -215,7 +222,7 @@ void run_train_thread(zmq::context_t& context, const protocol::Assign& assign,
   } catch (const std::exception& e) {
     failed.message = e.what();
   }
-  protocol::send(pair, failed);
+  protocol::send(controller, failed);
   (void)group.release();
 }
 

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -45,12 +46,8 @@ void export_torchrun_environment(const protocol::Assign& assign) {
 class Worker {
  public:
   explicit Worker(const WorkerOptions& options)
-      : options_(options),
-        dealer_(context_, zmq::socket_type::dealer),
-        pair_(context_, zmq::socket_type::pair) {
+      : options_(options), dealer_(context_, zmq::socket_type::dealer) {
     dealer_.set(zmq::sockopt::linger, 2000);
-    pair_.set(zmq::sockopt::linger, 0);
-    pair_.bind(kTrainThreadEndpoint);
     dealer_.connect(options_.connect);
   }
 
@@ -58,10 +55,10 @@ class Worker {
     if (train_thread_.joinable()) train_thread_.join();
   }
 
-  /// Whether destroying the worker is safe: the train thread has sent its last
-  /// message (or never started). Destruction closes the sockets and flushes
-  /// what is queued to the controller; with the train thread still inside
-  /// LibTorch it would wait for it forever.
+  /// Whether destroying the worker is safe: the train thread has closed its
+  /// connection (or never started). Destruction ends the ZeroMQ context, which
+  /// flushes what is queued to the controller; with the train thread still
+  /// inside LibTorch, its socket open, it would wait for it forever.
   bool can_close() const { return !train_thread_.joinable() || train_finished_; }
 
   int run() {
@@ -74,11 +71,9 @@ class Worker {
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + kHeartbeatInterval;
     while (exit_code_ < 0) {
-      zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
-                                 {pair_.handle(), 0, ZMQ_POLLIN, 0}};
-      protocol::poll(items, 2, std::chrono::milliseconds(100));
+      zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0}};
+      protocol::poll(items, 1, std::chrono::milliseconds(100));
       if (items[0].revents & ZMQ_POLLIN) on_controller_message();
-      if (items[1].revents & ZMQ_POLLIN) on_train_thread_message();
       auto now = Clock::now();
       if (now >= next_heartbeat) {
         protocol::send(dealer_, protocol::Heartbeat{now_ms()});
@@ -98,10 +93,6 @@ class Worker {
     auto frames = protocol::recv_frames(dealer_, true);
     if (frames.empty()) return;
     last_heard_ = Clock::now();
-    if (is_for_train_thread(frames[0].to_string_view())) {
-      relay(frames, pair_);  // the train thread parses it
-      return;
-    }
     try {
       auto message = protocol::Incoming::parse(std::move(frames));
       const auto& type = message.type();
@@ -120,32 +111,6 @@ class Worker {
       }
     } catch (const ProtocolError& e) {
       spdlog::warn("dropped a message from the controller: {}", e.what());
-    }
-  }
-
-  void on_train_thread_message() {
-    auto frames = protocol::recv_frames(pair_, true);
-    if (frames.empty()) return;
-    // The train thread speaks the same protocol; relay its messages unchanged.
-    auto type = frames[0].to_string_view();
-    if (type == protocol::Done::kType || type == protocol::Failed::kType) train_finished_ = true;
-    relay(frames, dealer_);
-  }
-
-  // The controller's answers to what the train thread sent.
-  static bool is_for_train_thread(std::string_view type) {
-    for (const char* t : {protocol::ReportAck::kType, protocol::StoreAddress::kType,
-                          protocol::Upload::kType, protocol::UploadCredit::kType,
-                          protocol::CheckpointListing::kType, protocol::CheckpointChunk::kType}) {
-      if (type == t) return true;
-    }
-    return false;
-  }
-
-  // Passes a message on unchanged; its frames are moved, not copied.
-  static void relay(std::vector<zmq::message_t>& frames, zmq::socket_t& to) {
-    for (size_t i = 0; i < frames.size(); ++i) {
-      to.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
 
@@ -197,8 +162,10 @@ class Worker {
   }
 
   void start_training(const std::filesystem::path& plugin_path) {
-    train_thread_ =
-        std::thread([this, plugin_path] { run_train_thread(context_, *assign_, plugin_path); });
+    train_thread_ = std::thread([this, plugin_path] {
+      run_train_thread(context_, options_.connect, *assign_, plugin_path);
+      train_finished_ = true;
+    });
   }
 
   void fail_setup(const std::string& message) {
@@ -208,12 +175,11 @@ class Worker {
   WorkerOptions options_;
   zmq::context_t context_;
   zmq::socket_t dealer_;
-  zmq::socket_t pair_;
   std::optional<protocol::Assign> assign_;
   std::unique_ptr<PluginDownload> download_;
   uint64_t requested_ = 0;
   std::thread train_thread_;
-  bool train_finished_ = false;
+  std::atomic<bool> train_finished_{false};
   Clock::time_point last_heard_;
   std::chrono::milliseconds silence_limit_{0};
   int exit_code_ = -1;

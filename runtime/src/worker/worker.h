@@ -1,9 +1,9 @@
 #pragma once
 
 // A worker process: `trainrun worker --connect ENDPOINT`. Its main thread owns
-// the ZeroMQ DEALER (hello, assignment, plugin download, heartbeats, report
-// relay); a second thread runs the train function (train_thread.h). The process
-// exits when the controller says SHUTDOWN or goes silent.
+// a ZeroMQ DEALER (hello, assignment, plugin download, heartbeats); a second
+// thread runs the train function on a connection of its own (train_thread.h).
+// The process exits when the controller says SHUTDOWN or goes silent.
 
 #include <chrono>
 #include <filesystem>
