@@ -11,7 +11,7 @@ namespace {
 
 // The controller's endpoint, from the log of a run in progress.
 std::string wait_for_endpoint(const Sandbox& box, const std::string& name) {
-  std::regex listening("listening on (tcp://[0-9.]+:[0-9]+)");
+  std::regex listening("listening on ([a-z]+://[^;]+);");
   for (int i = 0; i < 400; ++i) {
     std::smatch match;
     auto log = read_text(box.run_dir(name) / "logs" / "controller.log");

@@ -243,7 +243,7 @@ void Controller::State::fail_storage(const std::string& message) {
 }
 
 // Once every rank has reported and every checkpoint file is in, the report is
-// committed, recorded and acknowledged.
+// committed, acknowledged and recorded.
 void Controller::State::release_report() {
   if (!barrier.complete()) {
     check_report_counts();
@@ -263,9 +263,17 @@ void Controller::State::release_report() {
       return;
     }
   }
-  record(iteration_offset + iteration, std::move(rank0_metrics), checkpoint);
+  // The ranks go on while the report is recorded: its checkpoint, if any, is
+  // committed, and this loop records it before it reads another message.
   for (auto* s : by_rank) {
     to_train(*s, protocol::ReportAck{iteration});
+  }
+  try {
+    record(iteration_offset + iteration, std::move(rank0_metrics), checkpoint);
+  } catch (const IoError& e) {  // a full disk: what was recorded before stays
+    failures.add(
+        RunError{"storage", std::string("cannot record a report: ") + e.what(), -1, "", 0});
+    log.error("cannot record a report: {}", e.what());
   }
 }
 

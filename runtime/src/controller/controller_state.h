@@ -8,6 +8,7 @@
 #include <zmq.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,8 +27,8 @@ namespace trainrun {
 
 using Clock = std::chrono::steady_clock;
 
-// Local workers only, so far: everything talks over loopback, and rank 0's
-// store is reached there too.
+// Local workers only, so far: they reach the controller on a Unix socket
+// (local_endpoint), and rank 0's store over TCP loopback.
 constexpr const char* kLocalHost = "127.0.0.1";
 
 // One worker process, from spawn to exit.
@@ -77,6 +78,9 @@ struct Controller::State {
   std::filesystem::path resume_dir;
   std::vector<protocol::CheckpointFile> resume_files;
 
+  // The directory of the ROUTER's Unix socket (empty: it listens on TCP).
+  std::filesystem::path socket_dir;
+
   State(ControllerSetup s, RunStorage& st, CheckpointStore& cs)
       : setup(std::move(s)),
         storage(st),
@@ -84,8 +88,17 @@ struct Controller::State {
         iteration_offset(cs.latest() ? cs.latest()->iteration : 0),
         log(*setup.log),
         barrier(setup.options.scaling.num_workers) {}
+  ~State() { remove_socket_dir(); }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
 
   int world_size() const { return setup.options.scaling.num_workers; }
+
+  // The endpoint for the ROUTER to bind, which local workers connect to; makes
+  // socket_dir when it is a Unix socket.
+  std::string local_endpoint();
+
+  void remove_socket_dir();
 
   void start_workers();
 
@@ -144,7 +157,7 @@ struct Controller::State {
   // A checkpoint could not be staged: the run fails, with what was committed intact.
   void fail_storage(const std::string& message);
 
-  // Commits, records and acknowledges the report once every rank has reported
+  // Commits, acknowledges and records the report once every rank has reported
   // and every checkpoint file is in.
   void release_report();
 
