@@ -144,8 +144,8 @@ void ChunkedFile::write(uint64_t offset, const void* data, size_t size) {
   const auto* bytes = static_cast<const char*>(data);
   if (direct_) {
     write_direct(bytes, size);
-  } else if (!write_all(fd_, std::string_view(bytes, size))) {
-    throw IoError("cannot write " + path_.string() + ": " + errno_text());
+  } else {
+    write_whole(bytes, size);
   }
   wrote(size);
 }
@@ -166,18 +166,14 @@ void ChunkedFile::write_direct(const char* data, size_t size) {
     std::memcpy(aligned_.get(), data, whole);
     from = aligned_.get();
   }
-  if (!write_all(fd_, std::string_view(from, whole))) {
-    throw IoError("cannot write " + path_.string() + ": " + errno_text());
-  }
+  write_whole(from, whole);
   if (whole == size) return;
   int flags = ::fcntl(fd_, F_GETFL);
   if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) < 0) {
     throw IoError("cannot write " + path_.string() + ": " + errno_text());
   }
   direct_ = false;
-  if (!write_all(fd_, std::string_view(data + whole, size - whole))) {
-    throw IoError("cannot write " + path_.string() + ": " + errno_text());
-  }
+  write_whole(data + whole, size - whole);
 }
 
 void ChunkedFile::write_from(int source, uint64_t offset, const void* data, size_t size) {
@@ -203,11 +199,14 @@ void ChunkedFile::write_from(int source, uint64_t offset, const void* data, size
                     (n < 0 ? errno_text() : std::string("the source ended early")));
     }
   }
-  if (done < size &&
-      !write_all(fd_, std::string_view(static_cast<const char*>(data) + done, size - done))) {
+  if (done < size) write_whole(static_cast<const char*>(data) + done, size - done);
+  wrote(size);
+}
+
+void ChunkedFile::write_whole(const char* data, size_t size) {
+  if (!write_all(fd_, std::string_view(data, size))) {
     throw IoError("cannot write " + path_.string() + ": " + errno_text());
   }
-  wrote(size);
 }
 
 void ChunkedFile::wrote(size_t size) {

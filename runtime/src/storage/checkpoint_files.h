@@ -80,6 +80,7 @@ class ChunkedFile {
 
   void check_next(uint64_t offset, size_t size) const;
   void write_direct(const char* data, size_t size);
+  void write_whole(const char* data, size_t size);  // write_all, or IoError naming the file
   void wrote(size_t size);
 };
 
