@@ -242,18 +242,31 @@ void CheckpointStore::abort_staging() {
   std::filesystem::remove_all(staging_dir(), ec);
 }
 
-void verify_checkpoint(const std::filesystem::path& dir) {
-  auto manifest_path = dir / kManifest;
-  std::ifstream in(manifest_path);
+std::vector<protocol::CheckpointFile> read_manifest_files(const std::filesystem::path& dir) {
+  std::ifstream in(dir / kManifest);
   auto manifest = nlohmann::json::parse(in, nullptr, false);
-  if (!in || manifest.is_discarded() || !manifest.contains("files")) {
+  if (!in || !manifest.is_object() || !manifest.contains("files") ||
+      !manifest["files"].is_array()) {
     throw IoError("checkpoint " + dir.string() + " has no readable " + kManifest);
   }
-  for (const auto& file : manifest["files"]) {
-    auto path = dir / file["path"].get<std::string>();
+  std::vector<protocol::CheckpointFile> files;
+  try {
+    for (const auto& file : manifest["files"]) {
+      files.push_back({file.at("path").get<std::string>(), file.at("size").get<uint64_t>(),
+                       file.at("sha256").get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception&) {
+    throw IoError("checkpoint " + dir.string() + " has a malformed " + kManifest);
+  }
+  return files;
+}
+
+void verify_checkpoint(const std::filesystem::path& dir) {
+  for (const auto& file : read_manifest_files(dir)) {
+    auto path = dir / file.path;
     std::error_code ec;
     auto size = std::filesystem::file_size(path, ec);
-    if (ec || size != file["size"].get<uint64_t>() || sha256_file(path) != file["sha256"]) {
+    if (ec || size != file.size || sha256_file(path) != file.sha256) {
       throw IoError("checkpoint file " + path.string() +
                     " is missing or corrupt (its size or sha256 differs from the manifest)");
     }

@@ -97,6 +97,10 @@ class CheckpointStore {
 /// or else the more recent first.
 bool ranks_before(const nlohmann::json& a, const nlohmann::json& b, const CheckpointConfig& config);
 
+/// The files a committed checkpoint's manifest lists (path, size, sha256).
+/// Throws IoError when the manifest is missing or malformed.
+std::vector<protocol::CheckpointFile> read_manifest_files(const std::filesystem::path& dir);
+
 /// Checks every file of a committed checkpoint against its manifest (size and
 /// sha256). Throws IoError naming the first file that differs or is missing.
 void verify_checkpoint(const std::filesystem::path& dir);
