@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "common/atomic_file.h"
 #include "common/constants.h"
@@ -141,8 +140,7 @@ void Controller::State::handle_main(Slot& slot, protocol::Incoming& message) {
     blob.emplace_back(bytes.data() + fetch.offset, fetch.length);
     protocol::send(router, protocol::PluginChunk{fetch.offset}, std::move(blob), slot.routing_id);
   } else if (type == protocol::Failed::kType) {  // before its train thread could start
-    auto failed = message.as<protocol::Failed>();
-    fail(slot, failed.kind, failed.message);
+    on_failed(slot, message.as<protocol::Failed>());
   } else {
     throw ProtocolError("unexpected message type " + type + " on a worker's main connection");
   }
@@ -169,12 +167,15 @@ void Controller::State::handle_train(Slot& slot, protocol::Incoming& message) {
     slot.done = true;
     check_report_counts();
   } else if (type == protocol::Failed::kType) {
-    auto failed = message.as<protocol::Failed>();
-    auto text = failed.kind == "exception" ? "raised: " + failed.message : failed.message;
-    fail(slot, failed.kind, text);
+    on_failed(slot, message.as<protocol::Failed>());
   } else {
     throw ProtocolError("unexpected message type " + type + " on a train thread's connection");
   }
+}
+
+void Controller::State::on_failed(Slot& slot, const protocol::Failed& failed) {
+  fail(slot, failed.kind,
+       failed.kind == "exception" ? "raised: " + failed.message : failed.message);
 }
 
 void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
@@ -202,7 +203,7 @@ void Controller::State::on_report(Slot& slot, const protocol::Report& report) {
       fail(slot, "usage", e.what());
       return;
     } catch (const Error& e) {
-      fail_storage(e.what());
+      abort_upload(e.what());
       return;
     }
   }
@@ -217,7 +218,7 @@ void Controller::State::on_upload_chunk(Slot& slot, protocol::Incoming& message)
   try {
     checkpoints.write_chunk(slot.rank, chunk.file, chunk.offset, bytes.data(), bytes.size());
   } catch (const Error& e) {
-    fail_storage(e.what());
+    abort_upload(e.what());
     return;
   }
   to_train(slot, protocol::UploadCredit{1});
@@ -229,17 +230,21 @@ void Controller::State::on_uploaded(Slot& slot, const protocol::Uploaded& upload
     if (!uploaded.error.empty()) throw IoError(uploaded.error);
     checkpoints.finish_upload(slot.rank, uploaded.files);
   } catch (const Error& e) {
-    fail_storage(e.what());
+    abort_upload(e.what());
     return;
   }
   release_report();
 }
 
-void Controller::State::fail_storage(const std::string& message) {
+void Controller::State::abort_upload(const std::string& message) {
   checkpoints.abort_staging();
   // Earlier checkpoints are intact; the run cannot go on without this one.
-  failures.add(RunError{"storage", "checkpoint upload failed: " + message, -1, "", 0});
-  log.error("checkpoint upload failed: {}", message);
+  fail_storage("checkpoint upload failed: " + message);
+}
+
+void Controller::State::fail_storage(const std::string& message) {
+  failures.add(RunError{"storage", message, -1, "", 0});
+  log.error("{}", message);
 }
 
 // Once every rank has reported and every checkpoint file is in, the report is
@@ -257,9 +262,7 @@ void Controller::State::release_report() {
     try {
       checkpoint = checkpoints.commit(iteration_offset + iteration, rank0_metrics).name;
     } catch (const IoError& e) {
-      failures.add(
-          RunError{"storage", std::string("checkpoint commit failed: ") + e.what(), -1, "", 0});
-      log.error("checkpoint commit failed: {}", e.what());
+      fail_storage(std::string("checkpoint commit failed: ") + e.what());
       return;
     }
   }
@@ -271,9 +274,7 @@ void Controller::State::release_report() {
   try {
     record(iteration_offset + iteration, std::move(rank0_metrics), checkpoint);
   } catch (const IoError& e) {  // a full disk: what was recorded before stays
-    failures.add(
-        RunError{"storage", std::string("cannot record a report: ") + e.what(), -1, "", 0});
-    log.error("cannot record a report: {}", e.what());
+    fail_storage(std::string("cannot record a report: ") + e.what());
   }
 }
 
@@ -287,17 +288,8 @@ void Controller::State::on_fetch_checkpoint(Slot& slot, const protocol::FetchChe
                           ", which it was not given");
     }
     if (!resume_dir.empty()) {
-      std::ifstream in(resume_dir / "manifest.json");
-      auto manifest = nlohmann::json::parse(in, nullptr, false);
-      if (manifest.is_discarded() || !manifest["files"].is_array()) {
-        throw IoError("checkpoint " + resume_dir.string() + " has no readable manifest.json");
-      }
       listing.name = resume_dir.filename().string();
-      for (const auto& file : manifest["files"]) {
-        listing.files.push_back({file.at("path").get<std::string>(),
-                                 file.at("size").get<uint64_t>(),
-                                 file.at("sha256").get<std::string>()});
-      }
+      listing.files = read_manifest_files(resume_dir);
     }
   } catch (const std::exception& e) {
     fail(slot, "storage", std::string("cannot send the checkpoint to resume from: ") + e.what());

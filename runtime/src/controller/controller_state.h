@@ -154,7 +154,13 @@ struct Controller::State {
 
   void on_uploaded(Slot& slot, const protocol::Uploaded& uploaded);
 
-  // A checkpoint could not be staged: the run fails, with what was committed intact.
+  void on_failed(Slot& slot, const protocol::Failed& failed);
+
+  // A checkpoint upload failed: its staging goes, and the run fails with what
+  // was committed intact.
+  void abort_upload(const std::string& message);
+
+  // The run fails with kind `storage` (the message says what could not be written).
   void fail_storage(const std::string& message);
 
   // Commits, acknowledges and records the report once every rank has reported
