@@ -5,8 +5,10 @@
 #include <fstream>
 
 #include "common/hash.h"
-#include "storage/checkpoint_files.h"
-#include "storage/checkpoint_store.h"
+#include "controller/checkpoint_store.h"
+#include "storage/run_directory.h"
+#include "transfer/checkpoint_files.h"
+#include "transfer/chunked_file.h"
 #include "temp_dir.h"
 
 using namespace trainrun;
@@ -157,7 +159,7 @@ TEST_CASE("checkpoint store: streamed files commit with the uploader's sha256 in
   store.finish_upload(1, {{"b-rank=1.bin", 2, sha256_file(sources.path / "b")}});
   CHECK_FALSE(store.uploading());
   auto committed = store.commit(1, {{"loss", 0.5}});
-  CHECK(read(committed.dir / "dir" / "a.bin") == "abcd");
-  CHECK(std::filesystem::file_size(committed.dir / "empty") == 0);
-  CHECK_NOTHROW(verify_checkpoint(committed.dir));
+  CHECK(read(committed.path / "dir" / "a.bin") == "abcd");
+  CHECK(std::filesystem::file_size(committed.path / "empty") == 0);
+  CHECK_NOTHROW(run_directory::verify_checkpoint(committed.path));
 }

@@ -12,9 +12,9 @@ using namespace trainrun;
 TEST_CASE("failures: a dead process is the root cause over a peer's exception") {
   FailureCollector failures;
   CHECK_FALSE(failures.any());
-  failures.add({"exception", "raised: Connection closed by peer", 0, "h", 10});
-  failures.add({"signal", "was killed by SIGSEGV", 1, "h", 11});
-  failures.add({"exception", "raised: later", 2, "h", 12});
+  failures.add({FailureKind::kException, "raised: Connection closed by peer", 0, "h", 10});
+  failures.add({FailureKind::kSignal, "was killed by SIGSEGV", 1, "h", 11});
+  failures.add({FailureKind::kException, "raised: later", 2, "h", 12});
   CHECK(failures.root_cause().rank == 1);
   auto now = FailureCollector::Clock::now();
   CHECK_FALSE(failures.settled(now, std::chrono::hours(1)));
@@ -23,8 +23,8 @@ TEST_CASE("failures: a dead process is the root cause over a peer's exception") 
 
 TEST_CASE("failures: among exceptions the earliest wins") {
   FailureCollector failures;
-  failures.add({"exception", "raised: first", 1, "h", 11});
-  failures.add({"exception", "raised: second", 0, "h", 10});
+  failures.add({FailureKind::kException, "raised: first", 1, "h", 11});
+  failures.add({FailureKind::kException, "raised: second", 0, "h", 10});
   CHECK(failures.root_cause().message == "raised: first");
 }
 

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
-#include "storage/run_storage.h"
+#include "controller/run_storage.h"
 #include "temp_dir.h"
 
 using namespace trainrun;
@@ -26,12 +26,8 @@ TEST_CASE("storage: result.jsonl gets a line per report and progress.csv grows a
   TempDir tmp;
   RunStorage storage(tmp.path, "run");
   CHECK(std::filesystem::is_directory(tmp.path / "run" / "logs"));
-  storage.append_result(
-      {{"iteration", 1}, {"timestamp", 1.5}, {"time_total_s", 0.5}, {"metrics", {{"loss", 0.5}}}});
-  storage.append_result({{"iteration", 2},
-                         {"timestamp", 2.5},
-                         {"time_total_s", 1.5},
-                         {"metrics", {{"loss", 0.25}, {"note", "a,b"}}}});
+  storage.append_result({1, 1.5, 0.5, {{"loss", 0.5}}, ""});
+  storage.append_result({2, 2.5, 1.5, {{"loss", 0.25}, {"note", "a,b"}}, ""});
   auto lines = slurp(tmp.path / "run" / "result.jsonl");
   CHECK(std::count(lines.begin(), lines.end(), '\n') == 2);
   auto first = nlohmann::json::parse(lines.substr(0, lines.find('\n')));
@@ -56,8 +52,10 @@ TEST_CASE("storage: atomic writes replace whole files and leave no temporary") {
 TEST_CASE("storage: error.json is written and cleared") {
   TempDir tmp;
   RunStorage storage(tmp.path, "run");
-  storage.write_error({{"kind", "exception"}, {"rank", 1}});
-  CHECK(nlohmann::json::parse(slurp(tmp.path / "run" / "error.json"))["rank"] == 1);
-  storage.write_error(nullptr);
+  storage.write_error(RunError{FailureKind::kException, "raised: boom", 1, "h", 42});
+  auto error = nlohmann::json::parse(slurp(tmp.path / "run" / "error.json"));
+  CHECK(error["rank"] == 1);
+  CHECK(error["kind"] == "exception");
+  storage.write_error(std::nullopt);
   CHECK_FALSE(std::filesystem::exists(tmp.path / "run" / "error.json"));
 }

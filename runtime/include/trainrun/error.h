@@ -1,7 +1,11 @@
 #pragma once
 
+// The runtime's exceptions, and the kinds of failure that end a run.
+
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace trainrun {
 
@@ -42,6 +46,46 @@ class UsageError : public Error {
  public:
   using Error::Error;
 };
+
+/// What ended a run that did not finish. Turned into text only where it
+/// leaves the process: error.json, the FAILED message, the terminal.
+enum class FailureKind {
+  kException,    // the train function raised
+  kSignal,       // a worker was killed by a signal
+  kExit,         // a worker exited before finishing
+  kLost,         // a worker stopped answering heartbeats
+  kSetup,        // a worker could not connect, join the group or get the plugin
+  kPlugin,       // the plugin could not be loaded or run (exit code 2)
+  kUsage,        // the train function misused the SDK (e.g. unequal report counts)
+  kStorage,      // a checkpoint or a report could not be stored
+  kInterrupted,  // SIGINT or SIGTERM reached the controller
+};
+
+/// "exception", "signal", ...: the name error.json and the protocol use.
+constexpr std::string_view to_string(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kException: return "exception";
+    case FailureKind::kSignal: return "signal";
+    case FailureKind::kExit: return "exit";
+    case FailureKind::kLost: return "lost";
+    case FailureKind::kSetup: return "setup";
+    case FailureKind::kPlugin: return "plugin";
+    case FailureKind::kUsage: return "usage";
+    case FailureKind::kStorage: return "storage";
+    case FailureKind::kInterrupted: return "interrupted";
+  }
+  return "unknown";
+}
+
+/// The kind named `name`, or nothing for a name no kind has.
+inline std::optional<FailureKind> parse_failure_kind(std::string_view name) {
+  for (auto kind : {FailureKind::kException, FailureKind::kSignal, FailureKind::kExit,
+                    FailureKind::kLost, FailureKind::kSetup, FailureKind::kPlugin,
+                    FailureKind::kUsage, FailureKind::kStorage, FailureKind::kInterrupted}) {
+    if (to_string(kind) == name) return kind;
+  }
+  return std::nullopt;
+}
 
 }  // namespace trainrun
 

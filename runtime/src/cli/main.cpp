@@ -34,7 +34,7 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
   if (result.interrupted()) return kExitInterrupted;
   // A plugin the workers could not load is a plugin error, as when the
   // controller refuses one.
-  return result.error->kind == "plugin" ? kExitUsage : kExitFailed;
+  return result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage : kExitFailed;
 }
 
 }  // namespace
@@ -69,7 +69,10 @@ int main(int argc, char** argv) {
   trainrun::TrainerOptions options;
   std::vector<std::string> config_args;
   std::filesystem::path config_file;
-  int heartbeat_s = 30, startup_s = 120;
+  using std::chrono::duration_cast;
+  using std::chrono::seconds;
+  auto heartbeat_s = duration_cast<seconds>(options.run.heartbeat_timeout).count();
+  auto startup_s = duration_cast<seconds>(options.run.startup_timeout).count();
   app.add_option("--plugin", options.plugin, "the plugin (.so) built with the trainrun SDK");
   app.add_option("--entry", options.entry, "the train function to run, if the plugin has several");
   app.add_option("-n,--num-workers", options.scaling.num_workers, "worker processes")
@@ -101,9 +104,11 @@ int main(int argc, char** argv) {
   app.add_flag("--use-gpu", options.scaling.use_gpu,
                "one CUDA device per worker (by local rank), NCCL for collectives");
   app.add_option("--heartbeat-timeout", heartbeat_s, "seconds of silence before a peer is lost")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--startup-timeout", startup_s, "seconds for workers to connect")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_flag(
       "-q,--quiet", [&](int64_t) { options.verbose = false; }, "only errors on the terminal");
 
@@ -139,8 +144,8 @@ int main(int argc, char** argv) {
     }
     options.checkpoint.score_max = score_order == "max";
     options.checkpoint.always_stream = upload == "stream";
-    options.run.heartbeat_timeout = std::chrono::seconds(heartbeat_s);
-    options.run.startup_timeout = std::chrono::seconds(startup_s);
+    options.run.heartbeat_timeout = seconds(heartbeat_s);
+    options.run.startup_timeout = seconds(startup_s);
     return run_training(std::move(options), config_file, config_args);
   } catch (const trainrun::PluginError& e) {
     std::cerr << "trainrun: " << e.what() << "\n";

@@ -1,20 +1,37 @@
 #pragma once
 
-// The controller of one run: binds the ROUTER socket, starts the local workers,
-// serves the plugin, relays rank 0's rendezvous address, runs the report
-// barrier, forwards worker output, watches heartbeats and process exits, and
-// stops every worker at the end. Everything happens on the calling thread, in
-// one poll loop. It never loads LibTorch: workers do.
+// The controller of one run: binds the ROUTER socket, starts the local workers
+// and routes every message to the part whose job it is:
+//   WorkerPool         processes, connections, output, exits
+//   ReportCoordinator  the report barrier and its records
+//   CheckpointService  uploads, commits, the checkpoint to resume from
+//   FailureCollector   the root cause of a failure
+// Everything happens on the calling thread, in one poll loop. It never loads
+// LibTorch: workers do.
 
-#include <trainrun/trainer.h>
+#include <trainrun/options.h>
+#include <trainrun/result.h>
 
 #include <spdlog/logger.h>
+#include <zmq.hpp>
 
+#include <chrono>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
-#include "storage/checkpoint_store.h"
-#include "storage/run_storage.h"
+#include "controller/checkpoint_service.h"
+#include "controller/checkpoint_store.h"
+#include "controller/failure.h"
+#include "controller/report_coordinator.h"
+#include "controller/run_storage.h"
+#include "controller/signals.h"
+#include "controller/worker_pool.h"
+#include "protocol/message.h"
+#include "protocol/messages.h"
+#include "transfer/chunk_pull.h"
 
 namespace trainrun {
 
@@ -27,6 +44,12 @@ struct ControllerSetup {
   std::shared_ptr<spdlog::logger> log;
 };
 
+/// How a run ended.
+struct RunOutcome {
+  std::optional<RunError> error;  // the root cause; none when the run finished
+  double wall_seconds = 0;
+};
+
 class Controller {
  public:
   Controller(ControllerSetup setup, RunStorage& storage, CheckpointStore& checkpoints);
@@ -34,13 +57,76 @@ class Controller {
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
-  /// Runs to the end. The Result carries the root cause of a failure and the
-  /// wall time; what the run recorded is in its directory (load_result).
-  Result run();
+  /// Runs to the end; what the run recorded is in its directory.
+  RunOutcome run();
 
  private:
-  struct State;
-  std::unique_ptr<State> state_;
+  int world_size() const { return setup_.options.scaling.num_workers; }
+  std::string bind_endpoint();
+  void remove_socket_dir();
+
+  // The loop.
+  void poll_once(std::chrono::milliseconds timeout);
+  void on_signals();
+  void on_exits();
+  void check_timers();
+  void send_heartbeats();
+  void stop_workers(bool graceful);
+
+  // Routing.
+  void on_router_readable();
+  void on_new_peer(const std::string& id, const protocol::Incoming& message);
+  void on_hello(const std::string& id, const protocol::Hello& hello);
+  void on_attach(const std::string& id, const protocol::Attach& attach);
+  void assign_ranks();
+  void handle_main(WorkerSlot& worker, protocol::Incoming& message);
+  void handle_train(WorkerSlot& worker, protocol::Incoming& message);
+  template <typename T>
+  void to_main(const WorkerSlot& worker, const T& message, std::vector<zmq::message_t> blobs = {}) {
+    protocol::send(router_, message, std::move(blobs), worker.main_id);
+  }
+  template <typename T>
+  void to_train(const WorkerSlot& worker, const T& message,
+                std::vector<zmq::message_t> blobs = {}) {
+    protocol::send(router_, message, std::move(blobs), worker.train_id);
+  }
+
+  // Reports and checkpoints.
+  void on_store_ready(const protocol::StoreReady& ready);
+  void on_report(WorkerSlot& worker, const protocol::Report& report);
+  void on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message);
+  void on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded);
+  void on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch);
+  void on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& fetch);
+  void on_done(WorkerSlot& worker);
+  void release_report();
+  void check_stalled();
+
+  // Failures.
+  void fail(WorkerSlot& worker, FailureKind kind, const std::string& message);
+  void fail_storage(const std::string& message);
+  void abort_upload(const std::string& message);
+
+  ControllerSetup setup_;
+  RunStorage& storage_;
+  spdlog::logger& log_;
+  zmq::context_t context_;
+  zmq::socket_t router_{context_, zmq::socket_type::router};
+  std::filesystem::path socket_dir_;  // of the ROUTER's Unix socket; empty: TCP
+  SignalPipe signals_;
+  WorkerPool pool_;
+  ReportCoordinator reports_;
+  CheckpointService checkpoints_;
+  FailureCollector failures_;
+  ChunkSource plugin_;
+  std::optional<RunError> interrupted_;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point next_timer_check_ = start_;
+  bool assigned_ = false;
+  int hellos_ = 0;
+  bool child_exited_ = true;  // SIGCHLD seen since the last reap (true: look once at start)
+  // Rank 0's store, once it listens; the other ranks get it once attached.
+  std::optional<protocol::StoreAddress> store_address_;
 };
 
 }  // namespace trainrun

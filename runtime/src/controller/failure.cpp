@@ -8,11 +8,14 @@ namespace trainrun {
 namespace {
 
 // Lower is more likely the cause.
-int precedence(const std::string& kind) {
-  if (kind == "interrupted") return 0;
-  if (kind == "signal" || kind == "exit") return 1;
-  if (kind == "lost") return 2;
-  return 3;  // exception, plugin, setup, usage
+int precedence(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kInterrupted: return 0;
+    case FailureKind::kSignal:
+    case FailureKind::kExit: return 1;
+    case FailureKind::kLost: return 2;
+    default: return 3;  // exception, plugin, setup, usage, storage
+  }
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 // prefers a process that died over a rank that raised, and the earliest within
 // each kind.
 
-#include <trainrun/trainer.h>
+#include <trainrun/result.h>
 
 #include <chrono>
 #include <optional>

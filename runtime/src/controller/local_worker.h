@@ -1,6 +1,6 @@
 #pragma once
 
-// A worker process started on this host: fork + execve of `EXE worker ...`,
+// A worker process started on this host: fork + execve of `trainrun-worker ...`,
 // its stdout and stderr on pipes the controller reads, in its own process group
 // (so a terminal's Ctrl-C reaches only the controller, which stops workers in
 // order) and with PR_SET_PDEATHSIG (so a killed controller leaves no orphan).

@@ -11,16 +11,16 @@ std::optional<std::string> ReportBarrier::arrive(int rank, int64_t iteration,
            " while the run is at iteration " + std::to_string(iteration_);
   }
   waiting_[static_cast<size_t>(rank)] = true;
+  ++arrived_;
   if (rank == 0) rank0_metrics_ = std::move(metrics);
   return std::nullopt;
 }
 
-bool ReportBarrier::complete() const {
-  return std::all_of(waiting_.begin(), waiting_.end(), [](bool w) { return w; });
-}
+bool ReportBarrier::complete() const { return arrived_ == static_cast<int>(waiting_.size()); }
 
 nlohmann::json ReportBarrier::release() {
   std::fill(waiting_.begin(), waiting_.end(), false);
+  arrived_ = 0;
   ++iteration_;
   return std::exchange(rank0_metrics_, nullptr);
 }

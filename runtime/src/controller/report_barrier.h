@@ -24,11 +24,14 @@ class ReportBarrier {
   /// Rank 0's metrics of the completed iteration; starts the next iteration.
   nlohmann::json release();
   bool waiting(int rank) const { return waiting_[static_cast<size_t>(rank)]; }
+  /// How many ranks have arrived at the current iteration.
+  int arrived() const { return arrived_; }
   /// The iteration being collected (1-based).
   int64_t iteration() const { return iteration_; }
 
  private:
   std::vector<bool> waiting_;
+  int arrived_ = 0;  // ranks waiting_: complete() must not scan a thousand ranks per report
   int64_t iteration_ = 1;
   nlohmann::json rank0_metrics_;
 };

@@ -4,8 +4,6 @@
 #include <train/version.h>
 #include <trainrun/error.h>
 
-#include <torch/csrc/api/include/torch/version.h>
-
 #include <elf.h>
 
 #include <algorithm>
@@ -134,9 +132,9 @@ void check_compatible(const PluginInfo& info) {
                       ", this trainrun is " + TRAIN_SDK_VERSION +
                       ": rebuild the plugin against this SDK");
   }
-  if (info.torch_version != TORCH_VERSION) {
+  if (info.torch_version != TRAINRUN_TORCH_VERSION) {
     throw PluginError(where + " was built with LibTorch " + info.torch_version +
-                      ", this trainrun uses " + TORCH_VERSION +
+                      ", this trainrun uses " + TRAINRUN_TORCH_VERSION +
                       ": rebuild the plugin against the same LibTorch");
   }
   if (info.cxx11_abi != _GLIBCXX_USE_CXX11_ABI) {

@@ -19,7 +19,7 @@
 namespace trainrun::protocol {
 
 /// Bumped on any incompatible change to a message.
-constexpr int kProtocolVersion = 1;
+constexpr int kProtocolVersion = 2;
 
 /// A received message. `payload` points into `handle`, which owns the memory.
 class Incoming {

@@ -1,7 +1,7 @@
 #pragma once
 
 // The messages between controller and workers, one struct each. A worker says
-// HELLO, gets ASSIGN, fetches the plugin in chunks if its cache lacks it, and
+// HELLO, gets ASSIGN, fetches the plugin (FETCH_CHUNK) if its cache lacks it, and
 // sends heartbeats, all on its main thread's connection. Its train thread then
 // opens a connection of its own, which begins with ATTACH and carries all the
 // train function says and waits for, with no hop through the main thread: rank
@@ -17,8 +17,12 @@
 // UPLOAD_CREDIT back per chunk written). Either way it ends with UPLOADED,
 // carrying each file's sha256. A worker that cannot see the storage fetches the
 // checkpoint to resume from with FETCH_CHECKPOINT (the listing comes back as
-// CHECKPOINT_LISTING) and FETCH_CHECKPOINT_CHUNK requests, as many in flight as
-// its credit allows.
+// CHECKPOINT_LISTING) and FETCH_CHUNK requests.
+//
+// Downloads, of the plugin and of a checkpoint, are one mechanism: the worker
+// asks for each chunk (FETCH_CHUNK: source, file, offset, length), at most a
+// credit's worth in flight, and the controller answers each with a CHUNK and
+// its bytes, in the order asked (transfer/chunk_pull.h).
 
 #include <msgpack.hpp>
 
@@ -54,11 +58,18 @@ struct Attach {  // the first message on a train thread's connection
   MSGPACK_DEFINE_MAP(rank, pid);
 };
 
-struct FetchPlugin {
-  static constexpr const char* kType = "FETCH_PLUGIN";
+/// What a FETCH_CHUNK asks for: the plugin (file 0), or a file of the
+/// checkpoint to resume from (CHECKPOINT_LISTING's index).
+inline constexpr const char* kPluginSource = "plugin";
+inline constexpr const char* kCheckpointSource = "checkpoint";
+
+struct FetchChunk {
+  static constexpr const char* kType = "FETCH_CHUNK";
+  std::string source;  // kPluginSource or kCheckpointSource
+  uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
-  MSGPACK_DEFINE_MAP(offset, length);
+  MSGPACK_DEFINE_MAP(source, file, offset, length);
 };
 
 struct Report {
@@ -91,14 +102,6 @@ struct FetchCheckpoint {
   MSGPACK_DEFINE_MAP(checkpoint_dir);
 };
 
-struct FetchCheckpointChunk {
-  static constexpr const char* kType = "FETCH_CHECKPOINT_CHUNK";
-  uint32_t file = 0;  // index into CHECKPOINT_LISTING's files
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  MSGPACK_DEFINE_MAP(file, offset, length);
-};
-
 struct StoreReady {  // from rank 0, once its store listens
   static constexpr const char* kType = "STORE_READY";
   int32_t port = 0;
@@ -114,7 +117,7 @@ struct Done {
 struct Failed {
   static constexpr const char* kType = "FAILED";
   std::string message;
-  std::string kind;  // "exception", "plugin", "setup"
+  std::string kind;  // a FailureKind's name: "exception", "plugin", "setup"
   MSGPACK_DEFINE_MAP(message, kind);
 };
 
@@ -153,10 +156,12 @@ struct Assign {
                      checkpoint_dir, fetch_checkpoint);
 };
 
-struct PluginChunk {  // followed by one blob frame with the bytes
-  static constexpr const char* kType = "PLUGIN_CHUNK";
+struct Chunk {  // the answer to FETCH_CHUNK, followed by one blob frame with the bytes
+  static constexpr const char* kType = "CHUNK";
+  std::string source;
+  uint32_t file = 0;
   uint64_t offset = 0;
-  MSGPACK_DEFINE_MAP(offset);
+  MSGPACK_DEFINE_MAP(source, file, offset);
 };
 
 struct StoreAddress {  // to ranks other than 0
@@ -191,13 +196,6 @@ struct CheckpointListing {
   std::string name;  // empty: there is no checkpoint
   std::vector<CheckpointFile> files;
   MSGPACK_DEFINE_MAP(name, files);
-};
-
-struct CheckpointChunk {  // followed by one blob frame with the bytes
-  static constexpr const char* kType = "CHECKPOINT_CHUNK";
-  uint32_t file = 0;
-  uint64_t offset = 0;
-  MSGPACK_DEFINE_MAP(file, offset);
 };
 
 struct Shutdown {

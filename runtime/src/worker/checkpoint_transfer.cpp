@@ -12,7 +12,9 @@
 #include "common/constants.h"
 #include "common/hash.h"
 #include "protocol/message.h"
-#include "storage/checkpoint_files.h"
+#include "transfer/checkpoint_files.h"
+#include "transfer/chunk_pull.h"
+#include "transfer/chunked_file.h"
 
 namespace trainrun {
 namespace {
@@ -41,7 +43,7 @@ std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& 
           expect(controller, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
     }
     // Read straight into the message that carries it: no copy on the way out.
-    size_t length = std::min<uint64_t>(kCheckpointChunkSize, size - offset);
+    size_t length = std::min<uint64_t>(kChunkSize, size - offset);
     std::vector<zmq::message_t> blob;
     blob.emplace_back(length);
     ssize_t n = ::pread(fd.get(), blob[0].data(), length, static_cast<off_t>(offset));
@@ -98,45 +100,33 @@ std::filesystem::path download_checkpoint(zmq::socket_t& controller,
   auto into = parent / listing.name;
   std::error_code ec;
   std::filesystem::remove_all(into, ec);
-  // Requests go out as credit allows, and chunks come back in the order asked.
-  size_t next_file = 0;
-  uint64_t next_offset = 0;
-  int in_flight = 0;
-  auto request_more = [&] {
-    while (in_flight < kCheckpointCredit && next_file < listing.files.size()) {
-      const auto& file = listing.files[next_file];
-      uint64_t length = std::min<uint64_t>(kCheckpointChunkSize, file.size - next_offset);
-      if (length > 0) {
-        protocol::send(controller, protocol::FetchCheckpointChunk{static_cast<uint32_t>(next_file),
-                                                                  next_offset, length});
-        ++in_flight;
-        next_offset += length;
-      }
-      if (next_offset == file.size) {
-        ++next_file;
-        next_offset = 0;
-      }
+  std::vector<uint64_t> sizes;
+  for (const auto& file : listing.files) {
+    if (!is_safe_checkpoint_path(file.path)) {
+      throw ProtocolError("the checkpoint names an unsafe path, " + file.path);
     }
+    sizes.push_back(file.size);
+  }
+  ChunkFetcher fetcher(protocol::kCheckpointSource, std::move(sizes));
+  auto request_more = [&] {
+    for (const auto& fetch : fetcher.requests()) protocol::send(controller, fetch);
   };
   request_more();
   for (uint32_t index = 0; index < listing.files.size(); ++index) {
     const auto& file = listing.files[index];
-    if (!is_safe_checkpoint_path(file.path)) {
-      throw ProtocolError("the checkpoint names an unsafe path, " + file.path);
-    }
     auto path = into / file.path;
     std::filesystem::create_directories(path.parent_path(), ec);
     if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
     ChunkedFile out(path, file.size, ChunkedFile::Hashing::kSha256);
     while (!out.complete()) {
-      auto message = expect(controller, protocol::CheckpointChunk::kType);
-      auto chunk = message.as<protocol::CheckpointChunk>();
-      if (chunk.file != index || message.blobs().size() != 1) {
-        throw ProtocolError("CHECKPOINT_CHUNK out of order or without its bytes");
-      }
+      auto message = expect(controller, protocol::Chunk::kType);
+      if (message.blobs().size() != 1) throw ProtocolError("CHUNK without its bytes");
       const auto& bytes = message.blobs()[0];
+      auto chunk = message.as<protocol::Chunk>();
+      if (fetcher.accept(chunk, bytes.size()) != index) {
+        throw ProtocolError("a checkpoint chunk for another file than the one being written");
+      }
       out.write(chunk.offset, bytes.data(), bytes.size());
-      --in_flight;
       request_more();
     }
     if (out.finish() != file.sha256) {

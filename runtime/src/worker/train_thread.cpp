@@ -16,13 +16,12 @@
 
 #include <cstring>
 
-#include "common/constants.h"
 #include "common/paths.h"
-#include "plugin/plugin_library.h"
 #include "protocol/message.h"
-#include "storage/checkpoint_files.h"
-#include "storage/checkpoint_store.h"
+#include "storage/run_directory.h"
+#include "transfer/checkpoint_files.h"
 #include "worker/checkpoint_transfer.h"
+#include "worker/plugin_library.h"
 
 namespace trainrun {
 namespace {
@@ -94,7 +93,7 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
         state.local_checkpoint =
             download_checkpoint(*state.controller, state.checkpoint_dir, state.downloads);
       } else {
-        verify_checkpoint(state.checkpoint_dir);  // checksums, once per worker
+        run_directory::verify_checkpoint(state.checkpoint_dir);  // checksums, once per worker
         state.local_checkpoint = state.checkpoint_dir;
       }
     }
@@ -172,16 +171,16 @@ void run_train_thread(zmq::context_t& context, const std::string& endpoint,
   controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
   controller.connect(endpoint);
   protocol::send(controller, protocol::Attach{assign.world_rank, ::getpid()});
-  protocol::Failed failed;
+  auto failed_kind = FailureKind::kPlugin;
+  std::string failed_message;
   // Outlives the entry: a rank that fails must not close its connections before
   // the controller has its report, or its peers' collectives fail first and
   // look like the cause. The process ends without destroying it.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
-    failed.kind = "plugin";
     auto plugin = PluginLibrary::open(plugin_path);
     auto entry = plugin.entry(assign.entry);
-    failed.kind = "setup";
+    failed_kind = FailureKind::kSetup;
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
     group = create_process_group(assign, controller);
 
@@ -208,7 +207,7 @@ void run_train_thread(zmq::context_t& context, const std::string& endpoint,
     host.report = &host_report;
     host.get_checkpoint = &host_get_checkpoint;
 
-    failed.kind = "exception";
+    failed_kind = FailureKind::kException;
     std::vector<char> error(16 * 1024, '\0');
     int rc = entry(&host, error.data(), error.size());
     state.remove_downloads();
@@ -217,12 +216,12 @@ void run_train_thread(zmq::context_t& context, const std::string& endpoint,
       (void)group.release();
       return;
     }
-    failed.message = error.data();
-    if (rc != TRAIN_ERROR_EXCEPTION) failed.kind = "plugin";
+    failed_message = error.data();
+    if (rc != TRAIN_ERROR_EXCEPTION) failed_kind = FailureKind::kPlugin;
   } catch (const std::exception& e) {
-    failed.message = e.what();
+    failed_message = e.what();
   }
-  protocol::send(controller, failed);
+  protocol::send(controller, protocol::Failed{failed_message, std::string(to_string(failed_kind))});
   (void)group.release();
 }
 

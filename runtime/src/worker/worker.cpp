@@ -11,10 +11,13 @@
 #include <optional>
 #include <thread>
 
+#include <trainrun/options.h>
+
 #include "common/constants.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
-#include "worker/plugin_cache.h"
+#include "transfer/chunk_pull.h"
+#include "transfer/plugin_cache.h"
 #include "worker/train_thread.h"
 
 namespace trainrun {
@@ -66,7 +69,7 @@ class Worker {
     auto startup =
         options_.startup_timeout.count() > 0
             ? options_.startup_timeout
-            : std::chrono::duration_cast<std::chrono::milliseconds>(kDefaultStartupTimeout);
+            : kDefaultStartupTimeout;
     silence_limit_ = startup;
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + kHeartbeatInterval;
@@ -98,7 +101,7 @@ class Worker {
       const auto& type = message.type();
       if (type == protocol::Assign::kType) {
         on_assign(message.as<protocol::Assign>());
-      } else if (type == protocol::PluginChunk::kType) {
+      } else if (type == protocol::Chunk::kType) {
         on_plugin_chunk(message);
       } else if (type == protocol::Shutdown::kType) {
         exit_code_ = 0;
@@ -132,25 +135,24 @@ class Worker {
       fail_setup(e.what());
       return;
     }
-    for (int i = 0; i < kPluginCredit; ++i) request_next_chunk();
+    fetcher_.emplace(protocol::kPluginSource, std::vector<uint64_t>{assign.plugin_size});
+    request_chunks();
   }
 
-  void request_next_chunk() {
-    if (requested_ >= assign_->plugin_size) return;
-    uint64_t length = std::min<uint64_t>(kPluginChunkSize, assign_->plugin_size - requested_);
-    protocol::send(dealer_, protocol::FetchPlugin{requested_, length});
-    requested_ += length;
+  void request_chunks() {
+    for (const auto& fetch : fetcher_->requests()) protocol::send(dealer_, fetch);
   }
 
   void on_plugin_chunk(protocol::Incoming& message) {
     if (!download_) return;
-    auto chunk = message.as<protocol::PluginChunk>();
-    if (message.blobs().size() != 1) throw ProtocolError("PLUGIN_CHUNK without its bytes");
+    auto chunk = message.as<protocol::Chunk>();
+    if (message.blobs().size() != 1) throw ProtocolError("CHUNK without its bytes");
     const auto& bytes = message.blobs()[0];
     try {
+      fetcher_->accept(chunk, bytes.size());
       download_->write(chunk.offset, bytes.data(), bytes.size());
-      request_next_chunk();
-      if (download_->complete()) {
+      request_chunks();
+      if (fetcher_->complete()) {
         auto path = download_->commit();
         download_.reset();
         start_training(path);
@@ -169,7 +171,7 @@ class Worker {
   }
 
   void fail_setup(const std::string& message) {
-    protocol::send(dealer_, protocol::Failed{message, "setup"});
+    protocol::send(dealer_, protocol::Failed{message, std::string(to_string(FailureKind::kSetup))});
   }
 
   WorkerOptions options_;
@@ -177,7 +179,7 @@ class Worker {
   zmq::socket_t dealer_;
   std::optional<protocol::Assign> assign_;
   std::unique_ptr<PluginDownload> download_;
-  uint64_t requested_ = 0;
+  std::optional<ChunkFetcher> fetcher_;
   std::thread train_thread_;
   std::atomic<bool> train_finished_{false};
   Clock::time_point last_heard_;

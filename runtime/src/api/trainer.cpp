@@ -2,8 +2,6 @@
 #include <trainrun/error.h>
 #include <trainrun/trainer.h>
 
-#include <torch/csrc/api/include/torch/version.h>
-
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -15,11 +13,13 @@
 #include <thread>
 
 #include "common/hash.h"
+#include "common/metrics_format.h"
 #include "common/paths.h"
+#include "controller/checkpoint_store.h"
 #include "controller/controller.h"
+#include "controller/run_storage.h"
 #include "plugin/plugin_file.h"
-#include "storage/checkpoint_store.h"
-#include "storage/run_storage.h"
+#include "storage/run_directory.h"
 
 namespace trainrun {
 namespace {
@@ -57,20 +57,6 @@ std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verb
 
 }  // namespace
 
-nlohmann::json RunError::to_json() const {
-  nlohmann::json j = {{"kind", kind}, {"message", message}};
-  if (rank >= 0) j["rank"] = rank;
-  if (!host.empty()) j["host"] = host;
-  if (pid > 0) j["pid"] = pid;
-  return j;
-}
-
-std::string RunError::summary() const {
-  if (rank < 0) return message;
-  return "rank " + std::to_string(rank) + " (" + (host.empty() ? "local" : host) + ", pid " +
-         std::to_string(pid) + ") " + message;
-}
-
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   if (options_.plugin.empty()) throw UsageError("no plugin given");
   if (options_.scaling.num_workers < 1) {
@@ -85,7 +71,7 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   if (options_.scaling.use_gpu && !TRAINRUN_WITH_CUDA) {
     throw UsageError(
         "--use-gpu needs a LibTorch built with CUDA; this trainrun was built with a "
-        "CPU-only LibTorch " TORCH_VERSION);
+        "CPU-only LibTorch " TRAINRUN_TORCH_VERSION);
   }
   if (options_.checkpoint.num_to_keep < 0) {
     throw UsageError("num_to_keep must be at least 0, got " +
@@ -140,29 +126,21 @@ Result Trainer::fit() {
   auto& log = *setup.log;
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
-  nlohmann::json info = {{"name", options_.run.name},
-                         {"storage_path", options_.run.storage_path.string()},
-                         {"plugin",
-                          {{"path", std::filesystem::absolute(options_.plugin).string()},
-                           {"sha256", setup.plugin_sha256},
-                           {"entry", entry},
-                           {"sdk_version", plugin.sdk_version},
-                           {"torch_version", plugin.torch_version}}},
-                         {"scaling",
-                          {{"num_workers", options_.scaling.num_workers},
-                           {"cpus_per_worker", setup.cpus_per_worker},
-                           {"use_gpu", options_.scaling.use_gpu}}},
-                         {"config", options_.config},
-                         {"checkpoint",
-                          {{"num_to_keep", options_.checkpoint.num_to_keep},
-                           {"score_attribute", options_.checkpoint.score_attribute},
-                           {"score_order", options_.checkpoint.score_max ? "max" : "min"}}},
-                         {"versions", {{"trainrun", TRAIN_SDK_VERSION}, {"torch", TORCH_VERSION}}},
-                         {"controller_host", host},
-                         {"started_at", utc_now("%Y-%m-%dT%H:%M:%SZ")},
-                         {"status", "running"}};
+  run_directory::RunInfo info;
+  info.name = options_.run.name;
+  info.storage_path = options_.run.storage_path.string();
+  info.plugin = {std::filesystem::absolute(options_.plugin).string(), setup.plugin_sha256, entry,
+                 plugin.sdk_version, plugin.torch_version};
+  info.scaling = options_.scaling;
+  info.scaling.cpus_per_worker = setup.cpus_per_worker;
+  info.config = options_.config;
+  info.checkpoint = options_.checkpoint;
+  info.trainrun_version = TRAIN_SDK_VERSION;
+  info.torch_version = TRAINRUN_TORCH_VERSION;
+  info.controller_host = host;
+  info.started_at = utc_now("%Y-%m-%dT%H:%M:%SZ");
   storage.write_run_info(info);
-  storage.write_error(nullptr);
+  storage.write_error(std::nullopt);
   log.info("run '{}': {} x {} ({}), results in {}", options_.run.name, options_.scaling.num_workers,
            entry, options_.plugin.filename().string(), storage.dir().string());
 
@@ -172,24 +150,28 @@ Result Trainer::fit() {
     log.info("starting from {}", options_.run.resume_from.string());
   }
   Controller controller(std::move(setup), storage, checkpoints);
-  Result run = controller.run();
+  RunOutcome run = controller.run();
 
-  info["ended_at"] = utc_now("%Y-%m-%dT%H:%M:%SZ");
-  info["status"] = !run.error ? "finished" : run.interrupted() ? "interrupted" : "failed";
+  using run_directory::RunStatus;
+  info.ended_at = utc_now("%Y-%m-%dT%H:%M:%SZ");
+  info.status = !run.error                                        ? RunStatus::kFinished
+                : run.error->kind == FailureKind::kInterrupted ? RunStatus::kInterrupted
+                                                                : RunStatus::kFailed;
   storage.write_run_info(info);
-  if (run.error) storage.write_error(run.error->to_json());
+  if (run.error) storage.write_error(run.error);
   // What the run left, read back as `trainrun results` would.
   Result result = load_result(storage.dir());
   result.error = run.error;
   result.wall_seconds = run.wall_seconds;
   if (result.error) {
-    log.error("run {}: {}", info["status"].get<std::string>(), result.error->summary());
+    log.error("run {}: {}", result.interrupted() ? "interrupted" : "failed",
+              result.error->summary());
   } else {
     log.info("run finished: {} reports in {:.1f} s", result.iterations, result.wall_seconds);
   }
-  if (!result.metrics.is_null()) log.info("last metrics: {}", result.metrics.dump());
+  if (!result.metrics.is_null()) log.info("last metrics: {}", format_metrics(result.metrics));
   for (const auto& c : result.best_checkpoints) {
-    log.info("checkpoint {} (iteration {}): {}", c.name, c.iteration, c.metrics.dump());
+    log.info("checkpoint {} (iteration {}): {}", c.name, c.iteration, format_metrics(c.metrics));
   }
   log.info("results: {}", storage.dir().string());
   return result;

@@ -1,9 +1,8 @@
 #pragma once
 
-// Checkpoint files on the move, on either side of an upload or a download:
-// listing a rank's directory, copying a file with its hash, and writing a file
-// that arrives in chunks. Used by the worker (copying or streaming its files,
-// fetching a checkpoint) and by the controller (receiving a stream).
+// A file written from chunks that arrive in order: a plugin or checkpoint
+// being downloaded, a checkpoint being streamed or copied into storage. One
+// owner; not thread-safe.
 
 #include <cstdint>
 #include <cstdlib>
@@ -11,27 +10,10 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "common/hash.h"
-#include "protocol/messages.h"
 
 namespace trainrun {
-
-/// The regular files under `dir`, sorted, with their sizes (no sha256 yet).
-/// Throws UsageError naming `rank` for a symbolic link or anything that is not
-/// a file or a directory, IoError when `dir` cannot be listed.
-std::vector<protocol::CheckpointFile> list_checkpoint_files(const std::filesystem::path& dir,
-                                                            int rank);
-
-/// Whether `path` may name a file inside a checkpoint: relative, and without
-/// empty, "." or ".." components.
-bool is_safe_checkpoint_path(const std::string& path);
-
-/// Copies `from` to `to` (created or replaced) and returns the sha256 of what it
-/// copied. The source is read once, mapped; write-back of the copy starts as it
-/// goes and the copy is fsynced. Throws IoError naming the file.
-std::string copy_and_hash(const std::filesystem::path& from, const std::filesystem::path& to);
 
 /// A file written from chunks that arrive in order, durable when finished.
 /// Write-back starts as it goes, so finishing does not wait for all of it.

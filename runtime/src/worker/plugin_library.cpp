@@ -1,4 +1,4 @@
-#include "plugin/plugin_library.h"
+#include "worker/plugin_library.h"
 
 #include <trainrun/error.h>
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "storage/checkpoint_files.h"
+#include "transfer/chunked_file.h"
 
 namespace trainrun {
 

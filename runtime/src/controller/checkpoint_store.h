@@ -8,10 +8,11 @@
 // path, size, sha256 per file; metrics; iteration; ranks) last, renames the
 // directory to checkpoint_NNNNNN and atomically replaces
 // checkpoint_state.json. A checkpoint without a manifest was never committed; a
-// crash leaves only a staging directory, which the next run removes. Owned by
-// the controller's thread.
+// crash leaves only a staging directory, which the next run removes. The
+// formats are storage/run_directory.h's. Owned by the controller's thread.
 
-#include <trainrun/trainer.h>
+#include <trainrun/options.h>
+#include <trainrun/result.h>
 
 #include <nlohmann/json.hpp>
 
@@ -23,15 +24,10 @@
 #include <vector>
 
 #include "protocol/messages.h"
-#include "storage/checkpoint_files.h"
+#include "storage/run_directory.h"
+#include "transfer/chunked_file.h"
 
 namespace trainrun {
-
-struct CommittedCheckpoint {
-  std::string name;  // checkpoint_NNNNNN
-  std::filesystem::path dir;
-  int64_t iteration = 0;
-};
 
 class CheckpointStore {
  public:
@@ -41,7 +37,7 @@ class CheckpointStore {
   explicit CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config = {});
 
   /// The latest committed checkpoint, as checkpoint_state.json names it.
-  std::optional<CommittedCheckpoint> latest() const;
+  std::optional<CheckpointInfo> latest() const { return state_.latest_checkpoint(); }
 
   /// Announces `rank`'s files for the checkpoint being staged and makes room
   /// for them: the staging directory and the files' directories, and with
@@ -69,19 +65,20 @@ class CheckpointStore {
   /// Commits the staged files as the next checkpoint, then deletes the
   /// checkpoints that retention no longer keeps. Throws IoError; then the
   /// staging directory is removed and every earlier checkpoint stays as it was.
-  CommittedCheckpoint commit(int64_t iteration, const nlohmann::json& metrics);
+  CheckpointInfo commit(int64_t iteration, const nlohmann::json& metrics);
 
   /// Drops the staged files.
   void abort_staging();
 
  private:
   std::filesystem::path staging_dir() const;
-  /// The names retention keeps: the best num_to_keep by score, and the latest.
-  std::vector<std::string> kept(const nlohmann::json& checkpoints) const;
+  /// The names retention keeps of `checkpoints`: the best num_to_keep by
+  /// score, and the latest.
+  std::vector<std::string> kept(const std::vector<CheckpointInfo>& checkpoints) const;
 
   std::filesystem::path run_dir_;
   CheckpointConfig config_;
-  nlohmann::json state_;  // {"checkpoints": [...], "latest": name, "next_index": n}
+  run_directory::CheckpointState state_;
   struct RankUpload {
     std::vector<protocol::CheckpointFile> files;
     bool finished = false;
@@ -91,18 +88,5 @@ class CheckpointStore {
   std::map<int, RankUpload> uploads_;  // by rank
   std::map<std::string, int> names_;   // relative path -> rank
 };
-
-/// Whether checkpoint `a` ranks before `b` (entries of checkpoint_state.json:
-/// name, iteration, metrics): by the score attribute, those without it last,
-/// or else the more recent first.
-bool ranks_before(const nlohmann::json& a, const nlohmann::json& b, const CheckpointConfig& config);
-
-/// The files a committed checkpoint's manifest lists (path, size, sha256).
-/// Throws IoError when the manifest is missing or malformed.
-std::vector<protocol::CheckpointFile> read_manifest_files(const std::filesystem::path& dir);
-
-/// Checks every file of a committed checkpoint against its manifest (size and
-/// sha256). Throws IoError naming the first file that differs or is missing.
-void verify_checkpoint(const std::filesystem::path& dir);
 
 }  // namespace trainrun

@@ -1,29 +1,18 @@
-#include "storage/checkpoint_store.h"
+#include "controller/checkpoint_store.h"
 
 #include <trainrun/error.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <vector>
 
 #include "common/atomic_file.h"
-#include "common/hash.h"
+#include "transfer/checkpoint_files.h"
 
 namespace trainrun {
-namespace {
 
-constexpr const char* kStateFile = "checkpoint_state.json";
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kStagingPrefix = ".staging-";
-
-std::string checkpoint_name(int64_t index) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "checkpoint_%06lld", static_cast<long long>(index));
-  return name;
-}
-
-}  // namespace
+using run_directory::checkpoint_name;
+using run_directory::kManifestFile;
+using run_directory::kStagingPrefix;
 
 CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config)
     : run_dir_(std::move(run_dir)), config_(std::move(config)) {
@@ -33,34 +22,16 @@ CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig
       std::filesystem::remove_all(entry.path(), ec);  // a commit that never finished
     }
   }
-  state_ = {{"checkpoints", nlohmann::json::array()}, {"latest", nullptr}, {"next_index", 0}};
-  auto path = run_dir_ / kStateFile;
-  if (!std::filesystem::exists(path)) return;
-  std::ifstream in(path);
-  auto loaded = nlohmann::json::parse(in, nullptr, false);
-  if (loaded.is_discarded() || !loaded.is_object()) {
-    throw IoError(path.string() + " is not valid JSON");
+  state_ = run_directory::read_checkpoint_state(run_dir_);  // throws IoError when malformed
+  if (!state_.latest.empty() && !std::filesystem::exists(run_dir_ / state_.latest / kManifestFile)) {
+    throw IoError((run_dir_ / run_directory::kCheckpointStateFile).string() +
+                  " names checkpoint " + state_.latest +
+                  ", which is missing or was never committed (no " + kManifestFile + ")");
   }
-  state_ = loaded;
-  if (auto checkpoint = latest();
-      checkpoint && !std::filesystem::exists(checkpoint->dir / kManifest)) {
-    throw IoError(path.string() + " names checkpoint " + checkpoint->name +
-                  ", which is missing or was never committed (no " + kManifest + ")");
-  }
-}
-
-std::optional<CommittedCheckpoint> CheckpointStore::latest() const {
-  if (!state_["latest"].is_string()) return std::nullopt;
-  auto name = state_["latest"].get<std::string>();
-  int64_t iteration = 0;
-  for (const auto& c : state_["checkpoints"]) {
-    if (c["name"] == name) iteration = c.value("iteration", int64_t{0});
-  }
-  return CommittedCheckpoint{name, run_dir_ / name, iteration};
 }
 
 std::filesystem::path CheckpointStore::staging_dir() const {
-  return run_dir_ / (kStagingPrefix + checkpoint_name(state_["next_index"].get<int64_t>()));
+  return run_dir_ / (kStagingPrefix + checkpoint_name(state_.next_index));
 }
 
 std::filesystem::path CheckpointStore::begin_upload(
@@ -154,51 +125,43 @@ bool CheckpointStore::uploading() const {
                      [](const auto& upload) { return !upload.second.finished; });
 }
 
-CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::json& metrics) {
+CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& metrics) {
   auto staging = staging_dir();
-  auto name = checkpoint_name(state_["next_index"].get<int64_t>());
+  auto name = checkpoint_name(state_.next_index);
   try {
     TRAINRUN_CHECK(!uploading(), "commit() while a rank is still uploading");
-    nlohmann::json files = nlohmann::json::array();
-    std::vector<int> ranks;
+    run_directory::Manifest manifest{iteration, metrics, {}, {}};
     for (const auto& [rank, upload] : uploads_) {
-      ranks.push_back(rank);
+      manifest.ranks.push_back(rank);
       for (const auto& file : upload.files) {
-        files.push_back(
-            {{"path", file.path}, {"size", file.size}, {"sha256", file.sha256}, {"rank", rank}});
+        manifest.files.push_back({file.path, file.size, file.sha256, rank});
       }
     }
-    std::sort(files.begin(), files.end(),
-              [](const auto& a, const auto& b) { return a["path"] < b["path"]; });
-    nlohmann::json manifest = {
-        {"iteration", iteration}, {"metrics", metrics}, {"ranks", ranks}, {"files", files}};
+    std::sort(manifest.files.begin(), manifest.files.end(),
+              [](const auto& a, const auto& b) { return a.path < b.path; });
     // Written last: a directory without a manifest was never committed.
-    write_file_atomic(staging / kManifest, manifest.dump(2) + "\n");
+    run_directory::write_manifest(staging, manifest);
     auto final_dir = run_dir_ / name;
     std::error_code ec;
     std::filesystem::rename(staging, final_dir, ec);
     if (ec) throw IoError("cannot rename " + staging.string() + ": " + ec.message());
     fsync_path(run_dir_);
     auto next = state_;
-    next["checkpoints"].push_back({{"name", name}, {"iteration", iteration}, {"metrics", metrics}});
-    next["latest"] = name;
-    next["next_index"] = state_["next_index"].get<int64_t>() + 1;
-    auto keep = kept(next["checkpoints"]);
-    auto before = next["checkpoints"];
-    next["checkpoints"] = nlohmann::json::array();
-    for (const auto& c : before) {
-      if (std::find(keep.begin(), keep.end(), c["name"]) != keep.end()) {
-        next["checkpoints"].push_back(c);
-      }
-    }
-    write_file_atomic(run_dir_ / kStateFile, next.dump(2) + "\n");
+    next.checkpoints.push_back({name, final_dir, iteration, metrics});
+    next.latest = name;
+    next.next_index = state_.next_index + 1;
+    auto keep = kept(next.checkpoints);
+    auto is_kept = [&](const CheckpointInfo& c) {
+      return std::find(keep.begin(), keep.end(), c.name) != keep.end();
+    };
+    std::vector<CheckpointInfo> dropped;
+    std::vector<CheckpointInfo> kept_checkpoints;
+    for (auto& c : next.checkpoints) (is_kept(c) ? kept_checkpoints : dropped).push_back(c);
+    next.checkpoints = std::move(kept_checkpoints);
+    run_directory::write_checkpoint_state(run_dir_, next);
     state_ = std::move(next);
     // Deleted only once the state that no longer names them is committed.
-    for (const auto& c : before) {
-      if (std::find(keep.begin(), keep.end(), c["name"]) == keep.end()) {
-        std::filesystem::remove_all(run_dir_ / c["name"].get<std::string>(), ec);
-      }
-    }
+    for (const auto& c : dropped) std::filesystem::remove_all(c.path, ec);
   } catch (...) {
     abort_staging();
     throw;
@@ -208,31 +171,22 @@ CommittedCheckpoint CheckpointStore::commit(int64_t iteration, const nlohmann::j
   return *latest();
 }
 
-std::vector<std::string> CheckpointStore::kept(const nlohmann::json& checkpoints) const {
+std::vector<std::string> CheckpointStore::kept(
+    const std::vector<CheckpointInfo>& checkpoints) const {
   std::vector<std::string> names;
-  for (const auto& c : checkpoints) names.push_back(c["name"]);
+  for (const auto& c : checkpoints) names.push_back(c.name);
   if (config_.num_to_keep <= 0 || names.empty()) return names;
-  std::vector<nlohmann::json> ranked(checkpoints.begin(), checkpoints.end());
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [&](const auto& a, const auto& b) { return ranks_before(a, b, config_); });
+  auto ranked = checkpoints;
+  std::stable_sort(ranked.begin(), ranked.end(), [&](const auto& a, const auto& b) {
+    return run_directory::ranks_before(a, b, config_);
+  });
   std::vector<std::string> keep;
   for (size_t i = 0; i < ranked.size() && i < static_cast<size_t>(config_.num_to_keep); ++i) {
-    keep.push_back(ranked[i]["name"]);
+    keep.push_back(ranked[i].name);
   }
   // The latest is always kept: a rerun resumes from it.
   if (std::find(keep.begin(), keep.end(), names.back()) == keep.end()) keep.push_back(names.back());
   return keep;
-}
-
-bool ranks_before(const nlohmann::json& a, const nlohmann::json& b,
-                  const CheckpointConfig& config) {
-  const auto& attribute = config.score_attribute;
-  if (attribute.empty()) return a["iteration"] > b["iteration"];
-  auto sa = a["metrics"].value(attribute, nlohmann::json());
-  auto sb = b["metrics"].value(attribute, nlohmann::json());
-  if (!sa.is_number() || !sb.is_number()) return sa.is_number() && !sb.is_number();
-  return config.score_max ? sa.get<double>() > sb.get<double>()
-                          : sa.get<double>() < sb.get<double>();
 }
 
 void CheckpointStore::abort_staging() {
@@ -240,37 +194,6 @@ void CheckpointStore::abort_staging() {
   names_.clear();
   std::error_code ec;
   std::filesystem::remove_all(staging_dir(), ec);
-}
-
-std::vector<protocol::CheckpointFile> read_manifest_files(const std::filesystem::path& dir) {
-  std::ifstream in(dir / kManifest);
-  auto manifest = nlohmann::json::parse(in, nullptr, false);
-  if (!in || !manifest.is_object() || !manifest.contains("files") ||
-      !manifest["files"].is_array()) {
-    throw IoError("checkpoint " + dir.string() + " has no readable " + kManifest);
-  }
-  std::vector<protocol::CheckpointFile> files;
-  try {
-    for (const auto& file : manifest["files"]) {
-      files.push_back({file.at("path").get<std::string>(), file.at("size").get<uint64_t>(),
-                       file.at("sha256").get<std::string>()});
-    }
-  } catch (const nlohmann::json::exception&) {
-    throw IoError("checkpoint " + dir.string() + " has a malformed " + kManifest);
-  }
-  return files;
-}
-
-void verify_checkpoint(const std::filesystem::path& dir) {
-  for (const auto& file : read_manifest_files(dir)) {
-    auto path = dir / file.path;
-    std::error_code ec;
-    auto size = std::filesystem::file_size(path, ec);
-    if (ec || size != file.size || sha256_file(path) != file.sha256) {
-      throw IoError("checkpoint file " + path.string() +
-                    " is missing or corrupt (its size or sha256 differs from the manifest)");
-    }
-  }
 }
 
 }  // namespace trainrun

@@ -1,4 +1,4 @@
-#include "worker/plugin_cache.h"
+#include "transfer/plugin_cache.h"
 
 #include <trainrun/error.h>
 

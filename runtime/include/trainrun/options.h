@@ -1,0 +1,77 @@
+#pragma once
+
+// What a run is given: the plugin, the scaling, where results go, which
+// checkpoints are kept (Ray Train's ScalingConfig, RunConfig and
+// CheckpointConfig). Plain values; the Trainer checks them.
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+namespace trainrun {
+
+/// A peer (worker or controller) silent this long is declared lost.
+inline constexpr std::chrono::milliseconds kDefaultHeartbeatTimeout{30000};
+/// How long the controller waits for every worker to connect, and a worker
+/// for its assignment.
+inline constexpr std::chrono::milliseconds kDefaultStartupTimeout{120000};
+
+/// How many workers, and what each gets (Ray Train's ScalingConfig).
+struct ScalingConfig {
+  int num_workers = 1;
+  /// LibTorch intra-op threads per worker; 0 = cores / local workers (at least 1).
+  int cpus_per_worker = 0;
+  /// One CUDA device per worker (by local rank) and an NCCL process group.
+  /// Needs a LibTorch built with CUDA; otherwise Trainer refuses it.
+  bool use_gpu = false;
+};
+
+/// Where results go and what the run is called (Ray Train's RunConfig).
+struct RunConfig {
+  /// Run name; empty = "trainrun-<timestamp>".
+  std::string name;
+  /// Storage root; empty = ~/trainrun_results. The run directory is storage_path/name.
+  std::filesystem::path storage_path;
+  /// Start from this committed checkpoint (any run's checkpoint_NNNNNN) when
+  /// the run has none of its own; empty = none.
+  std::filesystem::path resume_from;
+  std::chrono::milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
+  std::chrono::milliseconds startup_timeout = kDefaultStartupTimeout;
+};
+
+/// Which checkpoints to keep (Ray Train's CheckpointConfig).
+struct CheckpointConfig {
+  /// Checkpoints kept on disk, the best by score; the latest is kept as well
+  /// (a rerun resumes from it). 0 = all.
+  int num_to_keep = 0;
+  /// The reported metric that ranks checkpoints; empty = the most recent are best.
+  std::string score_attribute;
+  /// Whether a higher score is better ("max") or a lower one ("min").
+  bool score_max = true;
+  /// Workers that share the controller's filesystem copy their checkpoint files
+  /// into storage themselves; with this, every worker streams them through the
+  /// controller's socket instead (as a worker on another host must), and
+  /// get_checkpoint() fetches the checkpoint the same way.
+  bool always_stream = false;
+};
+
+struct TrainerOptions {
+  std::filesystem::path plugin;
+  /// The plugin's entry; empty = its only one.
+  std::string entry;
+  /// Handed to train_func as train::Config; must be a JSON object.
+  nlohmann::json config = nlohmann::json::object();
+  ScalingConfig scaling;
+  RunConfig run;
+  CheckpointConfig checkpoint;
+  /// The worker executable; empty = `trainrun-worker` beside this program or on PATH.
+  std::filesystem::path worker_executable;
+  /// Workers' plugin cache; empty = $TRAINRUN_CACHE_DIR or ~/.cache/trainrun.
+  std::filesystem::path cache_dir;
+  /// Print rank 0's metrics and worker output on the terminal.
+  bool verbose = true;
+};
+
+}  // namespace trainrun

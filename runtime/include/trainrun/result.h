@@ -1,0 +1,72 @@
+#pragma once
+
+// What a run leaves behind, as a program reads it (Ray Train's Result): the
+// reports, the kept checkpoints and, for a run that did not finish, its root
+// cause. load_result() reads it from the run directory; Trainer::fit() returns it.
+
+#include <trainrun/error.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace trainrun {
+
+/// Why a run did not finish.
+struct RunError {
+  FailureKind kind = FailureKind::kException;
+  std::string message;
+  int rank = -1;  // -1: no rank's fault (storage, interrupted)
+  std::string host;
+  int64_t pid = 0;
+  /// One line for the terminal: "rank 1 (host, pid 42) raised: boom".
+  std::string summary() const;
+};
+
+/// One report, as result.jsonl records it.
+struct ReportRecord {
+  int64_t iteration = 0;  // counts on across reruns of the same name
+  double timestamp = 0;   // seconds since the epoch
+  double time_total_s = 0;
+  nlohmann::json metrics;  // rank 0's
+  std::string checkpoint;  // the checkpoint it committed, or empty
+};
+
+/// A committed checkpoint.
+struct CheckpointInfo {
+  std::string name;  // checkpoint_NNNNNN
+  std::filesystem::path path;
+  int64_t iteration = 0;
+  nlohmann::json metrics;  // rank 0's metrics of its report
+};
+
+/// The outcome of fit() (Ray Train's Result).
+struct Result {
+  std::filesystem::path path;        // the run directory
+  nlohmann::json metrics;            // rank 0's last reported metrics (null if none)
+  int64_t iterations = 0;            // reports recorded, counting earlier runs of this name
+  std::filesystem::path checkpoint;  // the latest committed checkpoint, if any
+  /// Kept checkpoints, best first: by the run's score attribute, else the most recent.
+  std::vector<CheckpointInfo> best_checkpoints;
+  /// Every report of the run (result.jsonl), oldest first.
+  std::vector<ReportRecord> history;
+  double wall_seconds = 0;
+  std::optional<RunError> error;
+  /// Whether the run was stopped by SIGINT or SIGTERM.
+  bool interrupted() const { return error && error->kind == FailureKind::kInterrupted; }
+};
+
+/// Reads what a run left in its directory (run.json, result.jsonl,
+/// checkpoint_state.json, error.json): `trainrun results DIR`. Throws
+/// UsageError if `run_dir` holds no run, IoError if a file is unreadable.
+Result load_result(const std::filesystem::path& run_dir);
+
+/// The summary `trainrun results` prints: status, iterations, last metrics,
+/// latest and best checkpoints, error.
+std::string describe(const Result& result);
+
+}  // namespace trainrun

@@ -1,0 +1,64 @@
+// Result as a program reads it back: load_result, describe, RunError::summary.
+
+#include <trainrun/error.h>
+#include <trainrun/result.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/metrics_format.h"
+#include "common/worker_name.h"
+#include "storage/run_directory.h"
+
+namespace trainrun {
+
+std::string RunError::summary() const {
+  if (rank < 0) return message;
+  return describe_worker(rank, host, pid) + " " + message;
+}
+
+Result load_result(const std::filesystem::path& run_dir) {
+  auto info = run_directory::read_run_info(run_dir);
+  if (!info) throw UsageError(run_dir.string() + " holds no trainrun run (no run.json)");
+  Result result;
+  result.path = run_dir;
+  result.history = run_directory::read_results(run_dir);
+  if (!result.history.empty()) {
+    result.metrics = result.history.back().metrics;
+    result.iterations = result.history.back().iteration;
+  }
+  auto state = run_directory::read_checkpoint_state(run_dir);
+  if (!state.latest.empty()) result.checkpoint = run_dir / state.latest;
+  // Best first, by the score settings the run recorded.
+  result.best_checkpoints = state.checkpoints;
+  std::stable_sort(result.best_checkpoints.begin(), result.best_checkpoints.end(),
+                   [&](const auto& a, const auto& b) {
+                     return run_directory::ranks_before(a, b, info->checkpoint);
+                   });
+  result.error = run_directory::read_error(run_dir);
+  return result;
+}
+
+std::string describe(const Result& result) {
+  std::ostringstream out;
+  out << "run:          " << result.path.string() << "\n"
+      << "status:       "
+      << (!result.error          ? "finished"
+          : result.interrupted() ? "interrupted"
+                                 : "failed")
+      << "\n"
+      << "iterations:   " << result.iterations << "\n"
+      << "last metrics: " << format_metrics(result.metrics) << "\n"
+      << "checkpoint:   " << (result.checkpoint.empty() ? "-" : result.checkpoint.string()) << "\n";
+  if (!result.best_checkpoints.empty()) {
+    out << "best checkpoints:\n";
+    for (const auto& c : result.best_checkpoints) {
+      out << "  " << c.name << "  iteration " << c.iteration << "  " << format_metrics(c.metrics)
+          << "\n";
+    }
+  }
+  if (result.error) out << "error:        " << result.error->summary() << "\n";
+  return out.str();
+}
+
+}  // namespace trainrun

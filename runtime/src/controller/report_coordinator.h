@@ -1,0 +1,54 @@
+#pragma once
+
+// train::report across the ranks: the barrier, the check that no rank returns
+// from train_func while others wait in report forever, and the record of each
+// completed report. Pure: it decides, and the controller sends the answers
+// and writes the records. Every call is O(1) in the world size on the common
+// path, so a report of 1024 ranks costs 1024 small steps. Owned by the
+// controller's thread.
+
+#include <trainrun/result.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "controller/report_barrier.h"
+
+namespace trainrun {
+
+class ReportCoordinator {
+ public:
+  /// `iteration_offset`: the reports that earlier runs of this name recorded,
+  /// which the iterations recorded here continue.
+  ReportCoordinator(int world_size, int64_t iteration_offset);
+
+  /// A rank reports `iteration` (1-based, counted by the rank). Returns the
+  /// usage error when it is out of step.
+  std::optional<std::string> arrive(int rank, int64_t iteration, nlohmann::json metrics);
+  /// Whether every rank has reported the current iteration.
+  bool complete() const { return barrier_.complete(); }
+  /// The iteration being collected, as the ranks count it.
+  int64_t iteration() const { return barrier_.iteration(); }
+  /// Ends the completed report and starts the next: its record (rank 0's
+  /// metrics; the iteration continues earlier runs), without a checkpoint yet.
+  ReportRecord release(double timestamp, double time_total_s);
+
+  /// A rank returned from train_func.
+  void finished(int rank);
+  /// A rank that returns while others wait in report would leave them waiting
+  /// forever: when every rank has either returned or is waiting, and both
+  /// kinds exist, the rank to blame and the usage error.
+  std::optional<std::pair<int, std::string>> stalled() const;
+
+ private:
+  ReportBarrier barrier_;
+  int world_size_;
+  int64_t iteration_offset_;
+  int finished_ = 0;
+  int last_finished_ = -1;
+};
+
+}  // namespace trainrun

@@ -1,0 +1,143 @@
+#include "controller/worker_pool.h"
+
+#include <trainrun/error.h>
+
+#include <sys/epoll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "common/worker_name.h"
+
+namespace trainrun {
+
+std::string WorkerSlot::describe() const {
+  return describe_worker(display_rank(), host, process.pid);
+}
+
+namespace {
+
+// What a worker's output prefix says: "[rank 1 (host, pid 42)]".
+std::string output_prefix(const WorkerSlot& worker) { return "[" + worker.describe() + "]"; }
+
+// An epoll event's data: the worker's launch index and the stream.
+uint64_t stream_key(int index, int stream) { return static_cast<uint64_t>(index) * 2 + stream; }
+
+}  // namespace
+
+WorkerPool::WorkerPool() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
+  if (epoll_fd_ < 0) throw IoError(std::string("cannot create an epoll set: ") + strerror(errno));
+}
+
+WorkerPool::~WorkerPool() { ::close(epoll_fd_); }
+
+void WorkerPool::spawn(int count, const LaunchOptions& launch) {
+  // Slots hold pointers into workers_ (by_rank_, by_connection_): no reallocation after this.
+  workers_.reserve(static_cast<size_t>(count));
+  auto threads = std::to_string(launch.threads);
+  for (int i = 0; i < count; ++i) {
+    auto process = spawn_local_worker(
+        launch.executable,
+        {"--connect", launch.endpoint, "--index", std::to_string(i), "--cache-dir",
+         launch.cache_dir.string(), "--startup-timeout-ms",
+         std::to_string(launch.startup_timeout.count())},
+        {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads});
+    auto& worker = workers_.emplace_back();
+    worker.index = i;
+    worker.process = process;
+    worker.last_heard = Clock::now();
+    ++running_;
+    worker.output = std::make_unique<WorkerOutput>(
+        process.stdout_fd, process.stderr_fd, output_prefix(worker),
+        launch.logs_dir / ("worker-" + std::to_string(i) + ".log"), launch.echo);
+    for (int stream = 0; stream < 2; ++stream) {
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.u64 = stream_key(i, stream);
+      int fd = stream == 0 ? process.stdout_fd : process.stderr_fd;
+      if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+        throw IoError(std::string("cannot watch a worker's output: ") + strerror(errno));
+      }
+    }
+  }
+}
+
+WorkerSlot* WorkerPool::at_index(int index) {
+  return index >= 0 && index < size() ? &workers_[static_cast<size_t>(index)] : nullptr;
+}
+
+WorkerSlot* WorkerPool::at_rank(int rank) {
+  return rank >= 0 && rank < static_cast<int>(by_rank_.size())
+             ? by_rank_[static_cast<size_t>(rank)]
+             : nullptr;
+}
+
+WorkerSlot* WorkerPool::by_connection(const std::string& routing_id) {
+  auto found = by_connection_.find(routing_id);
+  return found == by_connection_.end() ? nullptr : found->second;
+}
+
+void WorkerPool::set_main_id(WorkerSlot& worker, const std::string& routing_id) {
+  worker.main_id = routing_id;
+  by_connection_[routing_id] = &worker;
+}
+
+void WorkerPool::set_train_id(WorkerSlot& worker, const std::string& routing_id) {
+  worker.train_id = routing_id;
+  by_connection_[routing_id] = &worker;
+}
+
+void WorkerPool::assign(const std::vector<int>& ranks) {
+  TRAINRUN_CHECK(ranks.size() == workers_.size(), "a rank for every worker");
+  by_rank_.assign(workers_.size(), nullptr);
+  for (auto& worker : workers_) {
+    worker.rank = ranks[static_cast<size_t>(worker.index)];
+    by_rank_[static_cast<size_t>(worker.rank)] = &worker;
+    worker.output->set_prefix(output_prefix(worker));
+  }
+}
+
+void WorkerPool::forward_output() {
+  epoll_event events[64];
+  int n;
+  do {
+    n = ::epoll_wait(epoll_fd_, events, 64, 0);
+    for (int i = 0; i < n; ++i) {
+      auto key = events[i].data.u64;
+      // A closed descriptor leaves the epoll set by itself.
+      workers_[key / 2].output->read(static_cast<int>(key % 2));
+    }
+  } while (n == 64);
+}
+
+std::vector<std::pair<WorkerSlot*, int>> WorkerPool::reap() {
+  std::vector<std::pair<WorkerSlot*, int>> exits;
+  if (running_ == 0) return exits;
+  for (auto& worker : workers_) {
+    if (worker.exited) continue;
+    int status = 0;
+    if (::waitpid(worker.process.pid, &status, WNOHANG) != worker.process.pid) continue;
+    worker.exited = true;
+    --running_;
+    worker.output->drain();
+    exits.emplace_back(&worker, status);
+  }
+  return exits;
+}
+
+bool WorkerPool::all_exited() const { return running_ == 0; }
+
+void WorkerPool::signal_all(int signal) {
+  for (auto& worker : workers_) {
+    if (!worker.exited) ::kill(-worker.process.pid, signal);
+  }
+}
+
+void WorkerPool::drain_output() {
+  for (auto& worker : workers_) worker.output->drain();
+}
+
+}  // namespace trainrun

@@ -1,0 +1,105 @@
+#pragma once
+
+// The worker processes of one run and what the controller knows of each: its
+// process and output, its two connections (routing ids), host, rank and state.
+// The pool spawns local workers, forwards their output, reaps their exits and
+// signals them; the controller decides what each event means. Lookups by
+// connection and by rank are O(1), and output is watched through one epoll
+// descriptor, so a thousand workers cost the controller's loop no scan per
+// message. Owned by the controller's thread.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "controller/local_worker.h"
+#include "controller/worker_output.h"
+
+namespace trainrun {
+
+using Clock = std::chrono::steady_clock;
+
+/// One worker process, from spawn to exit.
+struct WorkerSlot {
+  int index = 0;  // launch order
+  LocalWorker process;
+  std::unique_ptr<WorkerOutput> output;
+  std::optional<std::string> main_id;   // its main thread's connection, set by HELLO
+  std::optional<std::string> train_id;  // its train thread's, set by ATTACH
+  std::string host;
+  int rank = -1;  // once assigned
+  bool done = false;
+  bool failed = false;  // a failure of this worker was recorded
+  bool exited = false;
+  Clock::time_point last_heard;
+
+  /// Its rank, or before ranks are assigned its launch index (its rank-to-be).
+  int display_rank() const { return rank < 0 ? index : rank; }
+  /// "rank 1 (host, pid 42)".
+  std::string describe() const;
+};
+
+/// How local workers are started.
+struct LaunchOptions {
+  std::filesystem::path executable;
+  std::string endpoint;  // the controller's ROUTER
+  std::filesystem::path cache_dir;
+  std::chrono::milliseconds startup_timeout{0};
+  int threads = 1;  // OMP_NUM_THREADS and MKL_NUM_THREADS
+  std::filesystem::path logs_dir;
+  bool echo = true;  // worker output on the terminal too
+};
+
+class WorkerPool {
+ public:
+  WorkerPool();
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  /// Starts `count` workers. Throws IoError; those already started stay in the
+  /// pool, to be stopped.
+  void spawn(int count, const LaunchOptions& launch);
+
+  std::vector<WorkerSlot>& workers() { return workers_; }
+  int size() const { return static_cast<int>(workers_.size()); }
+  /// The worker with this launch index, or null.
+  WorkerSlot* at_index(int index);
+  /// The worker with this rank, or null.
+  WorkerSlot* at_rank(int rank);
+  /// The worker one of whose connections this is, or null.
+  WorkerSlot* by_connection(const std::string& routing_id);
+
+  void set_main_id(WorkerSlot& worker, const std::string& routing_id);
+  void set_train_id(WorkerSlot& worker, const std::string& routing_id);
+  /// Gives each worker its rank: ranks[i] for the worker with launch index i.
+  void assign(const std::vector<int>& ranks);
+
+  /// Readable when some worker has written output.
+  int output_fd() const { return epoll_fd_; }
+  /// Forwards what the workers have written.
+  void forward_output();
+
+  /// The workers that exited since the last call, with their wait status.
+  std::vector<std::pair<WorkerSlot*, int>> reap();
+  bool all_exited() const;
+  /// Sends `signal` to the process group of every worker still running.
+  void signal_all(int signal);
+  /// Reads every worker's output to its end.
+  void drain_output();
+
+ private:
+  std::vector<WorkerSlot> workers_;
+  std::vector<WorkerSlot*> by_rank_;
+  std::unordered_map<std::string, WorkerSlot*> by_connection_;
+  int epoll_fd_ = -1;
+  int running_ = 0;
+};
+
+}  // namespace trainrun

@@ -1,0 +1,282 @@
+#include "storage/run_directory.h"
+
+#include <trainrun/error.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "common/atomic_file.h"
+#include "common/hash.h"
+
+namespace trainrun::run_directory {
+namespace {
+
+using nlohmann::json;
+
+// Text from plugins (metrics, messages, file names) need not be UTF-8: it is
+// written with replacement characters rather than failing the write.
+std::string dump(const json& value, int indent = 2) {
+  return value.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
+// The file's JSON, or null when it does not exist. Throws IoError when it is malformed.
+json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return nullptr;
+  auto value = json::parse(in, nullptr, false);
+  if (value.is_discarded() || !value.is_object()) {
+    throw IoError(path.string() + " is not a valid JSON object");
+  }
+  return value;
+}
+
+// Runs `parse`, turning a JSON type error into an IoError naming the file.
+template <typename F>
+auto parse_fields(const std::filesystem::path& path, F parse) {
+  try {
+    return parse();
+  } catch (const json::exception& e) {
+    throw IoError(path.string() + " is malformed: " + e.what());
+  }
+}
+
+const char* status_name(RunStatus status) {
+  switch (status) {
+    case RunStatus::kRunning: return "running";
+    case RunStatus::kFinished: return "finished";
+    case RunStatus::kFailed: return "failed";
+    case RunStatus::kInterrupted: return "interrupted";
+  }
+  return "unknown";
+}
+
+RunStatus parse_status(const std::string& name) {
+  for (auto status :
+       {RunStatus::kRunning, RunStatus::kFinished, RunStatus::kFailed, RunStatus::kInterrupted}) {
+    if (name == status_name(status)) return status;
+  }
+  throw json::other_error::create(501, "unknown status '" + name + "'", nullptr);
+}
+
+json checkpoint_json(const CheckpointInfo& c) {
+  return {{"name", c.name}, {"iteration", c.iteration}, {"metrics", c.metrics}};
+}
+
+CheckpointInfo checkpoint_from_json(const json& j, const std::filesystem::path& run_dir) {
+  auto name = j.at("name").get<std::string>();
+  return {name, run_dir / name, j.value("iteration", int64_t{0}),
+          j.value("metrics", json::object())};
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t index) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "checkpoint_%06lld", static_cast<long long>(index));
+  return name;
+}
+
+std::optional<CheckpointInfo> CheckpointState::latest_checkpoint() const {
+  for (const auto& c : checkpoints) {
+    if (c.name == latest) return c;
+  }
+  return std::nullopt;
+}
+
+std::optional<RunInfo> read_run_info(const std::filesystem::path& run_dir) {
+  auto path = run_dir / kRunInfoFile;
+  auto j = read_json(path);
+  if (j.is_null()) return std::nullopt;
+  return parse_fields(path, [&] {
+    RunInfo info;
+    info.name = j.value("name", "");
+    info.storage_path = j.value("storage_path", "");
+    auto plugin = j.value("plugin", json::object());
+    info.plugin = {plugin.value("path", ""), plugin.value("sha256", ""), plugin.value("entry", ""),
+                   plugin.value("sdk_version", ""), plugin.value("torch_version", "")};
+    auto scaling = j.value("scaling", json::object());
+    info.scaling.num_workers = scaling.value("num_workers", 1);
+    info.scaling.cpus_per_worker = scaling.value("cpus_per_worker", 0);
+    info.scaling.use_gpu = scaling.value("use_gpu", false);
+    info.config = j.value("config", json::object());
+    auto checkpoint = j.value("checkpoint", json::object());
+    info.checkpoint.num_to_keep = checkpoint.value("num_to_keep", 0);
+    info.checkpoint.score_attribute = checkpoint.value("score_attribute", "");
+    info.checkpoint.score_max = checkpoint.value("score_order", "max") == "max";
+    auto versions = j.value("versions", json::object());
+    info.trainrun_version = versions.value("trainrun", "");
+    info.torch_version = versions.value("torch", "");
+    info.controller_host = j.value("controller_host", "");
+    info.started_at = j.value("started_at", "");
+    info.ended_at = j.value("ended_at", "");
+    info.status = parse_status(j.value("status", "running"));
+    return std::optional<RunInfo>(std::move(info));
+  });
+}
+
+void write_run_info(const std::filesystem::path& run_dir, const RunInfo& info) {
+  json j = {{"name", info.name},
+            {"storage_path", info.storage_path},
+            {"plugin",
+             {{"path", info.plugin.path},
+              {"sha256", info.plugin.sha256},
+              {"entry", info.plugin.entry},
+              {"sdk_version", info.plugin.sdk_version},
+              {"torch_version", info.plugin.torch_version}}},
+            {"scaling",
+             {{"num_workers", info.scaling.num_workers},
+              {"cpus_per_worker", info.scaling.cpus_per_worker},
+              {"use_gpu", info.scaling.use_gpu}}},
+            {"config", info.config},
+            {"checkpoint",
+             {{"num_to_keep", info.checkpoint.num_to_keep},
+              {"score_attribute", info.checkpoint.score_attribute},
+              {"score_order", info.checkpoint.score_max ? "max" : "min"}}},
+            {"versions", {{"trainrun", info.trainrun_version}, {"torch", info.torch_version}}},
+            {"controller_host", info.controller_host},
+            {"started_at", info.started_at},
+            {"status", status_name(info.status)}};
+  if (!info.ended_at.empty()) j["ended_at"] = info.ended_at;
+  write_file_atomic(run_dir / kRunInfoFile, dump(j) + "\n");
+}
+
+std::vector<ReportRecord> read_results(const std::filesystem::path& run_dir) {
+  std::vector<ReportRecord> records;
+  std::ifstream in(run_dir / kResultsFile);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("metrics")) continue;
+    try {
+      records.push_back({j.at("iteration").get<int64_t>(), j.value("timestamp", 0.0),
+                         j.value("time_total_s", 0.0), j["metrics"], j.value("checkpoint", "")});
+    } catch (const json::exception&) {
+      continue;  // as for a line cut short
+    }
+  }
+  return records;
+}
+
+std::string result_line(const ReportRecord& record) {
+  json j = {{"iteration", record.iteration},
+            {"timestamp", record.timestamp},
+            {"time_total_s", record.time_total_s},
+            {"metrics", record.metrics}};
+  if (!record.checkpoint.empty()) j["checkpoint"] = record.checkpoint;
+  return dump(j, -1) + "\n";
+}
+
+CheckpointState read_checkpoint_state(const std::filesystem::path& run_dir) {
+  auto path = run_dir / kCheckpointStateFile;
+  auto j = read_json(path);
+  if (j.is_null()) return {};
+  return parse_fields(path, [&] {
+    CheckpointState state;
+    for (const auto& c : j.at("checkpoints")) {
+      state.checkpoints.push_back(checkpoint_from_json(c, run_dir));
+    }
+    if (j["latest"].is_string()) state.latest = j["latest"].get<std::string>();
+    state.next_index = j.at("next_index").get<int64_t>();
+    return state;
+  });
+}
+
+void write_checkpoint_state(const std::filesystem::path& run_dir, const CheckpointState& state) {
+  json checkpoints = json::array();
+  for (const auto& c : state.checkpoints) checkpoints.push_back(checkpoint_json(c));
+  json j = {{"checkpoints", checkpoints},
+            {"latest", state.latest.empty() ? json(nullptr) : json(state.latest)},
+            {"next_index", state.next_index}};
+  write_file_atomic(run_dir / kCheckpointStateFile, dump(j) + "\n");
+}
+
+std::optional<RunError> read_error(const std::filesystem::path& run_dir) {
+  auto path = run_dir / kErrorFile;
+  auto j = read_json(path);
+  if (j.is_null()) return std::nullopt;
+  return parse_fields(path, [&] {
+    auto kind = parse_failure_kind(j.value("kind", ""));
+    return std::optional<RunError>(RunError{kind.value_or(FailureKind::kException),
+                                            j.value("message", ""), j.value("rank", -1),
+                                            j.value("host", ""), j.value("pid", int64_t{0})});
+  });
+}
+
+void write_error(const std::filesystem::path& run_dir, const std::optional<RunError>& error) {
+  auto path = run_dir / kErrorFile;
+  if (!error) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    return;
+  }
+  json j = {{"kind", to_string(error->kind)}, {"message", error->message}};
+  if (error->rank >= 0) j["rank"] = error->rank;
+  if (!error->host.empty()) j["host"] = error->host;
+  if (error->pid > 0) j["pid"] = error->pid;
+  write_file_atomic(path, dump(j) + "\n");
+}
+
+Manifest read_manifest(const std::filesystem::path& checkpoint_dir) {
+  auto path = checkpoint_dir / kManifestFile;
+  json j;
+  try {
+    j = read_json(path);
+  } catch (const IoError&) {
+  }
+  if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) {
+    throw IoError("checkpoint " + checkpoint_dir.string() + " has no readable " + kManifestFile);
+  }
+  try {
+    Manifest manifest;
+    manifest.iteration = j.value("iteration", int64_t{0});
+    manifest.metrics = j.value("metrics", json::object());
+    manifest.ranks = j.value("ranks", std::vector<int>{});
+    for (const auto& file : j["files"]) {
+      manifest.files.push_back({file.at("path").get<std::string>(),
+                                file.at("size").get<uint64_t>(),
+                                file.at("sha256").get<std::string>(), file.value("rank", 0)});
+    }
+    return manifest;
+  } catch (const json::exception&) {
+    throw IoError("checkpoint " + checkpoint_dir.string() + " has a malformed " + kManifestFile);
+  }
+}
+
+void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest& manifest) {
+  json files = json::array();
+  for (const auto& f : manifest.files) {
+    files.push_back({{"path", f.path}, {"size", f.size}, {"sha256", f.sha256}, {"rank", f.rank}});
+  }
+  json j = {{"iteration", manifest.iteration},
+            {"metrics", manifest.metrics},
+            {"ranks", manifest.ranks},
+            {"files", files}};
+  write_file_atomic(checkpoint_dir / kManifestFile, dump(j) + "\n");
+}
+
+void verify_checkpoint(const std::filesystem::path& checkpoint_dir) {
+  for (const auto& file : read_manifest(checkpoint_dir).files) {
+    auto path = checkpoint_dir / file.path;
+    std::error_code ec;
+    auto size = std::filesystem::file_size(path, ec);
+    if (ec || size != file.size || sha256_file(path) != file.sha256) {
+      throw IoError("checkpoint file " + path.string() +
+                    " is missing or corrupt (its size or sha256 differs from the manifest)");
+    }
+  }
+}
+
+bool ranks_before(const CheckpointInfo& a, const CheckpointInfo& b,
+                  const CheckpointConfig& config) {
+  const auto& attribute = config.score_attribute;
+  if (attribute.empty()) return a.iteration > b.iteration;
+  auto score = [&](const CheckpointInfo& c) {
+    return c.metrics.is_object() ? c.metrics.value(attribute, json()) : json();
+  };
+  auto sa = score(a), sb = score(b);
+  if (!sa.is_number() || !sb.is_number()) return sa.is_number() && !sb.is_number();
+  return config.score_max ? sa.get<double>() > sb.get<double>()
+                          : sa.get<double>() < sb.get<double>();
+}
+
+}  // namespace trainrun::run_directory

@@ -1,0 +1,124 @@
+#pragma once
+
+// The run directory's format: the names of its files and the typed records
+// they hold, read and written here and nowhere else.
+//
+//   <storage_path>/<name>/
+//     run.json               RunInfo: what was run, and its status
+//     result.jsonl           a ReportRecord per line
+//     progress.csv           the same, flattened (written by RunStorage)
+//     checkpoint_state.json  CheckpointState: the kept checkpoints, the latest
+//     checkpoint_NNNNNN/     a checkpoint's files, and its manifest.json (Manifest)
+//     error.json             RunError of a run that did not finish
+//     logs/                  worker-<rank>.log, controller.log
+//
+// Writes replace whole files atomically (common/atomic_file.h). Readers throw
+// IoError naming the file when it exists but is malformed. Stateless functions,
+// safe from any thread.
+
+#include <trainrun/options.h>
+#include <trainrun/result.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace trainrun::run_directory {
+
+inline constexpr const char* kRunInfoFile = "run.json";
+inline constexpr const char* kResultsFile = "result.jsonl";
+inline constexpr const char* kProgressFile = "progress.csv";
+inline constexpr const char* kCheckpointStateFile = "checkpoint_state.json";
+inline constexpr const char* kErrorFile = "error.json";
+inline constexpr const char* kLogsDir = "logs";
+inline constexpr const char* kManifestFile = "manifest.json";
+/// A checkpoint being committed: <run>/.staging-checkpoint_NNNNNN.
+inline constexpr const char* kStagingPrefix = ".staging-";
+
+/// "checkpoint_000042".
+std::string checkpoint_name(int64_t index);
+
+enum class RunStatus { kRunning, kFinished, kFailed, kInterrupted };
+
+/// run.json.
+struct RunInfo {
+  struct Plugin {
+    std::string path, sha256, entry, sdk_version, torch_version;
+  };
+  std::string name;
+  std::string storage_path;
+  Plugin plugin;
+  ScalingConfig scaling;  // cpus_per_worker as resolved for the run
+  nlohmann::json config = nlohmann::json::object();
+  CheckpointConfig checkpoint;  // num_to_keep and the score settings
+  std::string trainrun_version, torch_version;
+  std::string controller_host;
+  std::string started_at, ended_at;  // UTC, ISO 8601; ended_at empty while running
+  RunStatus status = RunStatus::kRunning;
+};
+
+/// checkpoint_state.json.
+struct CheckpointState {
+  std::vector<CheckpointInfo> checkpoints;  // kept ones, oldest first; paths inside the run
+  std::string latest;                       // the name of the latest; empty = none
+  int64_t next_index = 0;                   // of the next checkpoint_NNNNNN
+  /// The latest checkpoint, if any.
+  std::optional<CheckpointInfo> latest_checkpoint() const;
+};
+
+/// One file of a committed checkpoint.
+struct ManifestFile {
+  std::string path;  // relative, '/'-separated
+  uint64_t size = 0;
+  std::string sha256;
+  int rank = 0;  // the rank that reported it
+};
+
+/// A checkpoint's manifest.json, written last: without it, the checkpoint was
+/// never committed.
+struct Manifest {
+  int64_t iteration = 0;
+  nlohmann::json metrics;
+  std::vector<int> ranks;
+  std::vector<ManifestFile> files;  // sorted by path
+};
+
+/// run.json; nothing when it does not exist. Throws IoError when malformed.
+std::optional<RunInfo> read_run_info(const std::filesystem::path& run_dir);
+void write_run_info(const std::filesystem::path& run_dir, const RunInfo& info);
+
+/// Every well-formed line of result.jsonl, oldest first (a line cut short by a
+/// crash is skipped).
+std::vector<ReportRecord> read_results(const std::filesystem::path& run_dir);
+/// One line of result.jsonl, with its newline.
+std::string result_line(const ReportRecord& record);
+
+/// checkpoint_state.json, with paths under `run_dir`; an empty state when it
+/// does not exist. Throws IoError when malformed.
+CheckpointState read_checkpoint_state(const std::filesystem::path& run_dir);
+void write_checkpoint_state(const std::filesystem::path& run_dir, const CheckpointState& state);
+
+/// error.json; nothing when it does not exist. Throws IoError when malformed.
+std::optional<RunError> read_error(const std::filesystem::path& run_dir);
+/// Writes error.json, or removes a stale one when `error` is empty.
+void write_error(const std::filesystem::path& run_dir, const std::optional<RunError>& error);
+
+/// A checkpoint's manifest. Throws IoError naming the checkpoint when it is
+/// missing or malformed.
+Manifest read_manifest(const std::filesystem::path& checkpoint_dir);
+void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest& manifest);
+
+/// Checks every file of a committed checkpoint against its manifest (size and
+/// sha256). Throws IoError naming the first file that differs or is missing.
+void verify_checkpoint(const std::filesystem::path& checkpoint_dir);
+
+/// Whether checkpoint `a` ranks before `b`: by the score attribute, those
+/// without it last, or else the more recent first.
+bool ranks_before(const CheckpointInfo& a, const CheckpointInfo& b,
+                  const CheckpointConfig& config);
+
+}  // namespace trainrun::run_directory
