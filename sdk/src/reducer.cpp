@@ -12,6 +12,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "bucket_assignment.h"
 #include "host.h"
 
 namespace train::detail {
@@ -67,25 +68,18 @@ Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGrou
 }
 
 void Reducer::build_buckets(const ModelOptions& options) {
-  const double first_cap = options.first_bucket_cap_mb() * kBytesPerMiB;
-  const double cap = options.bucket_cap_mb() * kBytesPerMiB;
-  // One open bucket per (dtype, device); a bucket closes when it reaches its cap.
-  std::map<std::pair<c10::ScalarType, std::string>, size_t> open;
-  std::vector<double> bucket_bytes;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const auto& p = slots_[i].param;
-    auto key = std::make_pair(p.scalar_type(), p.device().str());
-    auto found = open.find(key);
-    if (found == open.end()) {
-      found = open.emplace(key, buckets_.size()).first;
-      buckets_.emplace_back();
-      bucket_bytes.push_back(0);
-    }
-    size_t b = found->second;
-    buckets_[b].slots.push_back(i);
-    slots_[i].bucket = b;
-    bucket_bytes[b] += static_cast<double>(p.numel() * p.element_size());
-    if (bucket_bytes[b] >= (b == 0 ? first_cap : cap)) open.erase(found);
+  std::vector<BucketInput> inputs;
+  for (const auto& slot : slots_) {
+    const auto& p = slot.param;
+    inputs.push_back({static_cast<size_t>(p.numel()) * p.element_size(),
+                      std::string(c10::toString(p.scalar_type())) + "/" + p.device().str()});
+  }
+  auto assignment = assign_buckets(inputs, options.first_bucket_cap_mb() * kBytesPerMiB,
+                                   options.bucket_cap_mb() * kBytesPerMiB);
+  buckets_.resize(assignment.size());
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    for (size_t s : assignment[b]) slots_[s].bucket = b;
+    buckets_[b].slots = std::move(assignment[b]);
   }
   torch::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {

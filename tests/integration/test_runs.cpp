@@ -28,7 +28,7 @@ TEST_CASE("two workers: each rank sees its context and rank 0 metrics are record
                     std::to_string(rank) + " env_world_size=2 threads=1";
     CHECK(read_text(dir / "logs" / ("worker-" + std::to_string(rank) + ".log")).find(expected) !=
           std::string::npos);
-    CHECK(run.output.find("(rank=" + std::to_string(rank) + ", pid=") != std::string::npos);
+    CHECK(run.output.find("[rank " + std::to_string(rank) + " (") != std::string::npos);
   }
   auto results = read_jsonl(dir / "result.jsonl");
   REQUIRE(results.size() == 3);
@@ -113,7 +113,7 @@ pid_t start_sleeping_run(const Sandbox& box, const std::string& extra) {
   pid_t pid = box.start(kTestPlugin + " --entry sleeps -n 2 --name s " + extra);
   for (int i = 0; i < 600; ++i) {
     auto out = box.output_so_far();
-    if (out.find("(rank=0") != std::string::npos && out.find("(rank=1") != std::string::npos) {
+    if (out.find("[rank 0 (") != std::string::npos && out.find("[rank 1 (") != std::string::npos) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -5,6 +5,7 @@
 #include "controller/failure.h"
 #include "controller/rank_assignment.h"
 #include "controller/report_barrier.h"
+#include "controller/report_coordinator.h"
 #include "controller/signals.h"
 
 using namespace trainrun;
@@ -69,4 +70,43 @@ TEST_CASE("ranks are grouped by host so local and node ranks are right on every 
   CHECK(local[1].world_rank == 1);
   CHECK(local[1].local_rank == 1);
   CHECK(local[1].local_world_size == 2);
+}
+
+TEST_CASE("report coordinator: records continue earlier runs and carry rank 0's metrics") {
+  ReportCoordinator reports(2, 10);
+  CHECK_FALSE(reports.arrive(1, 1, {}));
+  CHECK_FALSE(reports.complete());
+  CHECK_FALSE(reports.stalled());
+  CHECK_FALSE(reports.arrive(0, 1, {{"loss", 0.5}}));
+  REQUIRE(reports.complete());
+  auto record = reports.release(100.0, 2.5);
+  CHECK(record.iteration == 11);
+  CHECK(record.metrics == nlohmann::json{{"loss", 0.5}});
+  CHECK(record.time_total_s == 2.5);
+  CHECK(reports.iteration() == 2);
+  CHECK(reports.arrive(0, 3, {}));  // out of step
+}
+
+TEST_CASE("report coordinator: a rank that returns while another waits is blamed") {
+  ReportCoordinator reports(3, 0);
+  reports.finished(2);
+  CHECK_FALSE(reports.stalled());  // ranks 0 and 1 still train
+  CHECK_FALSE(reports.arrive(0, 1, {}));
+  CHECK_FALSE(reports.stalled());  // rank 1 still trains
+  CHECK_FALSE(reports.arrive(1, 1, {}));
+  auto stalled = reports.stalled();
+  REQUIRE(stalled);
+  CHECK(stalled->first == 2);
+  CHECK(stalled->second ==
+        "returned from train_func after 0 reports while rank 0 waits in report 1: every rank "
+        "must call train::report the same number of times");
+}
+
+TEST_CASE("report coordinator: a thousand ranks, in any order, complete each report") {
+  ReportCoordinator reports(1024, 0);
+  for (int round = 1; round <= 3; ++round) {
+    for (int rank = 1023; rank >= 0; --rank) CHECK_FALSE(reports.arrive(rank, round, {}));
+    REQUIRE(reports.complete());
+    CHECK(reports.release(0, 0).iteration == round);
+  }
 }

@@ -1,0 +1,123 @@
+// The controller against scripted fake workers that speak the protocol without
+// LibTorch: the happy path, and workers that go out of step, return early,
+// exit, send garbage, fall silent or raise.
+
+#include <doctest/doctest.h>
+
+#include "../unit/temp_dir.h"
+#include "fake_runs.h"
+#include "storage/run_directory.h"
+
+using namespace trainrun;
+
+namespace {
+
+Result run(const TempDir& tmp, int workers, nlohmann::json script,
+           std::chrono::milliseconds heartbeat = std::chrono::seconds(30)) {
+  auto options = fake_options(tmp.path, workers, std::move(script));
+  options.run.heartbeat_timeout = heartbeat;
+  return Trainer(options).fit();
+}
+
+}  // namespace
+
+TEST_CASE("fake workers: every report is recorded with rank 0's metrics and the run finishes") {
+  TempDir tmp;
+  auto result = run(tmp, 4, {{"reports", 5}});
+  REQUIRE_FALSE(result.error);
+  CHECK(result.iterations == 5);
+  REQUIRE(result.history.size() == 5);
+  for (int i = 0; i < 5; ++i) {
+    CHECK(result.history[static_cast<size_t>(i)].iteration == i + 1);
+    CHECK(result.history[static_cast<size_t>(i)].metrics["i"] == i + 1);
+    CHECK(result.history[static_cast<size_t>(i)].metrics["rank"] == 0);
+  }
+  auto dir = tmp.path / "results" / "fake";
+  CHECK(read_lines(dir / "result.jsonl").size() == 5);
+  auto info = run_directory::read_run_info(dir);
+  REQUIRE(info);
+  CHECK(info->status == run_directory::RunStatus::kFinished);
+  CHECK(info->scaling.num_workers == 4);
+  CHECK_FALSE(std::filesystem::exists(dir / "error.json"));
+  // The plugin went through the chunk pull into the cache, once per sha256.
+  int cached = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp.path / "cache")) {
+    cached += entry.path().extension() == ".so";
+  }
+  CHECK(cached == 1);
+}
+
+TEST_CASE("fake workers: a rank that reports out of step fails the run as a usage error") {
+  TempDir tmp;
+  auto result = run(tmp, 3, {{"reports", 3}, {"skip_rank", 1}});
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kUsage);
+  CHECK(result.error->rank == 1);
+  CHECK(result.error->message.find("reported iteration 2 while the run is at iteration 1") !=
+        std::string::npos);
+  auto error = run_directory::read_error(tmp.path / "results" / "fake");
+  REQUIRE(error);
+  CHECK(error->kind == FailureKind::kUsage);
+}
+
+TEST_CASE("fake workers: a rank that returns while others wait in report is named") {
+  TempDir tmp;
+  auto result = run(tmp, 3, {{"reports", 3}, {"short_rank", 2}, {"short_after", 1}});
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kUsage);
+  CHECK(result.error->rank == 2);
+  CHECK(result.error->message.find("returned from train_func after 1 reports while rank") !=
+        std::string::npos);
+  CHECK(result.iterations == 1);  // the report every rank made is recorded
+}
+
+TEST_CASE("fake workers: a rank that exits mid-run is the root cause, with its exit code") {
+  TempDir tmp;
+  auto result = run(tmp, 3, {{"reports", 5}, {"exit_rank", 1}, {"exit_after", 2}});
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kExit);
+  CHECK(result.error->rank == 1);
+  CHECK(result.error->message == "exited with code 3 before finishing");
+  CHECK(result.iterations == 2);
+  CHECK(run_directory::read_run_info(tmp.path / "results" / "fake")->status ==
+        run_directory::RunStatus::kFailed);
+}
+
+TEST_CASE("fake workers: frames that are not a message are dropped and the run goes on") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 2}, {"garbage_rank", 0}});
+  CHECK_FALSE(result.error);
+  CHECK(result.iterations == 2);
+  auto log = read_lines(tmp.path / "results" / "fake" / "logs" / "controller.log");
+  bool dropped = false;
+  for (const auto& line : log) dropped |= line.find("dropped a message from rank 0") != std::string::npos;
+  CHECK(dropped);
+}
+
+TEST_CASE("fake workers: a rank that falls silent is declared lost") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 3}, {"silent_rank", 1}, {"silent_after", 1}},
+                    std::chrono::seconds(2));
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kLost);
+  CHECK(result.error->rank == 1);
+  CHECK(result.wall_seconds < 15);  // stopped with SIGTERM, not waited out
+}
+
+TEST_CASE("fake workers: slow reports still meet at the barrier") {
+  TempDir tmp;
+  auto result = run(tmp, 3, {{"reports", 3}, {"report_delay_ms", 150}});
+  REQUIRE_FALSE(result.error);
+  REQUIRE(result.history.size() == 3);
+  CHECK(result.history[2].time_total_s > result.history[0].time_total_s + 0.2);
+}
+
+TEST_CASE("fake workers: a rank that raises is named with its message") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 2}, {"fail_rank", 0}});
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kException);
+  CHECK(result.error->rank == 0);
+  CHECK(result.error->message == "raised: scripted failure");
+  CHECK(result.error->summary().find("rank 0 (localhost, pid ") == 0);
+}

@@ -1,0 +1,229 @@
+// A worker that speaks trainrun's protocol from a script, without LibTorch:
+// HELLO, ASSIGN, the plugin download (through the real chunk pull and cache),
+// ATTACH, the store address, metrics-only reports, DONE, SHUTDOWN. The
+// controller starts it in place of trainrun-worker (TrainerOptions::worker_executable)
+// with the same arguments. The run's config is the script:
+//
+//   reports=N             reports to make (default 3)
+//   report_delay_ms=D     sleep before each report (a slow rank)
+//   exit_rank=R, exit_after=K      rank R exits with code 3 after K reports
+//   short_rank=R, short_after=K    rank R says DONE after K reports
+//   skip_rank=R           rank R reports iteration 2 first (out of step)
+//   garbage_rank=R        rank R first sends frames that are not a message
+//   silent_rank=R, silent_after=K  rank R goes silent after K reports
+//   fail_rank=R           rank R sends FAILED (an exception) instead of reporting
+//   latency_dir=DIR       each rank writes rank-<r>.txt: its ready time (s since
+//                         the epoch), then each report's round trip in us
+//
+// Every wait is bounded by the assignment's heartbeat timeout or the startup
+// timeout; a worker that waits longer exits with code 1.
+
+#include <trainrun/error.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/constants.h"
+#include "protocol/message.h"
+#include "protocol/messages.h"
+#include "transfer/chunk_pull.h"
+#include "transfer/plugin_cache.h"
+
+namespace {
+
+using namespace trainrun;
+using Clock = std::chrono::steady_clock;
+
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+class FakeWorker {
+ public:
+  FakeWorker(std::string endpoint, int index, std::filesystem::path cache_dir,
+             std::chrono::milliseconds startup)
+      : endpoint_(std::move(endpoint)), index_(index), cache_dir_(std::move(cache_dir)),
+        limit_(startup) {
+    main_.set(zmq::sockopt::linger, 1000);
+    main_.connect(endpoint_);
+  }
+
+  int run() {
+    protocol::send(main_, protocol::Hello{index_, "localhost", ::getpid()});
+    auto assign = wait_main<protocol::Assign>();
+    limit_ = std::chrono::milliseconds(assign.heartbeat_timeout_ms);
+    script_ = nlohmann::json::from_msgpack(assign.config);
+    rank_ = assign.world_rank;
+    fetch_plugin(assign);
+    train_.set(zmq::sockopt::linger, 1000);
+    train_.connect(endpoint_);
+    protocol::send(train_, protocol::Attach{rank_, ::getpid()});
+    if (rank_ == 0) {
+      protocol::send(train_, protocol::StoreReady{1});
+    } else {
+      wait_train<protocol::StoreAddress>();
+    }
+    double ready = unix_time();
+    if (is(rank_, "fail_rank")) {
+      protocol::send(train_, protocol::Failed{"scripted failure", "exception"});
+      return wait_shutdown();
+    }
+    if (is(rank_, "garbage_rank")) {
+      train_.send(zmq::str_buffer("not a type frame at all, and far too long to be one: xxxxxxxxx"),
+                  zmq::send_flags::sndmore);
+      train_.send(zmq::str_buffer("\xc1"), zmq::send_flags::none);
+    }
+    int reports = get("reports", 3);
+    std::vector<int64_t> latencies;
+    for (int i = 1; i <= reports; ++i) {
+      if (is(rank_, "exit_rank") && i > get("exit_after", 0)) return 3;
+      if (is(rank_, "short_rank") && i > get("short_after", 0)) break;
+      if (is(rank_, "silent_rank") && i > get("silent_after", 0)) {
+        std::this_thread::sleep_for(limit_ * 3);  // the controller must give up first
+        return 1;
+      }
+      if (int delay = get("report_delay_ms", 0); delay > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      }
+      protocol::Report report;
+      report.iteration = is(rank_, "skip_rank") ? i + 1 : i;
+      auto metrics = nlohmann::json::to_msgpack({{"i", i}, {"rank", rank_}});
+      report.metrics.assign(metrics.begin(), metrics.end());
+      auto sent = Clock::now();
+      protocol::send(train_, report);
+      auto ack = wait_train<protocol::ReportAck>();
+      latencies.push_back(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent)
+                              .count());
+      if (ack.iteration != report.iteration) throw ProtocolError("acknowledged another report");
+    }
+    protocol::send(train_, protocol::Done{static_cast<int64_t>(latencies.size())});
+    if (script_.contains("latency_dir")) {
+      std::ofstream out(std::filesystem::path(script_["latency_dir"].get<std::string>()) /
+                        ("rank-" + std::to_string(rank_) + ".txt"));
+      char line[64];
+      std::snprintf(line, sizeof(line), "%.6f\n", ready);
+      out << line;
+      for (auto us : latencies) out << us << "\n";
+    }
+    return wait_shutdown();
+  }
+
+ private:
+  bool is(int rank, const char* key) const {
+    return script_.contains(key) && script_[key].is_number() && script_[key].get<int>() == rank;
+  }
+  int get(const char* key, int fallback) const {
+    return script_.contains(key) && script_[key].is_number() ? script_[key].get<int>() : fallback;
+  }
+
+  // The plugin, from the cache or through the controller, as trainrun-worker gets it.
+  void fetch_plugin(const protocol::Assign& assign) {
+    if (find_cached_plugin(cache_dir_, assign.plugin_sha256)) return;
+    PluginDownload download(cache_dir_, assign.plugin_sha256, assign.plugin_size);
+    ChunkFetcher fetcher(protocol::kPluginSource, {assign.plugin_size});
+    while (!fetcher.complete()) {
+      for (const auto& fetch : fetcher.requests()) protocol::send(main_, fetch);
+      auto message = next(main_, protocol::Chunk::kType);
+      auto chunk = message.as<protocol::Chunk>();
+      const auto& bytes = message.blobs().at(0);
+      fetcher.accept(chunk, bytes.size());
+      download.write(chunk.offset, bytes.data(), bytes.size());
+    }
+    download.commit();
+  }
+
+  template <typename T>
+  T wait_main() {
+    return next(main_, T::kType).template as<T>();
+  }
+  template <typename T>
+  T wait_train() {
+    return next(train_, T::kType).template as<T>();
+  }
+
+  // Waits for a message of `type` on `socket`, sending heartbeats meanwhile.
+  // Like trainrun-worker, it gives up only when the controller has been
+  // silent for the limit (its heartbeats arrive on the main connection).
+  // Throws when the controller says SHUTDOWN or REFUSED, or falls silent.
+  protocol::Incoming next(zmq::socket_t& socket, const char* type) {
+    auto deadline = Clock::now() + limit_;
+    while (Clock::now() < deadline) {
+      heartbeat();
+      zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
+                                 {main_.handle(), 0, ZMQ_POLLIN, 0}};
+      protocol::poll(items, &socket == &main_ ? 1 : 2, std::chrono::milliseconds(200));
+      for (int i = 0; i < 2; ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        auto& from = i == 0 ? socket : main_;
+        auto message = protocol::Incoming::parse(protocol::recv_frames(from));
+        deadline = Clock::now() + limit_;
+        if (i == 0 && message.type() == type) return message;
+        if (message.type() == protocol::Shutdown::kType ||
+            message.type() == protocol::Refused::kType) {
+          throw Error("the controller said " + message.type());
+        }
+      }
+    }
+    throw TimeoutError(std::string("no ") + type + " in time");
+  }
+
+  void heartbeat() {
+    if (Clock::now() < next_heartbeat_) return;
+    protocol::send(main_, protocol::Heartbeat{});
+    next_heartbeat_ = Clock::now() + kHeartbeatInterval;
+  }
+
+  int wait_shutdown() {
+    try {
+      next(main_, protocol::Shutdown::kType);
+    } catch (const TimeoutError&) {
+      return 1;
+    }
+    return 0;
+  }
+
+  std::string endpoint_;
+  int index_;
+  std::filesystem::path cache_dir_;
+  std::chrono::milliseconds limit_;
+  zmq::context_t context_{1};
+  zmq::socket_t main_{context_, zmq::socket_type::dealer};
+  zmq::socket_t train_{context_, zmq::socket_type::dealer};
+  nlohmann::json script_;
+  int rank_ = -1;
+  Clock::time_point next_heartbeat_ = Clock::now();
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fake_worker: a scripted trainrun worker for tests"};
+  std::string connect;
+  int index = -1;
+  std::filesystem::path cache_dir;
+  int64_t startup_ms = 10000;
+  app.add_option("--connect", connect)->required();
+  app.add_option("--index", index);
+  app.add_option("--cache-dir", cache_dir);
+  app.add_option("--startup-timeout-ms", startup_ms);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    FakeWorker worker(connect, index, cache_dir, std::chrono::milliseconds(startup_ms));
+    int code = worker.run();
+    std::fflush(stdout);
+    return code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fake_worker: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,342 @@
+#include <train/model.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "doctest_torch.h"
+#include "reducer.h"
+
+// The Reducer in one process: ranks are threads, each with its own Gloo process
+// group over one in-memory HashStore (as c10d's ProcessGroupGlooTest does). The
+// expected gradients are computed by the same nets without a Reducer, then
+// averaged by hand. Ranks only record what they see; the checks run on the
+// test's thread once every rank has been joined.
+
+namespace {
+
+using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+using ByName = std::map<std::string, torch::Tensor>;
+
+// Bounds every rendezvous and collective, so a failing rank cannot hang the others.
+constexpr std::chrono::seconds kCollectiveTimeout{30};
+constexpr int64_t kWidth = 4;  // square layers, so that they can run in either order
+constexpr int64_t kBatch = 5;
+constexpr double kTinyCapMb = 1e-6;  // about one byte: a bucket per parameter
+
+// How one rank runs the net: which layer first, and whether `extra` takes part.
+struct Pass {
+  bool fc2_first = false;
+  bool use_extra = false;
+};
+
+enum class Layers { kTwo, kWithExtra };
+
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(Layers layers) {
+    fc1 = register_module("fc1", torch::nn::Linear(kWidth, kWidth));
+    fc2 = register_module("fc2", torch::nn::Linear(kWidth, kWidth));
+    if (layers == Layers::kWithExtra) {
+      extra = register_module("extra", torch::nn::Linear(kWidth, kWidth));
+    }
+    // The same weights on every rank, whatever the random generator did.
+    torch::NoGradGuard no_grad;
+    double phase = 0;
+    for (auto& p : parameters()) {
+      auto ramp = torch::arange(p.numel(), torch::kFloat) * 0.7 + phase;
+      p.copy_(torch::sin(ramp).reshape(p.sizes()) * 0.5);
+      phase += 1;
+    }
+  }
+
+  torch::Tensor loss(const torch::Tensor& x, Pass pass = {}) {
+    auto y = pass.fc2_first ? fc1(torch::tanh(fc2(x))) : fc2(torch::tanh(fc1(x)));
+    if (pass.use_extra) y = y + extra(x);
+    return y.pow(2).mean();
+  }
+
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::Linear fc2{nullptr};
+  torch::nn::Linear extra{nullptr};
+};
+TORCH_MODULE(Net);
+
+// A different batch for every rank and step.
+torch::Tensor input(int rank, int step = 0) {
+  auto ramp = torch::arange(kBatch * kWidth, torch::kFloat) * (0.3 * (rank + 1)) + step;
+  return torch::cos(ramp).reshape({kBatch, kWidth});
+}
+
+// Each parameter's .grad by name; a missing one counts as zero.
+ByName grads_of(const torch::nn::Module& net) {
+  ByName grads;
+  for (const auto& p : net.named_parameters()) {
+    const auto& grad = p.value().grad();
+    grads[p.key()] = grad.defined() ? grad.clone() : torch::zeros_like(p.value());
+  }
+  return grads;
+}
+
+ByName weights_of(const torch::nn::Module& net) {
+  ByName weights;
+  for (const auto& p : net.named_parameters()) weights[p.key()] = p.value().detach().clone();
+  return weights;
+}
+
+// The gradients one rank gets on its own, starting from `weights`: backward
+// once per input, accumulating.
+ByName local_grads(const Net& weights, const std::vector<torch::Tensor>& inputs, Pass pass = {}) {
+  Net net(weights->extra ? Layers::kWithExtra : Layers::kTwo);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = weights->named_parameters();
+    for (auto& p : net->named_parameters()) p.value().copy_(from[p.key()]);
+  }
+  for (const auto& x : inputs) net->loss(x, pass).backward();
+  return grads_of(*net);
+}
+
+ByName mean(const std::vector<ByName>& per_rank) {
+  ByName sum;
+  for (const auto& grads : per_rank) {
+    for (const auto& [name, grad] : grads) {
+      auto found = sum.find(name);
+      if (found == sum.end()) {
+        sum.emplace(name, grad.clone());
+      } else {
+        found->second.add_(grad);
+      }
+    }
+  }
+  for (auto& [name, grad] : sum) grad.div_(static_cast<double>(per_rank.size()));
+  return sum;
+}
+
+void check_close(const ByName& actual, const ByName& expected) {
+  REQUIRE(actual.size() == expected.size());
+  for (const auto& [name, grad] : expected) {
+    CAPTURE(name);
+    REQUIRE(actual.count(name) == 1);
+    CHECK(torch::allclose(actual.at(name), grad, 1e-5, 1e-6));
+  }
+}
+
+std::shared_ptr<train::detail::Reducer> attach(Net& net, Group group,
+                                               const train::ModelOptions& options = {}) {
+  auto reducer = std::make_shared<train::detail::Reducer>(*net, std::move(group), options);
+  reducer->install_hooks();
+  return reducer;
+}
+
+// Runs `rank_body` on `world` threads, each with its own Gloo process group over
+// one store, over loopback. Joins them all, then throws what every failed rank threw.
+void run_ranks(int world, const std::function<void(int rank, Group group)>& rank_body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(kCollectiveTimeout);
+  std::vector<std::string> failures(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto options = c10d::ProcessGroupGloo::Options::create(kCollectiveTimeout);
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        rank_body(rank, c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options));
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      } catch (...) {
+        failures[rank] = "an exception that is not a std::exception";
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  // Every failure, not only the first: a rank's error often shows up on its peers.
+  std::string failed;
+  for (int rank = 0; rank < world; ++rank) {
+    if (failures[rank].empty()) continue;
+    if (!failed.empty()) failed += "; ";
+    failed += "rank " + std::to_string(rank) + ": " + failures[rank];
+  }
+  if (!failed.empty()) throw std::runtime_error(failed);
+}
+
+}  // namespace
+
+TEST_CASE("after backward every rank holds the average of the ranks' gradients") {
+  const int world = 3;
+  std::vector<ByName> synced(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto reducer = attach(net, group);
+    net->loss(input(rank)).backward();
+    synced[rank] = grads_of(*net);
+  });
+
+  std::vector<ByName> local;
+  for (int rank = 0; rank < world; ++rank) {
+    local.push_back(local_grads(Net(Layers::kTwo), {input(rank)}));
+  }
+  REQUIRE_FALSE(torch::allclose(local[0].at("fc1.weight"), local[1].at("fc1.weight")));
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    check_close(synced[rank], mean(local));
+  }
+}
+
+TEST_CASE("gradients ready in a different order on each rank: small buckets still average") {
+  // Rank 1 runs the layers the other way round, so its gradients become ready in
+  // another order; buckets must still be allreduced in the same order everywhere.
+  const int world = 2;
+  auto pass_of = [](int rank) { return Pass{/*fc2_first=*/rank == 1, /*use_extra=*/false}; };
+  std::vector<ByName> synced(world);
+  std::vector<size_t> buckets(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto options = train::ModelOptions().bucket_cap_mb(kTinyCapMb).first_bucket_cap_mb(kTinyCapMb);
+    auto reducer = attach(net, group, options);
+    buckets[rank] = reducer->num_buckets();
+    net->loss(input(rank), pass_of(rank)).backward();
+    synced[rank] = grads_of(*net);
+  });
+
+  std::vector<ByName> local;
+  for (int rank = 0; rank < world; ++rank) {
+    local.push_back(local_grads(Net(Layers::kTwo), {input(rank)}, pass_of(rank)));
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(buckets[rank] == 4);
+    check_close(synced[rank], mean(local));
+  }
+}
+
+TEST_CASE("a parameter without a gradient fails backward with its name") {
+  const int world = 2;
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kWithExtra);
+    auto reducer = attach(net, group);
+    try {
+      net->loss(input(rank)).backward();
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(errors[rank].find("extra.weight") != std::string::npos);
+    CHECK(errors[rank].find("extra.bias") != std::string::npos);
+    CHECK(errors[rank].find("find_unused_parameters(true)") != std::string::npos);
+    CHECK(errors[rank].find("fc1") == std::string::npos);
+  }
+}
+
+TEST_CASE("with find_unused_parameters a missing gradient counts as zero") {
+  // Only rank 0 uses `extra`: every rank gets half of rank 0's gradient for it.
+  const int world = 2;
+  auto pass_of = [](int rank) { return Pass{/*fc2_first=*/false, /*use_extra=*/rank == 0}; };
+  std::vector<ByName> synced(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kWithExtra);
+    auto reducer = attach(net, group, train::ModelOptions().find_unused_parameters(true));
+    net->loss(input(rank), pass_of(rank)).backward();
+    synced[rank] = grads_of(*net);
+  });
+
+  std::vector<ByName> local;
+  for (int rank = 0; rank < world; ++rank) {
+    local.push_back(local_grads(Net(Layers::kWithExtra), {input(rank)}, pass_of(rank)));
+  }
+  REQUIRE(local[1].at("extra.weight").abs().sum().item<float>() == 0);
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    check_close(synced[rank], mean(local));
+  }
+}
+
+TEST_CASE("no sync accumulates locally, and the next synced backward averages the sum") {
+  const int world = 2;
+  std::vector<ByName> unsynced(world);
+  std::vector<ByName> synced(world);
+  std::vector<int> previous(world, 0);  // not vector<bool>: ranks write it at once
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto reducer = attach(net, group);
+    previous[rank] = reducer->set_sync(false);
+    net->loss(input(rank, 0)).backward();
+    unsynced[rank] = grads_of(*net);
+    reducer->set_sync(true);
+    net->loss(input(rank, 1)).backward();
+    synced[rank] = grads_of(*net);
+  });
+
+  std::vector<ByName> accumulated;
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(previous[rank]);
+    check_close(unsynced[rank], local_grads(Net(Layers::kTwo), {input(rank, 0)}));
+    accumulated.push_back(local_grads(Net(Layers::kTwo), {input(rank, 0), input(rank, 1)}));
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    check_close(synced[rank], mean(accumulated));
+  }
+}
+
+TEST_CASE("zero_grad and step between iterations: each iteration averages, replicas stay equal") {
+  const int world = 2;
+  const int steps = 3;
+  const double lr = 0.1;
+  // LibTorch 1.13's zero_grad zeroes .grad in place; 2.x's sets it to undefined by default.
+  bool grads_to_undefined = false;
+  SUBCASE("optimizer zero_grad") {}
+  SUBCASE(".grad set to undefined") { grads_to_undefined = true; }
+  std::vector<std::vector<ByName>> synced(world, std::vector<ByName>(steps));
+  std::vector<ByName> final_weights(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto options = train::ModelOptions().bucket_cap_mb(kTinyCapMb).first_bucket_cap_mb(kTinyCapMb);
+    auto reducer = attach(net, group, options);
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(lr));
+    for (int step = 0; step < steps; ++step) {
+      if (grads_to_undefined) {
+        for (auto& p : net->parameters()) p.mutable_grad().reset();
+      } else {
+        optimizer.zero_grad();
+      }
+      net->loss(input(rank, step)).backward();
+      synced[rank][step] = grads_of(*net);
+      optimizer.step();
+    }
+    final_weights[rank] = weights_of(*net);
+  });
+
+  // Data-parallel SGD by hand: one replica, stepped with the mean of the ranks' gradients.
+  Net replica(Layers::kTwo);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<ByName> local;
+    for (int rank = 0; rank < world; ++rank) {
+      local.push_back(local_grads(replica, {input(rank, step)}));
+    }
+    auto expected = mean(local);
+    for (int rank = 0; rank < world; ++rank) {
+      CAPTURE(rank);
+      CAPTURE(step);
+      check_close(synced[rank][step], expected);
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& p : replica->named_parameters()) p.value().sub_(expected.at(p.key()) * lr);
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    check_close(final_weights[rank], weights_of(*replica));
+  }
+}

@@ -1,0 +1,89 @@
+// One point of the scale simulation: a run of N scripted fake workers
+// (tests/fake_worker, no LibTorch) through rendezvous, plugin download and R
+// metrics-only report barriers, driven through the Trainer API in this
+// process, which is then the controller. Prints one JSON line: time to
+// all-ranks-ready, report round-trip p50/p99 over every rank's reports, the
+// controller's CPU time and peak RSS. tools/bench/scale.py runs it per size.
+//
+//   scale_bench --workers N --reports R --plugin P --fake-worker F
+
+#include <trainrun/trainer.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <stdlib.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+namespace {
+
+double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; }
+
+double percentile(std::vector<double>& values, double p) {
+  if (values.empty()) return 0;
+  auto k = static_cast<size_t>(p * static_cast<double>(values.size() - 1));
+  std::nth_element(values.begin(), values.begin() + static_cast<long>(k), values.end());
+  return values[k];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"scale_bench: one size of the fake-worker scale simulation"};
+  int workers = 64, reports = 1000;
+  std::filesystem::path plugin, fake_worker;
+  app.add_option("--workers", workers)->required();
+  app.add_option("--reports", reports);
+  app.add_option("--plugin", plugin)->required();
+  app.add_option("--fake-worker", fake_worker)->required();
+  CLI11_PARSE(app, argc, argv);
+
+  char pattern[] = "/tmp/trainrun-scale-XXXXXX";
+  std::filesystem::path root = ::mkdtemp(pattern);
+  std::filesystem::create_directories(root / "latency");
+  trainrun::TrainerOptions options;
+  options.plugin = plugin;
+  options.entry = "context";  // the test plugin's; fake workers only download it
+  options.worker_executable = fake_worker;
+  options.scaling.num_workers = workers;
+  options.scaling.cpus_per_worker = 1;
+  options.config = {{"reports", reports}, {"latency_dir", (root / "latency").string()}};
+  options.run.name = "scale";
+  options.run.storage_path = root / "results";
+  options.cache_dir = root / "cache";  // cold: every worker downloads the plugin
+  options.verbose = false;
+
+  auto start = std::chrono::system_clock::now();
+  auto result = trainrun::Trainer(options).fit();
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+
+  double start_s = std::chrono::duration<double>(start.time_since_epoch()).count();
+  double ready = 0;
+  std::vector<double> latencies;
+  for (int rank = 0; rank < workers; ++rank) {
+    std::ifstream in(root / "latency" / ("rank-" + std::to_string(rank) + ".txt"));
+    double t = 0;
+    if (in >> t) ready = std::max(ready, t - start_s);
+    for (double us; in >> us;) latencies.push_back(us);
+  }
+  nlohmann::json out = {
+      {"workers", workers},
+      {"reports", reports},
+      {"ok", !result.error && result.iterations == reports},
+      {"error", result.error ? result.error->summary() : ""},
+      {"wall_s", result.wall_seconds},
+      {"ready_s", ready},
+      {"report_p50_us", percentile(latencies, 0.5)},
+      {"report_p99_us", percentile(latencies, 0.99)},
+      {"controller_cpu_s", seconds(usage.ru_utime) + seconds(usage.ru_stime)},
+      {"controller_peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0}};
+  std::cout << out.dump() << std::endl;
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
+  return out["ok"] ? 0 : 1;
+}
