@@ -13,7 +13,9 @@
 //   silent_rank=R, silent_after=K  rank R goes silent after K reports
 //   fail_rank=R           rank R sends FAILED (an exception) instead of reporting
 //   latency_dir=DIR       each rank writes rank-<r>.txt: its ready time (s since
-//                         the epoch), then each report's round trip in us
+//                         the epoch), then per report when it sent the REPORT and
+//                         when the REPORT_ACK came (CLOCK_MONOTONIC, ns: one
+//                         clock for every process on the machine)
 //
 // Every wait is bounded by the assignment's heartbeat timeout or the startup
 // timeout; a worker that waits longer exits with code 1.
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "common/constants.h"
+#include "common/parent.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
@@ -42,6 +46,12 @@ namespace {
 
 using namespace trainrun;
 using Clock = std::chrono::steady_clock;
+
+int64_t monotonic_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
 
 double unix_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -84,7 +94,7 @@ class FakeWorker {
       train_.send(zmq::str_buffer("\xc1"), zmq::send_flags::none);
     }
     int reports = get("reports", 3);
-    std::vector<int64_t> latencies;
+    std::vector<std::pair<int64_t, int64_t>> times;  // REPORT sent, REPORT_ACK received
     for (int i = 1; i <= reports; ++i) {
       if (is(rank_, "exit_rank") && i > get("exit_after", 0)) return 3;
       if (is(rank_, "short_rank") && i > get("short_after", 0)) break;
@@ -99,21 +109,20 @@ class FakeWorker {
       report.iteration = is(rank_, "skip_rank") ? i + 1 : i;
       auto metrics = nlohmann::json::to_msgpack({{"i", i}, {"rank", rank_}});
       report.metrics.assign(metrics.begin(), metrics.end());
-      auto sent = Clock::now();
+      auto sent = monotonic_ns();
       protocol::send(train_, report);
       auto ack = wait_train<protocol::ReportAck>();
-      latencies.push_back(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent)
-                              .count());
+      times.emplace_back(sent, monotonic_ns());
       if (ack.iteration != report.iteration) throw ProtocolError("acknowledged another report");
     }
-    protocol::send(train_, protocol::Done{static_cast<int64_t>(latencies.size())});
+    protocol::send(train_, protocol::Done{static_cast<int64_t>(times.size())});
     if (script_.contains("latency_dir")) {
       std::ofstream out(std::filesystem::path(script_["latency_dir"].get<std::string>()) /
                         ("rank-" + std::to_string(rank_) + ".txt"));
       char line[64];
       std::snprintf(line, sizeof(line), "%.6f\n", ready);
       out << line;
-      for (auto us : latencies) out << us << "\n";
+      for (auto [sent, acked] : times) out << sent << " " << acked << "\n";
     }
     return wait_shutdown();
   }
@@ -207,6 +216,7 @@ class FakeWorker {
 }  // namespace
 
 int main(int argc, char** argv) {
+  die_with_parent();
   CLI::App app{"fake_worker: a scripted trainrun worker for tests"};
   std::string connect;
   int index = -1;

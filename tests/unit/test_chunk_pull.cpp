@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <optional>
 
 #include "temp_dir.h"
 #include "transfer/chunk_pull.h"
@@ -37,7 +38,8 @@ TEST_CASE("chunk pull: the credit bounds what is in flight, and chunks cover eve
   REQUIRE(first.size() == 3);
   CHECK(first[1].offset == 1024);
   CHECK(fetcher.requests().empty());  // the credit is spent until a chunk comes back
-  auto source = ChunkSource::from_memory(protocol::kPluginSource, plugin);
+  auto source = ChunkSource::from_memory(protocol::kPluginSource,
+                                         std::make_shared<const std::string>(plugin));
   ChunkFetcher again(protocol::kPluginSource, {plugin.size()}, 1024, 3);
   CHECK(pull(again, source, 1)[0] == plugin);
   CHECK(again.complete());
@@ -72,7 +74,8 @@ TEST_CASE("chunk pull: a chunk out of order, unasked for or of another size is r
 }
 
 TEST_CASE("chunk pull: the source refuses requests out of range or for another source") {
-  auto source = ChunkSource::from_memory(protocol::kPluginSource, std::string(100, 'x'));
+  auto source = ChunkSource::from_memory(protocol::kPluginSource,
+                                         std::make_shared<const std::string>(100, 'x'));
   CHECK(source.read({protocol::kPluginSource, 0, 90, 10}).second.size() == 10);
   CHECK_THROWS_AS(source.read({protocol::kPluginSource, 0, 95, 10}), ProtocolError);
   CHECK_THROWS_AS(source.read({protocol::kPluginSource, 0, ~0ull, 2}), ProtocolError);
@@ -88,4 +91,16 @@ TEST_CASE("chunk pull: a file shorter than its listing is an IoError, not short 
       ChunkSource::from_files(protocol::kCheckpointSource, tmp.path, {{"f", 10, ""}});
   CHECK_THROWS_WITH_AS(source.read({protocol::kCheckpointSource, 0, 0, 10}),
                        doctest::Contains("shorter than its manifest says"), IoError);
+}
+
+TEST_CASE("chunk pull: chunks of memory share it and keep it alive until they are sent") {
+  auto bytes = std::make_shared<const std::string>(4096, 'p');
+  std::optional<zmq::message_t> chunk;
+  {
+    auto source = ChunkSource::from_memory(protocol::kPluginSource, bytes);
+    chunk = std::move(source.read({protocol::kPluginSource, 0, 1024, 1024}).second);
+    CHECK(chunk->data<char>() == bytes->data() + 1024);  // no copy
+  }
+  bytes.reset();  // the source is gone too: the message alone holds the bytes
+  CHECK(std::string(chunk->data<char>(), chunk->size()) == std::string(1024, 'p'));
 }

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """The scale simulation: 64, 256 and 1024 scripted fake workers (no LibTorch)
 go through rendezvous, plugin download and 1,000 metrics-only report barriers
-against one controller. Prints, per size, the time until every rank is ready,
-the report round trip (p50, p99, over every rank's reports), the controller's
-CPU time and its peak RSS, and the CPU time per rank-report, which stays flat
-when the controller scales linearly.
+against one controller. Prints, per size: the time until every rank is ready;
+per report and rank, the round trip a rank sees in report() (REPORT sent to
+REPORT_ACK received, which includes waiting for the last of N processes to be
+scheduled and arrive) and the release (the last rank's REPORT sent to this
+rank's REPORT_ACK received: the barrier's own cost), p50 and p99 of each; the
+controller's CPU time and peak RSS; and its CPU time per rank-report, which
+stays flat when the controller scales linearly.
 
     python3 tools/bench/scale.py [--build build] [--sizes 64 256 1024] [--reports 1000]
 
@@ -32,8 +35,9 @@ def main():
             sys.exit(f"scale.py: {path} is missing: build the tests first")
     with open("/proc/loadavg") as f:
         print(f"load average before: {f.read().split()[0]}; {os.cpu_count()} cores")
-    print(f"{'workers':>7} {'ready s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ctl CPU s':>10} "
-          f"{'ctl RSS MB':>10} {'CPU us/rank-report':>18}")
+    print(f"{'workers':>7} {'ready s':>8} {'rtt p50 ms':>10} {'rtt p99 ms':>10} "
+          f"{'release p50 ms':>14} {'release p99 ms':>14} {'ctl CPU s':>9} {'ctl RSS MB':>10} "
+          f"{'CPU us/rank-report':>18}")
     failed = False
     for size in args.sizes:
         proc = subprocess.run([bench, "--workers", str(size), "--reports", str(args.reports),
@@ -46,8 +50,9 @@ def main():
             continue
         r = json.loads(lines[-1])
         per = r["controller_cpu_s"] / (size * args.reports) * 1e6
-        print(f"{size:>7} {r['ready_s']:8.2f} {r['report_p50_us'] / 1000:8.2f} "
-              f"{r['report_p99_us'] / 1000:8.2f} {r['controller_cpu_s']:10.2f} "
+        print(f"{size:>7} {r['ready_s']:8.2f} {r['round_trip_p50_us'] / 1000:10.2f} "
+              f"{r['round_trip_p99_us'] / 1000:10.2f} {r['release_p50_us'] / 1000:14.2f} "
+              f"{r['release_p99_us'] / 1000:14.2f} {r['controller_cpu_s']:9.2f} "
               f"{r['controller_peak_rss_mb']:10.1f} {per:18.2f}"
               + ("" if r["ok"] else f"  FAILED: {r['error']}"))
         failed |= not r["ok"]

@@ -2,8 +2,11 @@
 // (tests/fake_worker, no LibTorch) through rendezvous, plugin download and R
 // metrics-only report barriers, driven through the Trainer API in this
 // process, which is then the controller. Prints one JSON line: time to
-// all-ranks-ready, report round-trip p50/p99 over every rank's reports, the
-// controller's CPU time and peak RSS. tools/bench/scale.py runs it per size.
+// all-ranks-ready; per report and rank, the round trip (REPORT sent to
+// REPORT_ACK received, which includes waiting for the last rank to arrive) and
+// the release (the last rank's REPORT sent to this rank's REPORT_ACK: what the
+// barrier itself costs), p50 and p99 of each; the controller's CPU time and
+// peak RSS. tools/bench/scale.py runs it per size.
 //
 //   scale_bench --workers N --reports R --plugin P --fake-worker F
 
@@ -64,12 +67,24 @@ int main(int argc, char** argv) {
 
   double start_s = std::chrono::duration<double>(start.time_since_epoch()).count();
   double ready = 0;
-  std::vector<double> latencies;
+  std::vector<std::vector<std::pair<double, double>>> times(static_cast<size_t>(reports));
   for (int rank = 0; rank < workers; ++rank) {
     std::ifstream in(root / "latency" / ("rank-" + std::to_string(rank) + ".txt"));
     double t = 0;
     if (in >> t) ready = std::max(ready, t - start_s);
-    for (double us; in >> us;) latencies.push_back(us);
+    double sent = 0, acked = 0;
+    for (size_t i = 0; i < times.size() && in >> sent >> acked; ++i) {
+      times[i].emplace_back(sent, acked);
+    }
+  }
+  std::vector<double> round_trips, releases;  // us
+  for (const auto& report : times) {
+    double last_sent = 0;
+    for (auto [sent, acked] : report) last_sent = std::max(last_sent, sent);
+    for (auto [sent, acked] : report) {
+      round_trips.push_back((acked - sent) / 1e3);
+      releases.push_back((acked - last_sent) / 1e3);
+    }
   }
   nlohmann::json out = {
       {"workers", workers},
@@ -78,8 +93,10 @@ int main(int argc, char** argv) {
       {"error", result.error ? result.error->summary() : ""},
       {"wall_s", result.wall_seconds},
       {"ready_s", ready},
-      {"report_p50_us", percentile(latencies, 0.5)},
-      {"report_p99_us", percentile(latencies, 0.99)},
+      {"round_trip_p50_us", percentile(round_trips, 0.5)},
+      {"round_trip_p99_us", percentile(round_trips, 0.99)},
+      {"release_p50_us", percentile(releases, 0.5)},
+      {"release_p99_us", percentile(releases, 0.99)},
       {"controller_cpu_s", seconds(usage.ru_utime) + seconds(usage.ru_stime)},
       {"controller_peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0}};
   std::cout << out.dump() << std::endl;

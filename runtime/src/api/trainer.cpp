@@ -109,9 +109,9 @@ Result Trainer::fit() {
   auto entry = resolve_entry(plugin, options_.entry);
   ControllerSetup setup;
   setup.options = options_;
-  setup.plugin_bytes = read_file(options_.plugin);
+  setup.plugin_bytes = std::make_shared<const std::string>(read_file(options_.plugin));
   Sha256 hash;
-  hash.update(setup.plugin_bytes.data(), setup.plugin_bytes.size());
+  hash.update(setup.plugin_bytes->data(), setup.plugin_bytes->size());
   setup.plugin_sha256 = hash.hex_digest();
   setup.entry = entry;
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

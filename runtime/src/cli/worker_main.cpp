@@ -4,10 +4,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/parent.h"
 #include "common/paths.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
+  trainrun::die_with_parent();
   CLI::App app{"trainrun-worker: runs train functions for a trainrun controller"};
   trainrun::WorkerOptions options;
   int64_t startup_ms = 0;

@@ -291,7 +291,7 @@ void Controller::assign_ranks() {
   assign.entry = setup_.entry;
   assign.config.assign(config.begin(), config.end());
   assign.plugin_sha256 = setup_.plugin_sha256;
-  assign.plugin_size = setup_.plugin_bytes.size();
+  assign.plugin_size = setup_.plugin_bytes->size();
   assign.store_host = kLocalHost;
   assign.store_prefix = "trainrun/attempt-0";
   assign.bind_host = kLocalHost;

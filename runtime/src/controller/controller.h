@@ -38,7 +38,7 @@ namespace trainrun {
 struct ControllerSetup {
   TrainerOptions options;
   std::string entry;
-  std::string plugin_bytes;
+  std::shared_ptr<const std::string> plugin_bytes;
   std::string plugin_sha256;
   int cpus_per_worker = 1;
   std::shared_ptr<spdlog::logger> log;

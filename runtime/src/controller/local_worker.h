@@ -1,9 +1,10 @@
 #pragma once
 
-// A worker process started on this host: fork + execve of `trainrun-worker ...`,
+// A worker process started on this host: posix_spawn of `trainrun-worker ...`,
 // its stdout and stderr on pipes the controller reads, in its own process group
 // (so a terminal's Ctrl-C reaches only the controller, which stops workers in
-// order) and with PR_SET_PDEATHSIG (so a killed controller leaves no orphan).
+// order), and told the controller's pid so that it sets PR_SET_PDEATHSIG
+// itself (common/parent.h: a killed controller leaves no orphan).
 
 #include <sys/types.h>
 

@@ -57,10 +57,11 @@ uint32_t ChunkFetcher::accept(const protocol::Chunk& chunk, size_t size) {
   return chunk.file;
 }
 
-ChunkSource ChunkSource::from_memory(std::string source, std::string bytes) {
+ChunkSource ChunkSource::from_memory(std::string source,
+                                     std::shared_ptr<const std::string> bytes) {
   ChunkSource out;
   out.source_ = std::move(source);
-  out.files_.push_back({"", bytes.size(), ""});
+  out.files_.push_back({"", bytes->size(), ""});
   out.memory_ = std::move(bytes);
   return out;
 }
@@ -84,8 +85,14 @@ std::pair<protocol::Chunk, zmq::message_t> ChunkSource::read(
                         ", length " + std::to_string(fetch.length) + ")");
   }
   protocol::Chunk chunk{source_, fetch.file, fetch.offset};
-  if (dir_.empty()) {
-    return {chunk, zmq::message_t(memory_.data() + fetch.offset, fetch.length)};
+  if (memory_) {
+    // Zero-copy: the message keeps the bytes alive until ZeroMQ has sent it.
+    auto* keep = new std::shared_ptr<const std::string>(memory_);
+    auto release = [](void*, void* hint) {
+      delete static_cast<std::shared_ptr<const std::string>*>(hint);
+    };
+    return {chunk, zmq::message_t(const_cast<char*>(memory_->data()) + fetch.offset, fetch.length,
+                                  release, keep)};
   }
   auto path = dir_ / files_[fetch.file].path;
   zmq::message_t bytes(fetch.length);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,9 @@ class ChunkFetcher {
 class ChunkSource {
  public:
   /// Serves `bytes` as file 0 (a plugin, kept in memory as it was verified).
-  static ChunkSource from_memory(std::string source, std::string bytes);
+  /// Chunks point into it rather than copy it: a thousand workers fetching at
+  /// once hold one copy, which lives until the last chunk is sent.
+  static ChunkSource from_memory(std::string source, std::shared_ptr<const std::string> bytes);
   /// Serves the files under `dir`, by index, at the sizes given.
   static ChunkSource from_files(std::string source, std::filesystem::path dir,
                                 std::vector<protocol::CheckpointFile> files);
@@ -64,7 +67,7 @@ class ChunkSource {
  private:
   ChunkSource() = default;
   std::string source_;
-  std::string memory_;
+  std::shared_ptr<const std::string> memory_;
   std::filesystem::path dir_;
   std::vector<protocol::CheckpointFile> files_;
   size_t chunk_size_ = kChunkSize;
