@@ -121,3 +121,14 @@ TEST_CASE("fake workers: a rank that raises is named with its message") {
   CHECK(result.error->message == "raised: scripted failure");
   CHECK(result.error->summary().find("rank 0 (localhost, pid ") == 0);
 }
+
+TEST_CASE("fake workers: output without a newline is forwarded in bounded pieces") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 2}, {"spam_mib", 64}});
+  REQUIRE_FALSE(result.error);
+  auto lines = read_lines(tmp.path / "results" / "fake" / "logs" / "worker-0.log");
+  REQUIRE(lines.size() == 1024);  // 64 MiB in 64 KiB pieces
+  CHECK(lines.front().size() == 64 * 1024);
+  CHECK(result.wall_seconds < 20);  // each read searched only its new bytes
+  CHECK_FALSE(std::filesystem::exists(tmp.path / "results" / "fake" / "logs" / "worker-1.log"));
+}

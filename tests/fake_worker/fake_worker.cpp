@@ -12,6 +12,7 @@
 //   garbage_rank=R        rank R first sends frames that are not a message
 //   silent_rank=R, silent_after=K  rank R goes silent after K reports
 //   fail_rank=R           rank R sends FAILED (an exception) instead of reporting
+//   spam_mib=M            rank 0 first writes M MiB to stdout without a newline
 //   latency_dir=DIR       each rank writes rank-<r>.txt: its ready time (s since
 //                         the epoch), then per report when it sent the REPORT and
 //                         when the REPORT_ACK came (CLOCK_MONOTONIC, ns: one
@@ -92,6 +93,11 @@ class FakeWorker {
       train_.send(zmq::str_buffer("not a type frame at all, and far too long to be one: xxxxxxxxx"),
                   zmq::send_flags::sndmore);
       train_.send(zmq::str_buffer("\xc1"), zmq::send_flags::none);
+    }
+    if (int spam = get("spam_mib", 0); spam > 0 && rank_ == 0) {
+      std::string mib(1 << 20, 'x');
+      for (int i = 0; i < spam; ++i) std::fwrite(mib.data(), 1, mib.size(), stdout);
+      std::fflush(stdout);
     }
     int reports = get("reports", 3);
     std::vector<std::pair<int64_t, int64_t>> times;  // REPORT sent, REPORT_ACK received

@@ -135,8 +135,9 @@ void Controller::poll_once(std::chrono::milliseconds timeout) {
   if (items[2].revents & ZMQ_POLLIN) pool_.forward_output();
   if (items[1].revents & ZMQ_POLLIN) on_signals();
   if (items[0].revents & ZMQ_POLLIN) {
-    for (int i = 0; i < 256 && (router_.get(zmq::sockopt::events) & ZMQ_POLLIN); ++i) {
-      on_router_readable();
+    // Until the socket is empty (at most 256 messages, so that output and
+    // signals get their turn): asking ZMQ_EVENTS before each one costs more.
+    for (int i = 0; i < 256 && on_router_readable(); ++i) {
     }
   }
 }
@@ -218,9 +219,10 @@ void Controller::stop_workers(bool graceful) {
   pool_.drain_output();  // the last lines before each exit
 }
 
-void Controller::on_router_readable() {
+bool Controller::on_router_readable() {
   auto frames = protocol::recv_frames(router_, true);
-  if (frames.size() < 2) return;
+  if (frames.empty()) return false;
+  if (frames.size() < 2) return true;
   std::string id = frames[0].to_string();
   frames.erase(frames.begin());
   WorkerSlot* worker = pool_.by_connection(id);
@@ -228,7 +230,7 @@ void Controller::on_router_readable() {
     auto message = protocol::Incoming::parse(std::move(frames));
     if (worker == nullptr) {
       on_new_peer(id, message);
-      return;
+      return true;
     }
     worker->last_heard = Clock::now();
     if (worker->train_id == id) {
@@ -241,6 +243,7 @@ void Controller::on_router_readable() {
     log_.warn("dropped a message from {}: {}", worker ? worker->describe() : "an unknown peer",
               e.what());
   }
+  return true;
 }
 
 void Controller::on_new_peer(const std::string& id, const protocol::Incoming& message) {

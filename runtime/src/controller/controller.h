@@ -74,7 +74,8 @@ class Controller {
   void stop_workers(bool graceful);
 
   // Routing.
-  void on_router_readable();
+  /// Handles one message; false when none was waiting.
+  bool on_router_readable();
   void on_new_peer(const std::string& id, const protocol::Incoming& message);
   void on_hello(const std::string& id, const protocol::Hello& hello);
   void on_attach(const std::string& id, const protocol::Attach& attach);

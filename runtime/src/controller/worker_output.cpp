@@ -6,13 +6,19 @@
 #include <utility>
 
 namespace trainrun {
+namespace {
+
+// A line longer than this is forwarded in pieces of this size, so that the
+// controller holds at most this much of a worker's output.
+constexpr size_t kMaxLine = 64 * 1024;
+
+}  // namespace
 
 WorkerOutput::WorkerOutput(int stdout_fd, int stderr_fd, std::string prefix,
                            const std::filesystem::path& log_file, bool echo)
-    : prefix_(std::move(prefix)), echo_(echo) {
+    : prefix_(std::move(prefix)), log_path_(log_file), echo_(echo) {
   streams_[0].fd = stdout_fd;
   streams_[1].fd = stderr_fd;
-  log_ = std::fopen(log_file.c_str(), "a");
 }
 
 WorkerOutput::~WorkerOutput() {
@@ -30,13 +36,16 @@ void WorkerOutput::read(int index) {
   while (true) {
     ssize_t n = ::read(stream.fd, buffer, sizeof(buffer));
     if (n > 0) {
+      // Only the new bytes are searched: a worker that writes without a
+      // newline must not make each read rescan everything it wrote.
+      size_t start = 0, end, from = stream.partial.size();
       stream.partial.append(buffer, static_cast<size_t>(n));
-      size_t start = 0, end;
-      while ((end = stream.partial.find('\n', start)) != std::string::npos) {
+      while ((end = stream.partial.find('\n', from)) != std::string::npos) {
         emit(index, stream.partial.substr(start, end - start));
-        start = end + 1;
+        start = from = end + 1;
       }
       stream.partial.erase(0, start);
+      if (stream.partial.size() >= kMaxLine) emit(index, std::exchange(stream.partial, {}));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -59,6 +68,10 @@ void WorkerOutput::emit(int stream, const std::string& line) {
     std::FILE* out = stream == 0 ? stdout : stderr;
     std::fprintf(out, "%s %s\n", prefix_.c_str(), line.c_str());
     std::fflush(out);
+  }
+  if (log_ == nullptr && !log_path_.empty()) {
+    log_ = std::fopen(log_path_.c_str(), "a");
+    if (log_ == nullptr) log_path_.clear();  // unwritable: the terminal still has it
   }
   if (log_ != nullptr) {
     std::fprintf(log_, "%s\n", line.c_str());

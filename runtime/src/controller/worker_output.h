@@ -1,8 +1,9 @@
 #pragma once
 
 // Forwards one worker's stdout and stderr, line by line, to the controller's
-// terminal (prefixed with rank, pid and host) and to logs/worker-<rank>.log.
-// Owned by the controller's single thread.
+// terminal (prefixed with rank, pid and host) and to logs/worker-<rank>.log,
+// which is created with the worker's first line: a thousand silent workers cost
+// no thousand files. Owned by the controller's single thread.
 
 #include <cstdio>
 #include <filesystem>
@@ -36,6 +37,7 @@ class WorkerOutput {
 
   Stream streams_[2];
   std::string prefix_;
+  std::filesystem::path log_path_;
   std::FILE* log_ = nullptr;
   bool echo_;
 };
