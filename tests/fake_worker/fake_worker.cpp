@@ -12,6 +12,7 @@
 //   garbage_rank=R        rank R first sends frames that are not a message
 //   silent_rank=R, silent_after=K  rank R goes silent after K reports
 //   fail_rank=R           rank R sends FAILED (an exception) instead of reporting
+//   fetch_plugin=true     download the plugin even when it is cached
 //   spam_mib=M            rank 0 first writes M MiB to stdout without a newline
 //   latency_dir=DIR       each rank writes rank-<r>.txt: its ready time (s since
 //                         the epoch), then per report when it sent the REPORT and
@@ -143,7 +144,8 @@ class FakeWorker {
 
   // The plugin, from the cache or through the controller, as trainrun-worker gets it.
   void fetch_plugin(const protocol::Assign& assign) {
-    if (find_cached_plugin(cache_dir_, assign.plugin_sha256)) return;
+    bool force = script_.value("fetch_plugin", false);
+    if (!force && find_cached_plugin(cache_dir_, assign.plugin_sha256)) return;
     PluginDownload download(cache_dir_, assign.plugin_sha256, assign.plugin_size);
     ChunkFetcher fetcher(protocol::kPluginSource, {assign.plugin_size});
     while (!fetcher.complete()) {

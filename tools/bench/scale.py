@@ -11,6 +11,11 @@ stays flat when the controller scales linearly.
 
     python3 tools/bench/scale.py [--build build] [--sizes 64 256 1024] [--reports 1000]
 
+Each size is also run as a bare ZeroMQ barrier (tools/bench/zmq_barrier.cpp:
+one ROUTER, N DEALER processes, no trainrun code), in the same invocation, and
+the ratios trainrun / bare are printed: on a small machine, N processes taking
+turns on the cores bound the round trip whatever the controller does.
+
 Targets at 256 workers: ready in <= 2 s, report p50 <= 2 ms, controller RSS
 <= 100 MB.
 """
@@ -28,9 +33,10 @@ def main():
     parser.add_argument("--reports", type=int, default=1000)
     args = parser.parse_args()
     bench = os.path.join(args.build, "tests", "scale_bench")
+    bare = os.path.join(args.build, "tests", "zmq_barrier")
     fake = os.path.join(args.build, "tests", "fake_worker")
     plugin = os.path.join(args.build, "tests", "plugins", "libtest_plugin.so")
-    for path in (bench, fake, plugin):
+    for path in (bench, bare, fake, plugin):
         if not os.path.exists(path):
             sys.exit(f"scale.py: {path} is missing: build the tests first")
     with open("/proc/loadavg") as f:
@@ -39,6 +45,7 @@ def main():
           f"{'release p50 ms':>14} {'release p99 ms':>14} {'ctl CPU s':>9} {'ctl RSS MB':>10} "
           f"{'CPU us/rank-report':>18}")
     failed = False
+    ratios = []
     for size in args.sizes:
         proc = subprocess.run([bench, "--workers", str(size), "--reports", str(args.reports),
                                "--plugin", plugin, "--fake-worker", fake],
@@ -56,6 +63,25 @@ def main():
               f"{r['controller_peak_rss_mb']:10.1f} {per:18.2f}"
               + ("" if r["ok"] else f"  FAILED: {r['error']}"))
         failed |= not r["ok"]
+        proc = subprocess.run([bare, "--clients", str(size), "--rounds", str(args.reports)],
+                              capture_output=True, text=True, timeout=1800)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+        if not lines:
+            print(f"{'bare':>7} failed: {proc.stderr.strip()[-500:]}")
+            continue
+        b = json.loads(lines[-1])
+        print(f"{'bare':>7} {b['ready_s']:8.2f} {b['round_trip_p50_us'] / 1000:10.2f} "
+              f"{b['round_trip_p99_us'] / 1000:10.2f} {b['release_p50_us'] / 1000:14.2f} "
+              f"{b['release_p99_us'] / 1000:14.2f} {b['server_cpu_s']:9.2f}")
+        ratios.append((size, r["ready_s"] / b["ready_s"],
+                       r["round_trip_p50_us"] / b["round_trip_p50_us"],
+                       r["release_p50_us"] / b["release_p50_us"],
+                       r["controller_cpu_s"] / b["server_cpu_s"]))
+    print("trainrun / bare ZeroMQ, same invocation:")
+    for size, ready, rtt, release, cpu in ratios:
+        print(f"{size:>7} workers: ready {ready:.2f}x (trainrun's adds the plugin download), "
+              f"round trip p50 {rtt:.2f}x, release p50 {release:.2f}x, "
+              f"CPU {cpu:.2f}x (trainrun's includes startup and shutdown)")
     return 1 if failed else 0
 
 

@@ -22,6 +22,8 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/hash.h"
+
 namespace {
 
 double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; }
@@ -43,6 +45,8 @@ int main(int argc, char** argv) {
   app.add_option("--reports", reports);
   app.add_option("--plugin", plugin)->required();
   app.add_option("--fake-worker", fake_worker)->required();
+  bool warm = false;
+  app.add_flag("--warm-cache", warm, "the plugin is in the workers' cache before they start");
   CLI11_PARSE(app, argc, argv);
 
   char pattern[] = "/tmp/trainrun-scale-XXXXXX";
@@ -57,9 +61,15 @@ int main(int argc, char** argv) {
   options.config = {{"reports", reports}, {"latency_dir", (root / "latency").string()}};
   options.run.name = "scale";
   options.run.storage_path = root / "results";
-  options.cache_dir = root / "cache";  // cold: every worker downloads the plugin
+  options.cache_dir = root / "cache";
   options.verbose = false;
 
+  options.config["fetch_plugin"] = !warm;  // cold: every worker downloads the plugin
+  if (warm) {
+    std::filesystem::create_directories(options.cache_dir);
+    std::filesystem::copy_file(plugin,
+                               options.cache_dir / (trainrun::sha256_file(plugin) + ".so"));
+  }
   auto start = std::chrono::system_clock::now();
   auto result = trainrun::Trainer(options).fit();
   rusage usage{};
