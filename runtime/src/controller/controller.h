@@ -125,7 +125,8 @@ class Controller {
   Clock::time_point next_timer_check_ = start_;
   bool assigned_ = false;
   int hellos_ = 0;
-  bool child_exited_ = true;  // SIGCHLD seen since the last reap (true: look once at start)
+  bool child_exited_ = false;  // SIGCHLD seen since the last reap
+  Clock::time_point next_reap_ = start_;
   // Rank 0's store, once it listens; the other ranks get it once attached.
   std::optional<protocol::StoreAddress> store_address_;
 };

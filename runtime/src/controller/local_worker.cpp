@@ -1,7 +1,5 @@
 #include "controller/local_worker.h"
 
-#include "common/parent.h"
-
 #include <trainrun/error.h>
 
 #include <fcntl.h>
@@ -11,6 +9,8 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+
+#include "common/parent.h"
 
 extern char** environ;
 
@@ -29,15 +29,15 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 LocalWorker spawn_local_worker(const std::filesystem::path& executable,
                                const std::vector<std::string>& args,
                                const std::vector<std::string>& env) {
-  // Everything the child needs is prepared before fork: between fork and exec
-  // only async-signal-safe calls are allowed in a multi-threaded process.
+  // argv and the environment, with `env` and the controller's pid replacing
+  // what this process inherited under the same names.
   std::vector<std::string> argv_strings{executable.string()};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry(*e);
     auto key = entry.substr(0, entry.find('=') + 1);
-    bool overridden = false;
+    bool overridden = key == std::string(kParentPidVariable) + "=";
     for (const auto& add : env) overridden |= add.rfind(key, 0) == 0;
     if (!overridden) env_strings.push_back(entry);
   }

@@ -1,5 +1,7 @@
 #include "controller/report_coordinator.h"
 
+#include <trainrun/error.h>
+
 namespace trainrun {
 
 ReportCoordinator::ReportCoordinator(int world_size, int64_t iteration_offset)
@@ -10,12 +12,13 @@ std::optional<std::string> ReportCoordinator::arrive(int rank, int64_t iteration
   return barrier_.arrive(rank, iteration, std::move(metrics));
 }
 
-ReportRecord ReportCoordinator::release(double timestamp, double time_total_s) {
+ReportRecord ReportCoordinator::release() {
   int64_t iteration = iteration_offset_ + barrier_.iteration();
-  return ReportRecord{iteration, timestamp, time_total_s, barrier_.release(), ""};
+  return ReportRecord{iteration, 0, 0, barrier_.release(), ""};
 }
 
 void ReportCoordinator::finished(int rank) {
+  TRAINRUN_CHECK(!barrier_.waiting(rank), "a rank finished while waiting in a report");
   ++finished_;
   last_finished_ = rank;
 }

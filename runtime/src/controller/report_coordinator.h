@@ -32,11 +32,14 @@ class ReportCoordinator {
   bool complete() const { return barrier_.complete(); }
   /// The iteration being collected, as the ranks count it.
   int64_t iteration() const { return barrier_.iteration(); }
+  /// Whether `rank` has reported the current iteration and waits for the others.
+  bool waiting(int rank) const { return barrier_.waiting(rank); }
   /// Ends the completed report and starts the next: its record (rank 0's
-  /// metrics; the iteration continues earlier runs), without a checkpoint yet.
-  ReportRecord release(double timestamp, double time_total_s);
+  /// metrics; the iteration continues earlier runs), without times or a
+  /// checkpoint yet.
+  ReportRecord release();
 
-  /// A rank returned from train_func.
+  /// A rank returned from train_func; it must not be waiting.
   void finished(int rank);
   /// A rank that returns while others wait in report would leave them waiting
   /// forever: when every rank has either returned or is waiting, and both

@@ -14,7 +14,8 @@ namespace trainrun {
 namespace {
 
 int g_write_fd = -1;
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+constexpr size_t kCount = sizeof(kSignals) / sizeof(kSignals[0]);
 
 void on_signal(int signal) {
   int saved = errno;
@@ -26,6 +27,10 @@ void on_signal(int signal) {
 }  // namespace
 
 SignalPipe::SignalPipe() {
+  if (g_write_fd >= 0) {
+    throw UsageError(
+        "another trainrun run is live in this process: runs in one process go one after another");
+  }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw IoError(std::string("cannot create signal pipe: ") + std::strerror(errno));
@@ -36,11 +41,25 @@ SignalPipe::SignalPipe() {
   action.sa_handler = &on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &action, &previous_[i]);
+  for (size_t i = 0; i < kCount; ++i) ::sigaction(kSignals[i], &action, &previous_[i]);
+  // A closed stdout (`trainrun ... | head`) must not end the run: writes to it
+  // fail with EPIPE instead, and output still reaches the logs.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, &previous_pipe_);
+  // The launcher may have blocked them (a mask survives exec): a worker's exit
+  // that never arrives would be blamed on its peers.
+  sigset_t ours;
+  sigemptyset(&ours);
+  for (int sig : kSignals) sigaddset(&ours, sig);
+  ::pthread_sigmask(SIG_UNBLOCK, &ours, &previous_mask_);
 }
 
 SignalPipe::~SignalPipe() {
-  for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  ::pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+  ::sigaction(SIGPIPE, &previous_pipe_, nullptr);
+  for (size_t i = 0; i < kCount; ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
   ::close(read_fd_);
   ::close(std::exchange(g_write_fd, -1));
 }

@@ -1,8 +1,10 @@
 #pragma once
 
-// SIGINT, SIGTERM and SIGCHLD turned into bytes on a pipe (the self-pipe trick),
-// so the controller's single poll loop sees them beside its sockets. One
-// instance per process; the previous handlers are restored on destruction.
+// SIGINT, SIGTERM, SIGHUP and SIGCHLD turned into bytes on a pipe (the
+// self-pipe trick), so the controller's single poll loop sees them beside its
+// sockets; they are unblocked on the constructing thread, and SIGPIPE is
+// ignored. One live instance per process (the constructor throws UsageError
+// for a second); the previous handlers and mask are restored on destruction.
 
 #include <csignal>
 #include <string>
@@ -24,7 +26,9 @@ class SignalPipe {
 
  private:
   int read_fd_ = -1;
-  struct sigaction previous_[3];
+  struct sigaction previous_[4];
+  struct sigaction previous_pipe_;
+  sigset_t previous_mask_;
 };
 
 /// "SIGSEGV (Segmentation fault)".

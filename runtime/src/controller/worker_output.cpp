@@ -33,7 +33,10 @@ void WorkerOutput::read(int index) {
   auto& stream = streams_[index];
   if (stream.fd < 0) return;
   char buffer[16384];
-  while (true) {
+  // At most this much a call: a worker that writes faster than it can be
+  // forwarded must not keep the loop from its sockets (epoll is level-triggered,
+  // so the rest comes on the next pass).
+  for (size_t budget = 16 * sizeof(buffer); budget > 0; budget -= sizeof(buffer)) {
     ssize_t n = ::read(stream.fd, buffer, sizeof(buffer));
     if (n > 0) {
       // Only the new bytes are searched: a worker that writes without a

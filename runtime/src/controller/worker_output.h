@@ -19,8 +19,6 @@ class WorkerOutput {
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
 
-  int stdout_fd() const { return streams_[0].fd; }
-  int stderr_fd() const { return streams_[1].fd; }
   /// Reads what is available on stream 0 (stdout) or 1 (stderr); closes it at EOF.
   void read(int stream);
   /// Reads both streams until EOF or until nothing more is waiting.

@@ -113,17 +113,20 @@ void WorkerPool::forward_output() {
   } while (n == 64);
 }
 
-std::vector<std::pair<WorkerSlot*, int>> WorkerPool::reap() {
-  std::vector<std::pair<WorkerSlot*, int>> exits;
+std::vector<std::pair<WorkerSlot*, std::optional<int>>> WorkerPool::reap() {
+  std::vector<std::pair<WorkerSlot*, std::optional<int>>> exits;
   if (running_ == 0) return exits;
   for (auto& worker : workers_) {
     if (worker.exited) continue;
     int status = 0;
-    if (::waitpid(worker.process.pid, &status, WNOHANG) != worker.process.pid) continue;
+    pid_t got = ::waitpid(worker.process.pid, &status, WNOHANG);
+    // ECHILD: a host program's waitpid(-1) took it; it is gone all the same.
+    bool lost = got < 0 && errno == ECHILD;
+    if (got != worker.process.pid && !lost) continue;
     worker.exited = true;
     --running_;
     worker.output->drain();
-    exits.emplace_back(&worker, status);
+    exits.emplace_back(&worker, lost ? std::nullopt : std::optional<int>(status));
   }
   return exits;
 }

@@ -86,8 +86,9 @@ class WorkerPool {
   /// Forwards what the workers have written.
   void forward_output();
 
-  /// The workers that exited since the last call, with their wait status.
-  std::vector<std::pair<WorkerSlot*, int>> reap();
+  /// The workers that exited since the last call, with their wait status
+  /// (none when another part of this process collected it first).
+  std::vector<std::pair<WorkerSlot*, std::optional<int>>> reap();
   bool all_exited() const;
   /// Sends `signal` to the process group of every worker still running.
   void signal_all(int signal);

@@ -2,8 +2,11 @@
 
 #include <trainrun/error.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <string_view>
 #include <fstream>
+#include <sstream>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
@@ -19,11 +22,24 @@ std::string dump(const json& value, int indent = 2) {
   return value.dump(indent, ' ', false, json::error_handler_t::replace);
 }
 
-// The file's JSON, or null when it does not exist. Throws IoError when it is malformed.
+// The file's JSON, or null when it does not exist. Throws IoError when it
+// exists but cannot be read, or is malformed: a state that cannot be read is
+// never taken for no state.
 json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return nullptr;
-  auto value = json::parse(in, nullptr, false);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && !ec) return nullptr;
+  std::string text;
+  try {
+    std::ifstream in(path);
+    if (ec || !in) throw IoError("cannot open it");
+    std::ostringstream bytes;
+    bytes << in.rdbuf();
+    if (!in) throw IoError("read error");
+    text = bytes.str();
+  } catch (const std::exception& e) {  // also a directory's read error from the stream
+    throw IoError("cannot read " + path.string() + ": " + e.what());
+  }
+  auto value = json::parse(text, nullptr, false);
   if (value.is_discarded() || !value.is_object()) {
     throw IoError(path.string() + " is not a valid JSON object");
   }
@@ -62,8 +78,23 @@ json checkpoint_json(const CheckpointInfo& c) {
   return {{"name", c.name}, {"iteration", c.iteration}, {"metrics", c.metrics}};
 }
 
+// A name from disk becomes a path that retention may delete: only names this
+// module makes are taken.
+bool is_checkpoint_name(const std::string& name) {
+  constexpr std::string_view kPrefix = "checkpoint_";
+  if (name.size() < kPrefix.size() + 6 || name.size() > kPrefix.size() + 19 ||
+      name.compare(0, kPrefix.size(), kPrefix) != 0) {
+    return false;
+  }
+  return std::all_of(name.begin() + static_cast<long>(kPrefix.size()), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 CheckpointInfo checkpoint_from_json(const json& j, const std::filesystem::path& run_dir) {
   auto name = j.at("name").get<std::string>();
+  if (!is_checkpoint_name(name)) {
+    throw json::other_error::create(501, "'" + name + "' is not a checkpoint's name", nullptr);
+  }
   return {name, run_dir / name, j.value("iteration", int64_t{0}),
           j.value("metrics", json::object())};
 }
@@ -177,6 +208,10 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& run_dir) {
     }
     if (j["latest"].is_string()) state.latest = j["latest"].get<std::string>();
     state.next_index = j.at("next_index").get<int64_t>();
+    if (!state.latest.empty() && !state.latest_checkpoint()) {
+      throw json::other_error::create(501, "latest names no listed checkpoint", nullptr);
+    }
+    if (state.next_index < 0) throw json::other_error::create(501, "negative next_index", nullptr);
     return state;
   });
 }

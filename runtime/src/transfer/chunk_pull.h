@@ -58,7 +58,6 @@ class ChunkSource {
   static ChunkSource from_files(std::string source, std::filesystem::path dir,
                                 std::vector<protocol::CheckpointFile> files);
 
-  const std::string& source() const { return source_; }
   /// The answer to `fetch`: the CHUNK and its bytes. Throws ProtocolError when
   /// it asks for another source or for bytes out of range, IoError when a file
   /// cannot be read whole.
