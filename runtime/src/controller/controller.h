@@ -1,7 +1,7 @@
 #pragma once
 
 // The controller of one run: binds the ROUTER socket, starts the local workers
-// and routes every message to the part whose job it is:
+// and routes every message (controller_routing.cpp) to the part whose job it is:
 //   WorkerPool         processes, connections, output, exits
 //   ReportCoordinator  the report barrier and its records
 //   CheckpointService  uploads, commits, the checkpoint to resume from
@@ -61,7 +61,13 @@ class Controller {
   RunOutcome run();
 
  private:
+  // Local workers only, so far: they reach the controller on a Unix socket
+  // (bind_endpoint), and rank 0's store over TCP loopback.
+  static constexpr const char* kLocalHost = "127.0.0.1";
+
   int world_size() const { return setup_.options.scaling.num_workers; }
+  /// Seconds since the run started.
+  double elapsed() const;
   std::string bind_endpoint();
   void remove_socket_dir();
 
