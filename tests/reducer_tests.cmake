@@ -3,4 +3,4 @@
 add_executable(test_reducer unit/main.cpp unit/test_bucket_assignment.cpp unit/test_reducer.cpp)
 target_include_directories(test_reducer PRIVATE ${PROJECT_SOURCE_DIR}/sdk/src)
 target_link_libraries(test_reducer PRIVATE trainrun::sdk doctest::doctest)
-doctest_discover_tests(test_reducer)
+doctest_discover_tests(test_reducer PROPERTIES TIMEOUT 300)

@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 
 #include "../unit/temp_dir.h"
 #include "fake_runs.h"
@@ -40,7 +41,7 @@ TEST_CASE("fake workers: every report is recorded with rank 0's metrics and the 
   CHECK(read_lines(dir / "result.jsonl").size() == 5);
   auto info = run_directory::read_run_info(dir);
   REQUIRE(info);
-  CHECK(info->status == run_directory::RunStatus::kFinished);
+  CHECK(info->status == RunStatus::kFinished);
   CHECK(info->scaling.num_workers == 4);
   CHECK_FALSE(std::filesystem::exists(dir / "error.json"));
   // The plugin went through the chunk pull into the cache, once per sha256.
@@ -84,7 +85,7 @@ TEST_CASE("fake workers: a rank that exits mid-run is the root cause, with its e
   CHECK(result.error->message == "exited with code 3 before finishing");
   CHECK(result.iterations == 2);
   CHECK(run_directory::read_run_info(tmp.path / "results" / "fake")->status ==
-        run_directory::RunStatus::kFailed);
+        RunStatus::kFailed);
 }
 
 TEST_CASE("fake workers: frames that are not a message are dropped and the run goes on") {
@@ -163,4 +164,54 @@ TEST_CASE("fake workers: a controller pid inherited from the environment is not 
   auto result = run(tmp, 2, {{"reports", 1}});
   ::unsetenv("TRAINRUN_CONTROLLER_PID");
   CHECK_FALSE(result.error);
+}
+
+TEST_CASE("fake workers: a one-second heartbeat timeout works; a shorter one than 100 ms is refused") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 4}, {"report_delay_ms", 400}}, std::chrono::seconds(1));
+  CHECK_FALSE(result.error);  // heartbeats every 250 ms, not every second
+  auto options = fake_options(tmp.path, 2, nlohmann::json::object());
+  options.run.heartbeat_timeout = std::chrono::milliseconds(50);
+  CHECK_THROWS_WITH_AS(Trainer{options}, doctest::Contains("at least 100 ms"), UsageError);
+}
+
+TEST_CASE("fake workers: a rank's scratch directory goes when it ends, however it ends") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 3}, {"scratch", true}, {"exit_rank", 1},
+                             {"exit_after", 1}});
+  REQUIRE(result.error);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    auto lines = read_lines(tmp.path / "results" / "fake" / "logs" /
+                            ("worker-" + std::to_string(rank) + ".log"));
+    REQUIRE_FALSE(lines.empty());
+    REQUIRE(lines[0].rfind("scratch ", 0) == 0);
+    std::filesystem::path scratch = lines[0].substr(8);
+    CHECK(scratch.filename() == "worker-" + std::to_string(rank));  // TMPDIR was its own
+    CHECK_FALSE(std::filesystem::exists(scratch));
+  }
+}
+
+TEST_CASE("fake workers: what a train function started ends with the run, on success too") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 1}, {"orphan_rank", 0}});
+  REQUIRE_FALSE(result.error);
+  auto lines = read_lines(tmp.path / "results" / "fake" / "logs" / "worker-0.log");
+  REQUIRE_FALSE(lines.empty());
+  REQUIRE(lines[0].rfind("child ", 0) == 0);
+  pid_t child = std::stoi(lines[0].substr(6));
+  // Dead: gone, or a zombie waiting for whoever adopted it.
+  std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+  std::string pid, comm, state;
+  bool alive = static_cast<bool>(stat >> pid >> comm >> state) && state != "Z";
+  CHECK_FALSE(alive);
+}
+
+TEST_CASE("fake workers: a dead controller's private directory is removed at the next start") {
+  TempDir tmp;
+  auto stale = std::filesystem::temp_directory_path() / "trainrun-controller-999999999-Ab1Cd2";
+  std::filesystem::create_directories(stale / "worker-0");
+  auto result = run(tmp, 1, {{"reports", 1}});
+  CHECK_FALSE(result.error);
+  CHECK_FALSE(std::filesystem::exists(stale));
 }

@@ -14,6 +14,9 @@
 //   silent_rank=R, silent_after=K  rank R goes silent after K reports
 //   fail_rank=R           rank R sends FAILED (an exception) instead of reporting
 //   fetch_plugin=true     download the plugin even when it is cached
+//   scratch=true          each rank writes a file into $TMPDIR and prints
+//                         "scratch <TMPDIR>" first
+//   orphan_rank=R         rank R starts `sleep 60` and prints "child <pid>" first
 //   spam_mib=M            rank 0 first writes M MiB to stdout without a newline
 //   latency_dir=DIR       each rank writes rank-<r>.txt: its ready time (s since
 //                         the epoch), then per report when it sent the REPORT and
@@ -27,6 +30,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <spawn.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -44,6 +48,8 @@
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
 #include "transfer/plugin_cache.h"
+
+extern char** environ;
 
 namespace {
 
@@ -75,6 +81,7 @@ class FakeWorker {
     protocol::send(main_, protocol::Hello{index_, "localhost", ::getpid()});
     auto assign = wait_main<protocol::Assign>();
     limit_ = std::chrono::milliseconds(assign.heartbeat_timeout_ms);
+    interval_ = std::chrono::milliseconds(assign.heartbeat_interval_ms);
     script_ = nlohmann::json::from_msgpack(assign.config);
     rank_ = assign.world_rank;
     fetch_plugin(assign);
@@ -95,6 +102,20 @@ class FakeWorker {
       train_.send(zmq::str_buffer("not a type frame at all, and far too long to be one: xxxxxxxxx"),
                   zmq::send_flags::sndmore);
       train_.send(zmq::str_buffer("\xc1"), zmq::send_flags::none);
+    }
+    if (script_.value("scratch", false)) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::ofstream(std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / "scratch.bin") << "x";
+      std::printf("scratch %s\n", tmp != nullptr ? tmp : "");
+      std::fflush(stdout);
+    }
+    if (is(rank_, "orphan_rank")) {
+      pid_t child = -1;
+      char sleep[] = "sleep", sixty[] = "60";
+      char* args[] = {sleep, sixty, nullptr};
+      ::posix_spawnp(&child, "sleep", nullptr, nullptr, args, environ);
+      std::printf("child %d\n", static_cast<int>(child));
+      std::fflush(stdout);
     }
     if (int spam = get("spam_mib", 0); spam > 0 && rank_ == 0) {
       std::string mib(1 << 20, 'x');
@@ -182,7 +203,8 @@ class FakeWorker {
       heartbeat();
       zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
                                  {main_.handle(), 0, ZMQ_POLLIN, 0}};
-      protocol::poll(items, &socket == &main_ ? 1 : 2, std::chrono::milliseconds(200));
+      protocol::poll(items, &socket == &main_ ? 1 : 2,
+                     std::min<std::chrono::milliseconds>(interval_, std::chrono::milliseconds(200)));
       for (int i = 0; i < 2; ++i) {
         if (!(items[i].revents & ZMQ_POLLIN)) continue;
         auto& from = i == 0 ? socket : main_;
@@ -201,7 +223,7 @@ class FakeWorker {
   void heartbeat() {
     if (Clock::now() < next_heartbeat_) return;
     protocol::send(main_, protocol::Heartbeat{});
-    next_heartbeat_ = Clock::now() + kHeartbeatInterval;
+    next_heartbeat_ = Clock::now() + interval_;
   }
 
   int wait_shutdown() {
@@ -223,6 +245,7 @@ class FakeWorker {
   nlohmann::json script_;
   int rank_ = -1;
   Clock::time_point next_heartbeat_ = Clock::now();
+  std::chrono::milliseconds interval_ = kHeartbeatInterval;
 };
 
 }  // namespace

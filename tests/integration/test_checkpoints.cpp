@@ -1,6 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <fstream>
+#include <set>
+#include <thread>
 
 #include "common/hash.h"
 #include "run_helpers.h"
@@ -265,4 +270,64 @@ TEST_CASE("a corrupted checkpoint is detected when a worker fetches it") {
   CHECK(rerun.exit_code == 1);
   CHECK(rerun.output.find("state/model.txt of checkpoint_000002 arrived corrupt") !=
         std::string::npos);
+}
+
+TEST_CASE("a crash after any step of a commit: the next run recovers, from what is on disk") {
+  struct Case {
+    const char* point;
+    const char* resumed;  // what the rerun's train function found to resume from
+  };
+  // The first commit, then the second (which drops checkpoint_000000: --num-to-keep 1).
+  for (auto [point, resumed] : {Case{"commit:staged", "none"}, Case{"commit:manifest", "none"},
+                                Case{"commit:renamed", "report 0 of none"},
+                                Case{"commit:renamed@2", "report 1 of none"},
+                                Case{"commit:state@2", "report 1 of none"},
+                                Case{"commit:deleted@2", "report 1 of none"}}) {
+    CAPTURE(point);
+    Sandbox box;
+    ::setenv("TRAINRUN_CRASH_POINT", point, 1);
+    auto crashed = box.run(kCheckpoints + " --num-to-keep 1 --config reports=3");
+    ::unsetenv("TRAINRUN_CRASH_POINT");
+    CHECK(crashed.exit_code == 86);  // the controller died there, as kill -9 would end it
+    auto status = box.run("results '" + box.run_dir("c").string() + "'");
+    CHECK(status.output.find("status:       crashed") != std::string::npos);
+
+    auto rerun = box.run(kCheckpoints + " --num-to-keep 1 --config reports=1");
+    INFO(rerun.output);
+    REQUIRE(rerun.exit_code == 0);
+    auto dir = box.run_dir("c");
+    CHECK(read_jsonl(dir / "result.jsonl").back()["metrics"]["resumed"] == resumed);
+    // Nothing half-done is left, and the state and the disk agree.
+    auto state = read_json(dir / "checkpoint_state.json");
+    std::set<std::string> listed, on_disk;
+    for (const auto& c : state["checkpoints"]) listed.insert(c["name"].get<std::string>());
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      auto name = entry.path().filename().string();
+      CHECK(name.find(".tmp.") == std::string::npos);
+      CHECK(name.rfind(".staging-", 0) != 0);
+      if (name.rfind("checkpoint_0", 0) == 0) on_disk.insert(name);
+    }
+    CHECK(listed == on_disk);
+    auto latest = dir / state["latest"].get<std::string>();
+    check_files_against(read_json(latest / "manifest.json"), latest);
+  }
+}
+
+TEST_CASE("a second run of the same name while the first is live is refused, naming it") {
+  Sandbox box;
+  pid_t first = box.start(kCheckpoints + " --config reports=1000 --config pad_kb=64");
+  std::string seen;
+  for (int i = 0; i < 300 && seen.find("report 2") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    seen = box.output_so_far();
+  }
+  auto second = box.run(kCheckpoints);
+  CHECK(second.exit_code == 2);
+  CHECK(second.output.find("is in use by another run (pid " + std::to_string(first) + " on host") !=
+        std::string::npos);
+  auto status = box.run("results '" + box.run_dir("c").string() + "'");
+  CHECK(status.output.find("status:       running") != std::string::npos);
+  ::kill(first, SIGTERM);
+  CHECK(Sandbox::wait(first) == 130);
+  CHECK(read_json(box.run_dir("c") / "run.json")["status"] == "interrupted");
 }

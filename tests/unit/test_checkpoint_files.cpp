@@ -163,3 +163,49 @@ TEST_CASE("checkpoint store: streamed files commit with the uploader's sha256 in
   CHECK(std::filesystem::file_size(committed.path / "empty") == 0);
   CHECK_NOTHROW(run_directory::verify_checkpoint(committed.path));
 }
+
+TEST_CASE("checkpoint store: the manifest's name is reserved, and a file may not be a directory") {
+  TempDir tmp;
+  CheckpointStore store(tmp.path);
+  CHECK_THROWS_WITH_AS(store.begin_upload(0, {{"manifest.json", 1, ""}}, true),
+                       doctest::Contains("a name trainrun keeps for the checkpoint's manifest"),
+                       UsageError);
+  CHECK_FALSE(store.staging());
+  store.begin_upload(0, {{"sub/manifest.json", 1, ""}}, true);  // inside a directory: fine
+  store.abort_staging();
+
+  store.begin_upload(0, {{"a", 1, ""}}, true);
+  CHECK_THROWS_WITH_AS(store.begin_upload(1, {{"a/b", 1, ""}}, true),
+                       doctest::Contains("rank 0 reports a file a where rank 1's checkpoint has a "
+                                         "directory of that name"),
+                       UsageError);
+  CHECK_FALSE(store.staging());
+  store.begin_upload(0, {{"x/y/z", 1, ""}}, true);
+  CHECK_THROWS_WITH_AS(store.begin_upload(1, {{"x/y", 1, ""}}, true),
+                       doctest::Contains("rank 1 reports a file x/y where rank 0's checkpoint has "
+                                         "a directory of that name"),
+                       UsageError);
+}
+
+TEST_CASE("checkpoint store: a commit a crash stopped after its rename is adopted at open") {
+  TempDir tmp;
+  {
+    CheckpointStore store(tmp.path);
+    store.begin_upload(0, {{"m.bin", 0, ""}}, true);
+    store.finish_upload(0, {{"m.bin", 0, sha256_file("/dev/null")}});
+    store.commit(5, {{"loss", 1}});
+  }
+  // As if the next commit had renamed its directory and then died before the
+  // state file: a complete checkpoint_000001 that the state does not list.
+  std::filesystem::copy(tmp.path / "checkpoint_000000", tmp.path / "checkpoint_000001");
+  // ... and an older one that retention had dropped before the crash could delete it.
+  std::filesystem::create_directory(tmp.path / "checkpoint_000000x");  // not ours: left alone
+  CheckpointStore reopened(tmp.path);
+  REQUIRE(reopened.latest());
+  CHECK(reopened.latest()->name == "checkpoint_000001");
+  CHECK(reopened.latest()->iteration == 5);  // from its manifest
+  CHECK(std::filesystem::exists(tmp.path / "checkpoint_000000x"));
+  auto state = run_directory::read_checkpoint_state(tmp.path);
+  CHECK(state.next_index == 2);
+  CHECK(state.checkpoints.size() == 2);
+}

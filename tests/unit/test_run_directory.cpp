@@ -20,7 +20,7 @@ TEST_CASE("run directory: run.json round-trips and keeps its shape") {
   info.config = {{"lr", 0.1}};
   info.checkpoint.score_attribute = "loss";
   info.checkpoint.score_max = false;
-  info.status = rd::RunStatus::kInterrupted;
+  info.status = RunStatus::kInterrupted;
   rd::write_run_info(tmp.path, info);
   auto back = rd::read_run_info(tmp.path);
   REQUIRE(back);
@@ -30,7 +30,7 @@ TEST_CASE("run directory: run.json round-trips and keeps its shape") {
   CHECK(back->config["lr"] == 0.1);
   CHECK(back->checkpoint.score_attribute == "loss");
   CHECK_FALSE(back->checkpoint.score_max);
-  CHECK(back->status == rd::RunStatus::kInterrupted);
+  CHECK(back->status == RunStatus::kInterrupted);
   std::ifstream in(tmp.path / "run.json");
   auto j = nlohmann::json::parse(in);
   CHECK(j["checkpoint"]["score_order"] == "min");

@@ -58,7 +58,8 @@ enum class FailureKind {
   kPlugin,       // the plugin could not be loaded or run (exit code 2)
   kUsage,        // the train function misused the SDK (e.g. unequal report counts)
   kStorage,      // a checkpoint or a report could not be stored
-  kInterrupted,  // SIGINT or SIGTERM reached the controller
+  kInterrupted,  // SIGINT, SIGTERM or SIGHUP reached the controller
+  kInternal,     // the controller itself hit an error it did not expect
 };
 
 /// "exception", "signal", ...: the name error.json and the protocol use.
@@ -73,6 +74,7 @@ constexpr std::string_view to_string(FailureKind kind) {
     case FailureKind::kUsage: return "usage";
     case FailureKind::kStorage: return "storage";
     case FailureKind::kInterrupted: return "interrupted";
+    case FailureKind::kInternal: return "internal";
   }
   return "unknown";
 }
@@ -81,7 +83,8 @@ constexpr std::string_view to_string(FailureKind kind) {
 inline std::optional<FailureKind> parse_failure_kind(std::string_view name) {
   for (auto kind : {FailureKind::kException, FailureKind::kSignal, FailureKind::kExit,
                     FailureKind::kLost, FailureKind::kSetup, FailureKind::kPlugin,
-                    FailureKind::kUsage, FailureKind::kStorage, FailureKind::kInterrupted}) {
+                    FailureKind::kUsage, FailureKind::kStorage, FailureKind::kInterrupted,
+                    FailureKind::kInternal}) {
     if (to_string(kind) == name) return kind;
   }
   return std::nullopt;

@@ -12,9 +12,27 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace trainrun {
+
+/// Where a run stands. run.json records the first four; a run whose run.json
+/// still says running while no process holds its directory is kCrashed (its
+/// controller died without a word: kill -9, a power cut).
+enum class RunStatus { kRunning, kFinished, kFailed, kInterrupted, kCrashed };
+
+/// "running", "finished", ...: the name run.json and `trainrun results` use.
+constexpr std::string_view to_string(RunStatus status) {
+  switch (status) {
+    case RunStatus::kRunning: return "running";
+    case RunStatus::kFinished: return "finished";
+    case RunStatus::kFailed: return "failed";
+    case RunStatus::kInterrupted: return "interrupted";
+    case RunStatus::kCrashed: return "crashed";
+  }
+  return "unknown";
+}
 
 /// Why a run did not finish.
 struct RunError {
@@ -46,7 +64,8 @@ struct CheckpointInfo {
 
 /// The outcome of fit() (Ray Train's Result).
 struct Result {
-  std::filesystem::path path;        // the run directory
+  std::filesystem::path path;  // the run directory
+  RunStatus status = RunStatus::kRunning;
   nlohmann::json metrics;            // rank 0's last reported metrics (null if none)
   int64_t iterations = 0;            // reports recorded, counting earlier runs of this name
   std::filesystem::path checkpoint;  // the latest committed checkpoint, if any

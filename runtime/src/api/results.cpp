@@ -22,6 +22,10 @@ Result load_result(const std::filesystem::path& run_dir) {
   if (!info) throw UsageError(run_dir.string() + " holds no trainrun run (no run.json)");
   Result result;
   result.path = run_dir;
+  result.status = info->status;
+  if (result.status == RunStatus::kRunning && !run_directory::is_held(run_dir)) {
+    result.status = RunStatus::kCrashed;  // no final word, and nobody is running it
+  }
   result.history = run_directory::read_results(run_dir);
   if (!result.history.empty()) {
     result.metrics = result.history.back().metrics;
@@ -42,10 +46,10 @@ Result load_result(const std::filesystem::path& run_dir) {
 std::string describe(const Result& result) {
   std::ostringstream out;
   out << "run:          " << result.path.string() << "\n"
-      << "status:       "
-      << (!result.error          ? "finished"
-          : result.interrupted() ? "interrupted"
-                                 : "failed")
+      << "status:       " << to_string(result.status)
+      << (result.status == RunStatus::kCrashed
+              ? " (run.json says running, and no process holds the run)"
+              : "")
       << "\n"
       << "iterations:   " << result.iterations << "\n"
       << "last metrics: " << format_metrics(result.metrics) << "\n"

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/constants.h"
 #include "common/hash.h"
 #include "common/metrics_format.h"
 #include "common/paths.h"
@@ -77,9 +78,12 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
     throw UsageError("num_to_keep must be at least 0, got " +
                      std::to_string(options_.checkpoint.num_to_keep));
   }
-  if (options_.run.heartbeat_timeout.count() <= 0 || options_.run.startup_timeout.count() <= 0) {
-    throw UsageError("timeouts must be positive");
+  if (options_.run.heartbeat_timeout < kMinHeartbeatTimeout) {
+    throw UsageError("the heartbeat timeout must be at least " +
+                     std::to_string(kMinHeartbeatTimeout.count()) + " ms, got " +
+                     std::to_string(options_.run.heartbeat_timeout.count()) + " ms");
   }
+  if (options_.run.startup_timeout.count() <= 0) throw UsageError("timeouts must be positive");
   auto& run = options_.run;
   if (!run.resume_from.empty()) {
     if (!std::filesystem::exists(run.resume_from / "manifest.json")) {
@@ -119,11 +123,12 @@ Result Trainer::fit() {
                               ? options_.scaling.cpus_per_worker
                               : std::max(1, cores / options_.scaling.num_workers);
 
-  RunStorage storage(options_.run.storage_path, options_.run.name);
+  RunStorage storage(options_.run.storage_path, options_.run.name);  // holds the run's lock
   CheckpointStore checkpoints(
       storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
-  setup.log = make_logger(storage, options_.verbose);
-  auto& log = *setup.log;
+  auto logger = make_logger(storage, options_.verbose);  // outlives the controller
+  setup.log = logger;
+  auto& log = *logger;
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   run_directory::RunInfo info;
@@ -149,10 +154,19 @@ Result Trainer::fit() {
   } else if (!options_.run.resume_from.empty()) {
     log.info("starting from {}", options_.run.resume_from.string());
   }
-  Controller controller(std::move(setup), storage, checkpoints);
-  RunOutcome run = controller.run();
+  // From here on the run has a record: whatever goes wrong ends it with a
+  // final status and error.json.
+  RunOutcome run;
+  try {
+    Controller controller(std::move(setup), storage, checkpoints);
+    run = controller.run();
+  } catch (const UsageError& e) {
+    run.error = RunError{FailureKind::kUsage, e.what(), -1, "", 0};
+  } catch (const std::exception& e) {
+    run.error = RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1,
+                         "", 0};
+  }
 
-  using run_directory::RunStatus;
   info.ended_at = utc_now("%Y-%m-%dT%H:%M:%SZ");
   info.status = !run.error                                        ? RunStatus::kFinished
                 : run.error->kind == FailureKind::kInterrupted ? RunStatus::kInterrupted
@@ -161,6 +175,7 @@ Result Trainer::fit() {
   if (run.error) storage.write_error(run.error);
   // What the run left, read back as `trainrun results` would.
   Result result = load_result(storage.dir());
+  result.status = info.status;
   result.error = run.error;
   result.wall_seconds = run.wall_seconds;
   if (result.error) {

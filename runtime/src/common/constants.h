@@ -8,8 +8,19 @@
 
 namespace trainrun {
 
-/// How often controller and workers tell each other they are alive.
+/// How often controller and workers tell each other they are alive, at most;
+/// a heartbeat timeout shorter than kHeartbeatsPerTimeout intervals shortens
+/// the interval, so that any accepted timeout leaves room for several.
 constexpr std::chrono::milliseconds kHeartbeatInterval{1000};
+constexpr int kHeartbeatsPerTimeout = 4;
+/// The shortest heartbeat timeout accepted.
+constexpr std::chrono::milliseconds kMinHeartbeatTimeout{100};
+
+/// The heartbeat interval for a run with this heartbeat timeout.
+constexpr std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds timeout) {
+  auto scaled = timeout / kHeartbeatsPerTimeout;
+  return scaled < kHeartbeatInterval ? scaled : kHeartbeatInterval;
+}
 /// After the first failure, how long to collect others before naming the root
 /// cause: a crash on one rank makes its peers' collectives fail a moment later.
 constexpr std::chrono::milliseconds kFailureGrace{300};

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "common/crash_point.h"
 #include "transfer/checkpoint_files.h"
 
 namespace trainrun {
@@ -23,11 +24,52 @@ CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig
     }
   }
   state_ = run_directory::read_checkpoint_state(run_dir_);  // throws IoError when malformed
+  recover();
   if (!state_.latest.empty() && !std::filesystem::exists(run_dir_ / state_.latest / kManifestFile)) {
     throw IoError((run_dir_ / run_directory::kCheckpointStateFile).string() +
                   " names checkpoint " + state_.latest +
                   ", which is missing or was never committed (no " + kManifestFile + ")");
   }
+}
+
+// A crash can stop a commit between any two of its steps; what is on disk then
+// decides. A checkpoint_NNNNNN directory the state does not list, at or past
+// the state's next index, was renamed into place with its manifest written and
+// fsynced first: it is committed, and the state is rebuilt to name it (one
+// without a readable manifest was not made by a commit, and is left alone). One
+// below the next index that the state no longer lists was dropped by retention
+// before the crash could delete it: it goes now.
+void CheckpointStore::recover() {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::filesystem::path>> found;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir_, ec)) {
+    auto name = entry.path().filename().string();
+    auto index = run_directory::checkpoint_index(name);
+    if (!index || !entry.is_directory(ec)) continue;
+    bool listed = std::any_of(state_.checkpoints.begin(), state_.checkpoints.end(),
+                              [&](const CheckpointInfo& c) { return c.name == name; });
+    if (!listed) found.emplace_back(*index, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  bool adopted = false;
+  for (const auto& [index, dir] : found) {
+    if (index < state_.next_index) {
+      std::filesystem::remove_all(dir, ec);
+      continue;
+    }
+    run_directory::Manifest manifest;
+    try {
+      manifest = run_directory::read_manifest(dir);
+    } catch (const IoError&) {
+      continue;
+    }
+    auto name = dir.filename().string();
+    state_.checkpoints.push_back({name, dir, manifest.iteration, manifest.metrics});
+    state_.latest = name;
+    state_.next_index = index + 1;
+    adopted = true;
+  }
+  if (adopted) run_directory::write_checkpoint_state(run_dir_, state_);
 }
 
 std::filesystem::path CheckpointStore::staging_dir() const {
@@ -51,12 +93,18 @@ std::filesystem::path CheckpointStore::begin_upload(
         throw UsageError("rank " + std::to_string(rank) + "'s checkpoint names an unsafe path, " +
                          file.path + ": only relative paths inside the checkpoint are allowed");
       }
+      if (file.path == kManifestFile) {
+        throw UsageError("rank " + std::to_string(rank) + "'s checkpoint has a file named " +
+                         kManifestFile + " at its top, a name trainrun keeps for the checkpoint's "
+                         "manifest: rename it or put it in a subdirectory");
+      }
       if (auto [found, inserted] = names_.emplace(file.path, rank); !inserted) {
         throw UsageError("ranks " + std::to_string(found->second) + " and " + std::to_string(rank) +
                          " both report a checkpoint file named " + file.path +
                          ": give per-rank files distinct names, e.g. model-rank=" +
                          std::to_string(rank) + ".pt");
       }
+      check_no_file_dir_clash(rank, file.path);
       auto path = staging / file.path;
       std::filesystem::create_directories(path.parent_path(), ec);
       if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
@@ -120,6 +168,28 @@ void CheckpointStore::finish_upload(int rank, const std::vector<protocol::Checkp
   upload.finished = true;
 }
 
+// One rank's file must not be another rank's directory: "a" from rank 0 and
+// "a/b" from rank 1 cannot both be merged into one checkpoint.
+void CheckpointStore::check_no_file_dir_clash(int rank, const std::string& path) {
+  if (auto dir = dirs_.find(path); dir != dirs_.end()) {
+    throw UsageError("rank " + std::to_string(rank) + " reports a file " + path + " where rank " +
+                     std::to_string(dir->second) +
+                     "'s checkpoint has a directory of that name: give per-rank files distinct "
+                     "names");
+  }
+  for (size_t slash = path.find('/'); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    auto prefix = path.substr(0, slash);
+    if (auto file = names_.find(prefix); file != names_.end()) {
+      throw UsageError("rank " + std::to_string(file->second) + " reports a file " + prefix +
+                       " where rank " + std::to_string(rank) +
+                       "'s checkpoint has a directory of that name (" + path +
+                       "): give per-rank files distinct names");
+    }
+    dirs_.emplace(prefix, rank);
+  }
+}
+
 bool CheckpointStore::uploading() const {
   return std::any_of(uploads_.begin(), uploads_.end(),
                      [](const auto& upload) { return !upload.second.finished; });
@@ -139,13 +209,16 @@ CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& 
     }
     std::sort(manifest.files.begin(), manifest.files.end(),
               [](const auto& a, const auto& b) { return a.path < b.path; });
+    crash_point("commit:staged");
     // Written last: a directory without a manifest was never committed.
     run_directory::write_manifest(staging, manifest);
+    crash_point("commit:manifest");
     auto final_dir = run_dir_ / name;
     std::error_code ec;
     std::filesystem::rename(staging, final_dir, ec);
     if (ec) throw IoError("cannot rename " + staging.string() + ": " + ec.message());
     fsync_path(run_dir_);
+    crash_point("commit:renamed");
     auto next = state_;
     next.checkpoints.push_back({name, final_dir, iteration, metrics});
     next.latest = name;
@@ -160,14 +233,17 @@ CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& 
     next.checkpoints = std::move(kept_checkpoints);
     run_directory::write_checkpoint_state(run_dir_, next);
     state_ = std::move(next);
+    crash_point("commit:state");
     // Deleted only once the state that no longer names them is committed.
     for (const auto& c : dropped) std::filesystem::remove_all(c.path, ec);
+    crash_point("commit:deleted");
   } catch (...) {
     abort_staging();
     throw;
   }
   uploads_.clear();
   names_.clear();
+  dirs_.clear();
   return *latest();
 }
 
@@ -192,6 +268,7 @@ std::vector<std::string> CheckpointStore::kept(
 void CheckpointStore::abort_staging() {
   uploads_.clear();  // closes any file being streamed
   names_.clear();
+  dirs_.clear();
   std::error_code ec;
   std::filesystem::remove_all(staging_dir(), ec);
 }

@@ -31,8 +31,9 @@ namespace trainrun {
 
 class CheckpointStore {
  public:
-  /// Opens the run directory: removes stale staging directories and loads
-  /// checkpoint_state.json. Throws IoError if the state names a checkpoint that
+  /// Opens the run directory: removes stale staging directories, loads
+  /// checkpoint_state.json and finishes or undoes a commit that a crash
+  /// stopped (recover()). Throws IoError if the state names a checkpoint that
   /// is missing or has no manifest.
   explicit CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config = {});
 
@@ -72,6 +73,11 @@ class CheckpointStore {
 
  private:
   std::filesystem::path staging_dir() const;
+  /// Finishes or undoes what a crash left of a commit.
+  void recover();
+  /// Throws UsageError when `path` of `rank` is a file where another rank has
+  /// a directory, or the other way round.
+  void check_no_file_dir_clash(int rank, const std::string& path);
   /// The names retention keeps of `checkpoints`: the best num_to_keep by
   /// score, and the latest.
   std::vector<std::string> kept(const std::vector<CheckpointInfo>& checkpoints) const;
@@ -87,6 +93,7 @@ class CheckpointStore {
   };
   std::map<int, RankUpload> uploads_;  // by rank
   std::map<std::string, int> names_;   // relative path -> rank
+  std::map<std::string, int> dirs_;    // directory of some rank's file -> rank
 };
 
 }  // namespace trainrun

@@ -3,13 +3,11 @@
 #include <trainrun/error.h>
 
 #include <sys/resource.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 
 #include <csignal>
 
 #include "common/constants.h"
-#include "common/paths.h"
 
 namespace trainrun {
 namespace {
@@ -40,33 +38,10 @@ Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointSto
                    setup_.options.checkpoint.always_stream),
       plugin_(ChunkSource::from_memory(protocol::kPluginSource, setup_.plugin_bytes)) {}
 
-Controller::~Controller() { remove_socket_dir(); }
+Controller::~Controller() = default;
 
 double Controller::elapsed() const {
   return std::chrono::duration<double>(Clock::now() - start_).count();
-}
-
-// Local workers reach the controller on a Unix socket in a new directory only
-// this user can enter: no other user can connect, and a report's round trip is
-// ~30 us shorter than over TCP loopback. Where no such path can be made, TCP
-// loopback.
-std::string Controller::bind_endpoint() {
-  try {
-    socket_dir_ = make_temp_dir("trainrun-controller-");
-  } catch (const IoError& e) {
-    log_.warn("{}; listening on TCP loopback instead", e.what());
-    return std::string("tcp://") + kLocalHost + ":*";
-  }
-  auto path = (socket_dir_ / "controller.sock").string();
-  if (path.size() < sizeof(sockaddr_un::sun_path)) return "ipc://" + path;
-  remove_socket_dir();
-  return std::string("tcp://") + kLocalHost + ":*";  // a socket path that long is refused
-}
-
-void Controller::remove_socket_dir() {
-  std::error_code ec;
-  if (!socket_dir_.empty()) std::filesystem::remove_all(socket_dir_, ec);
-  socket_dir_.clear();
 }
 
 RunOutcome Controller::run() {
@@ -79,10 +54,11 @@ RunOutcome Controller::run() {
   // of chunks and a few replies queued). Beyond that its messages are dropped.
   router_.set(zmq::sockopt::maxmsgsize, kMaxFrame);
   router_.set(zmq::sockopt::sndhwm, kPeerQueue);
-  router_.bind(bind_endpoint());
+  router_.bind(dir_.endpoint());
   LaunchOptions launch;
   launch.executable = setup_.options.worker_executable;
-  launch.endpoint = router_.get(zmq::sockopt::last_endpoint);
+  launch.endpoint = dir_.endpoint();
+  launch.scratch_dir = dir_.path();
   launch.cache_dir = setup_.options.cache_dir;
   launch.startup_timeout = setup_.options.run.startup_timeout;
   launch.threads = setup_.cpus_per_worker;
@@ -96,15 +72,24 @@ RunOutcome Controller::run() {
     failures_.add(RunError{FailureKind::kSetup, e.what(), -1, "", 0});
     log_.error("{}", e.what());
   }
-  auto next_heartbeat = Clock::now() + kHeartbeatInterval;
+  const auto interval = heartbeat_interval(setup_.options.run.heartbeat_timeout);
+  auto next_heartbeat = Clock::now() + interval;
   std::optional<RunError> error;
   while (true) {
-    poll_once(std::chrono::milliseconds(100));
-    on_exits();
-    check_timers();
-    if (Clock::now() >= next_heartbeat) {
-      send_heartbeats();
-      next_heartbeat = Clock::now() + kHeartbeatInterval;
+    try {
+      poll_once(std::min<std::chrono::milliseconds>(interval, std::chrono::milliseconds(100)));
+      on_exits();
+      check_timers();
+      if (Clock::now() >= next_heartbeat) {
+        send_heartbeats();
+        next_heartbeat = Clock::now() + interval;
+      }
+    } catch (const std::exception& e) {
+      // The last line of defence: whatever escaped a handler ends the run as
+      // a failure with a final status and error.json, not as a crash.
+      error = RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
+      log_.error("{}", error->message);
+      break;
     }
     if (interrupted_) {
       error = interrupted_;
@@ -120,7 +105,13 @@ RunOutcome Controller::run() {
       break;
     }
   }
-  stop_workers(!error.has_value());
+  try {
+    stop_workers(!error.has_value());
+  } catch (const std::exception& e) {
+    log_.error("internal error while stopping the workers: {}", e.what());
+    pool_.signal_all(SIGKILL);
+    pool_.end_groups();
+  }
   return RunOutcome{error, elapsed()};
 }
 
@@ -233,6 +224,9 @@ void Controller::stop_workers(bool graceful) {
   for (auto& worker : pool_.workers()) {
     if (!worker.exited) log_.error("{} did not exit after SIGKILL", worker.describe());
   }
+  // What the train functions started (their processes stay in the worker's
+  // group) ends with them, on success too.
+  pool_.end_groups();
   pool_.drain_output();  // the last lines before each exit
 }
 

@@ -24,7 +24,9 @@
 
 #include "controller/checkpoint_service.h"
 #include "controller/checkpoint_store.h"
+#include "controller/controller_dir.h"
 #include "controller/failure.h"
+#include "controller/rate_limiter.h"
 #include "controller/report_coordinator.h"
 #include "controller/run_storage.h"
 #include "controller/signals.h"
@@ -62,14 +64,12 @@ class Controller {
 
  private:
   // Local workers only, so far: they reach the controller on a Unix socket
-  // (bind_endpoint), and rank 0's store over TCP loopback.
+  // (ControllerDir), and rank 0's store over TCP loopback.
   static constexpr const char* kLocalHost = "127.0.0.1";
 
   int world_size() const { return setup_.options.scaling.num_workers; }
   /// Seconds since the run started.
   double elapsed() const;
-  std::string bind_endpoint();
-  void remove_socket_dir();
 
   // The loop.
   void poll_once(std::chrono::milliseconds timeout);
@@ -117,14 +117,15 @@ class Controller {
   ControllerSetup setup_;
   RunStorage& storage_;
   spdlog::logger& log_;
+  ControllerDir dir_;  // outlives the socket and the workers, which live in it
   zmq::context_t context_;
   zmq::socket_t router_{context_, zmq::socket_type::router};
-  std::filesystem::path socket_dir_;  // of the ROUTER's Unix socket; empty: TCP
   SignalPipe signals_;
   WorkerPool pool_;
   ReportCoordinator reports_;
   CheckpointService checkpoints_;
   FailureCollector failures_;
+  RateLimiter dropped_{10, std::chrono::seconds(1)};  // "dropped a message" log lines
   ChunkSource plugin_;
   std::optional<RunError> interrupted_;
   Clock::time_point start_ = Clock::now();

@@ -53,8 +53,14 @@ bool Controller::on_router_readable() {
     }
   } catch (const ProtocolError& e) {
     if (worker == nullptr) protocol::send(router_, protocol::Refused{e.what()}, {}, id);
-    log_.warn("dropped a message from {}: {}", worker ? worker->describe() : "an unknown peer",
-              e.what());
+    auto now = Clock::now();
+    if (dropped_.allow(now)) {
+      if (int more = dropped_.take_suppressed(); more > 0) {
+        log_.warn("dropped {} more messages since the last line like the one below", more);
+      }
+      log_.warn("dropped a message from {}: {}", worker ? worker->describe() : "an unknown peer",
+                e.what());
+    }
   }
   return true;
 }
@@ -113,6 +119,7 @@ void Controller::assign_ranks() {
   assign.bind_host = kLocalHost;
   assign.num_threads = setup_.cpus_per_worker;
   assign.heartbeat_timeout_ms = setup_.options.run.heartbeat_timeout.count();
+  assign.heartbeat_interval_ms = heartbeat_interval(setup_.options.run.heartbeat_timeout).count();
   assign.checkpoint_dir = checkpoints_.resume_dir().string();
   assign.fetch_checkpoint = checkpoints_.streams();
   for (auto& worker : pool_.workers()) {

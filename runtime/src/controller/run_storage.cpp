@@ -46,6 +46,14 @@ RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::str
   std::error_code ec;
   std::filesystem::create_directories(dir_ / run_directory::kLogsDir, ec);
   if (ec) throw IoError("cannot create run directory " + dir_.string() + ": " + ec.message());
+  lock_ = std::make_unique<run_directory::RunLock>(dir_);
+  // What an atomic write left when its process died before the rename
+  // (common/atomic_file.h: <file>.tmp.<pid>): nobody else writes here now.
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    if (entry.path().filename().string().find(".tmp.") != std::string::npos) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
   // A rerun of the same name continues the earlier results.
   for (auto& record : run_directory::read_results(dir_)) {
     add_columns(record);

@@ -8,6 +8,7 @@
 #include <trainrun/result.h>
 
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,8 +20,9 @@ namespace trainrun {
 
 class RunStorage {
  public:
-  /// Creates <storage_path>/<name>/ and logs/ if absent, and takes up the
-  /// results of an earlier run of the same name. Throws IoError.
+  /// Creates <storage_path>/<name>/ and logs/ if absent, takes the run's lock
+  /// for its lifetime, and takes up the results of an earlier run of the same
+  /// name. Throws UsageError when another run holds the directory, IoError.
   RunStorage(const std::filesystem::path& storage_path, const std::string& name);
 
   const std::filesystem::path& dir() const { return dir_; }
@@ -41,6 +43,7 @@ class RunStorage {
   bool add_columns(const ReportRecord& record);
 
   std::filesystem::path dir_;
+  std::unique_ptr<run_directory::RunLock> lock_;
   AppendFile results_;
   AppendFile progress_;
   std::vector<std::string> csv_columns_;

@@ -39,15 +39,20 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   workers_.reserve(static_cast<size_t>(count));
   auto threads = std::to_string(launch.threads);
   for (int i = 0; i < count; ++i) {
+    auto scratch = launch.scratch_dir / ("worker-" + std::to_string(i));
+    std::error_code ec;
+    std::filesystem::create_directory(scratch, ec);
+    if (ec) throw IoError("cannot create " + scratch.string() + ": " + ec.message());
     auto process = spawn_local_worker(
         launch.executable,
         {"--connect", launch.endpoint, "--index", std::to_string(i), "--cache-dir",
          launch.cache_dir.string(), "--startup-timeout-ms",
          std::to_string(launch.startup_timeout.count())},
-        {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads});
+        {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads, "TMPDIR=" + scratch.string()});
     auto& worker = workers_.emplace_back();
     worker.index = i;
     worker.process = process;
+    worker.scratch = scratch;
     worker.last_heard = Clock::now();
     ++running_;
     worker.output = std::make_unique<WorkerOutput>(
@@ -126,6 +131,8 @@ std::vector<std::pair<WorkerSlot*, std::optional<int>>> WorkerPool::reap() {
     worker.exited = true;
     --running_;
     worker.output->drain();
+    std::error_code ec;
+    std::filesystem::remove_all(worker.scratch, ec);  // however it ended
     exits.emplace_back(&worker, lost ? std::nullopt : std::optional<int>(status));
   }
   return exits;
@@ -137,6 +144,10 @@ void WorkerPool::signal_all(int signal) {
   for (auto& worker : workers_) {
     if (!worker.exited) ::kill(-worker.process.pid, signal);
   }
+}
+
+void WorkerPool::end_groups() {
+  for (auto& worker : workers_) ::kill(-worker.process.pid, SIGKILL);
 }
 
 void WorkerPool::drain_output() {

@@ -33,6 +33,7 @@ struct WorkerSlot {
   std::optional<std::string> main_id;   // its main thread's connection, set by HELLO
   std::optional<std::string> train_id;  // its train thread's, set by ATTACH
   std::string host;
+  std::filesystem::path scratch;  // its TMPDIR, removed when it exits
   int rank = -1;  // once assigned
   bool done = false;
   bool failed = false;  // a failure of this worker was recorded
@@ -52,6 +53,7 @@ struct LaunchOptions {
   std::filesystem::path cache_dir;
   std::chrono::milliseconds startup_timeout{0};
   int threads = 1;  // OMP_NUM_THREADS and MKL_NUM_THREADS
+  std::filesystem::path scratch_dir;  // where each worker gets worker-<index>/, its TMPDIR
   std::filesystem::path logs_dir;
   bool echo = true;  // worker output on the terminal too
 };
@@ -92,6 +94,9 @@ class WorkerPool {
   bool all_exited() const;
   /// Sends `signal` to the process group of every worker still running.
   void signal_all(int signal);
+  /// Ends the process group of every worker, exited or not: what a train
+  /// function started does not outlive the run.
+  void end_groups();
   /// Reads every worker's output to its end.
   void drain_output();
 

@@ -2,7 +2,13 @@
 
 #include <trainrun/error.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <string_view>
 #include <fstream>
@@ -56,20 +62,10 @@ auto parse_fields(const std::filesystem::path& path, F parse) {
   }
 }
 
-const char* status_name(RunStatus status) {
-  switch (status) {
-    case RunStatus::kRunning: return "running";
-    case RunStatus::kFinished: return "finished";
-    case RunStatus::kFailed: return "failed";
-    case RunStatus::kInterrupted: return "interrupted";
-  }
-  return "unknown";
-}
-
 RunStatus parse_status(const std::string& name) {
-  for (auto status :
-       {RunStatus::kRunning, RunStatus::kFinished, RunStatus::kFailed, RunStatus::kInterrupted}) {
-    if (name == status_name(status)) return status;
+  for (auto status : {RunStatus::kRunning, RunStatus::kFinished, RunStatus::kFailed,
+                      RunStatus::kInterrupted, RunStatus::kCrashed}) {
+    if (name == to_string(status)) return status;
   }
   throw json::other_error::create(501, "unknown status '" + name + "'", nullptr);
 }
@@ -80,19 +76,9 @@ json checkpoint_json(const CheckpointInfo& c) {
 
 // A name from disk becomes a path that retention may delete: only names this
 // module makes are taken.
-bool is_checkpoint_name(const std::string& name) {
-  constexpr std::string_view kPrefix = "checkpoint_";
-  if (name.size() < kPrefix.size() + 6 || name.size() > kPrefix.size() + 19 ||
-      name.compare(0, kPrefix.size(), kPrefix) != 0) {
-    return false;
-  }
-  return std::all_of(name.begin() + static_cast<long>(kPrefix.size()), name.end(),
-                     [](char c) { return c >= '0' && c <= '9'; });
-}
-
 CheckpointInfo checkpoint_from_json(const json& j, const std::filesystem::path& run_dir) {
   auto name = j.at("name").get<std::string>();
-  if (!is_checkpoint_name(name)) {
+  if (!checkpoint_index(name)) {
     throw json::other_error::create(501, "'" + name + "' is not a checkpoint's name", nullptr);
   }
   return {name, run_dir / name, j.value("iteration", int64_t{0}),
@@ -105,6 +91,19 @@ std::string checkpoint_name(int64_t index) {
   char name[32];
   std::snprintf(name, sizeof(name), "checkpoint_%06lld", static_cast<long long>(index));
   return name;
+}
+
+std::optional<int64_t> checkpoint_index(const std::string& name) {
+  constexpr std::string_view kPrefix = "checkpoint_";
+  if (name.size() < kPrefix.size() + 6 || name.size() > kPrefix.size() + 18 ||
+      name.compare(0, kPrefix.size(), kPrefix) != 0 ||
+      !std::all_of(name.begin() + static_cast<long>(kPrefix.size()), name.end(),
+                   [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  auto index = std::stoll(name.substr(kPrefix.size()));
+  if (checkpoint_name(index) != name) return std::nullopt;  // "checkpoint_0000001"
+  return index;
 }
 
 std::optional<CheckpointInfo> CheckpointState::latest_checkpoint() const {
@@ -166,7 +165,7 @@ void write_run_info(const std::filesystem::path& run_dir, const RunInfo& info) {
             {"versions", {{"trainrun", info.trainrun_version}, {"torch", info.torch_version}}},
             {"controller_host", info.controller_host},
             {"started_at", info.started_at},
-            {"status", status_name(info.status)}};
+            {"status", to_string(info.status)}};
   if (!info.ended_at.empty()) j["ended_at"] = info.ended_at;
   write_file_atomic(run_dir / kRunInfoFile, dump(j) + "\n");
 }
@@ -287,6 +286,36 @@ void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest&
             {"ranks", manifest.ranks},
             {"files", files}};
   write_file_atomic(checkpoint_dir / kManifestFile, dump(j) + "\n");
+}
+
+RunLock::RunLock(const std::filesystem::path& run_dir) {
+  auto path = run_dir / kLockFile;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError("cannot open " + path.string() + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char holder[256] = {0};
+    ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    ::close(fd_);
+    throw UsageError("run directory " + run_dir.string() + " is in use by another run (" + who +
+                     "): wait for it to end, or choose another --name");
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  auto holder = "pid " + std::to_string(::getpid()) + " on host " + host + "\n";
+  if (::ftruncate(fd_, 0) != 0 || !write_all(fd_, holder)) {
+    // The lock is held all the same; only the holder's name is missing.
+  }
+}
+
+RunLock::~RunLock() { ::close(fd_); }
+
+bool is_held(const std::filesystem::path& run_dir) {
+  Fd fd(::open((run_dir / kLockFile).c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return false;
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return false;  // closing drops it again
+  return errno == EWOULDBLOCK;
 }
 
 void verify_checkpoint(const std::filesystem::path& checkpoint_dir) {

@@ -11,6 +11,7 @@
 //     checkpoint_NNNNNN/     a checkpoint's files, and its manifest.json (Manifest)
 //     error.json             RunError of a run that did not finish
 //     logs/                  worker-<rank>.log, controller.log
+//     .lock                  held (flock) by the live run: RunLock
 //
 // Writes replace whole files atomically (common/atomic_file.h). Readers throw
 // IoError naming the file when it exists but is malformed. Stateless functions,
@@ -36,13 +37,14 @@ inline constexpr const char* kCheckpointStateFile = "checkpoint_state.json";
 inline constexpr const char* kErrorFile = "error.json";
 inline constexpr const char* kLogsDir = "logs";
 inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kLockFile = ".lock";
 /// A checkpoint being committed: <run>/.staging-checkpoint_NNNNNN.
 inline constexpr const char* kStagingPrefix = ".staging-";
 
 /// "checkpoint_000042".
 std::string checkpoint_name(int64_t index);
-
-enum class RunStatus { kRunning, kFinished, kFailed, kInterrupted };
+/// 42 for "checkpoint_000042"; nothing for a name checkpoint_name() does not make.
+std::optional<int64_t> checkpoint_index(const std::string& name);
 
 /// run.json.
 struct RunInfo {
@@ -111,6 +113,25 @@ void write_error(const std::filesystem::path& run_dir, const std::optional<RunEr
 /// missing or malformed.
 Manifest read_manifest(const std::filesystem::path& checkpoint_dir);
 void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest& manifest);
+
+/// The run directory held by this process for the length of a run: an
+/// exclusive flock on <run>/.lock, which the kernel drops however the process
+/// ends, so a run.json that says running with no holder is a crashed run.
+class RunLock {
+ public:
+  /// Takes the lock. Throws UsageError naming the holder's pid and host when
+  /// another run holds it, IoError when the file cannot be opened.
+  explicit RunLock(const std::filesystem::path& run_dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+/// Whether a live process holds the run directory.
+bool is_held(const std::filesystem::path& run_dir);
 
 /// Checks every file of a committed checkpoint against its manifest (size and
 /// sha256). Throws IoError naming the first file that differs or is missing.

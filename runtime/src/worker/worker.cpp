@@ -72,7 +72,7 @@ class Worker {
             : kDefaultStartupTimeout;
     silence_limit_ = startup;
     last_heard_ = Clock::now();
-    auto next_heartbeat = Clock::now() + kHeartbeatInterval;
+    auto next_heartbeat = Clock::now() + heartbeat_interval_;
     while (exit_code_ < 0) {
       zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0}};
       protocol::poll(items, 1, std::chrono::milliseconds(100));
@@ -80,7 +80,7 @@ class Worker {
       auto now = Clock::now();
       if (now >= next_heartbeat) {
         protocol::send(dealer_, protocol::Heartbeat{now_ms()});
-        next_heartbeat = now + kHeartbeatInterval;
+        next_heartbeat = now + heartbeat_interval_;
       }
       if (now - last_heard_ > silence_limit_) {
         spdlog::error("lost the controller at {}: nothing heard for {} s", options_.connect,
@@ -120,6 +120,9 @@ class Worker {
   void on_assign(const protocol::Assign& assign) {
     if (assign_) return;  // a duplicate; the first one stands
     assign_ = assign;
+    if (assign.heartbeat_interval_ms > 0) {
+      heartbeat_interval_ = std::chrono::milliseconds(assign.heartbeat_interval_ms);
+    }
     if (assign.heartbeat_timeout_ms > 0) {
       silence_limit_ = std::chrono::milliseconds(assign.heartbeat_timeout_ms);
     }
@@ -184,6 +187,7 @@ class Worker {
   std::atomic<bool> train_finished_{false};
   Clock::time_point last_heard_;
   std::chrono::milliseconds silence_limit_{0};
+  std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;
   int exit_code_ = -1;
 };
 
