@@ -215,3 +215,36 @@ TEST_CASE("fake workers: a dead controller's private directory is removed at the
   CHECK_FALSE(result.error);
   CHECK_FALSE(std::filesystem::exists(stale));
 }
+
+TEST_CASE("fake workers: a rank that never starts its train function fails the run at startup") {
+  TempDir tmp;
+  auto options = fake_options(tmp.path, 2, {{"reports", 2}, {"stuck_rank", 1}});
+  options.run.startup_timeout = std::chrono::seconds(2);
+  auto result = Trainer(options).fit();
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kSetup);
+  CHECK(result.error->rank == 1);
+  CHECK(result.error->message.find("did not start its train function within 2000 ms") !=
+        std::string::npos);
+}
+
+TEST_CASE("fake workers: metrics nested without end fail that rank, and the controller stands") {
+  TempDir tmp;
+  auto result = run(tmp, 2, {{"reports", 2}, {"deep_metrics", 100000}});
+  REQUIRE(result.error);
+  CHECK(result.error->kind == FailureKind::kUsage);
+  CHECK(result.error->rank == 0);
+  CHECK(result.error->message.find("reported metrics that are not a map of names") !=
+        std::string::npos);
+  CHECK(result.status == RunStatus::kFailed);
+}
+
+TEST_CASE("fake workers: a progress line with carriage returns keeps its prefix") {
+  TempDir tmp;
+  auto result = run(tmp, 1, {{"reports", 1}, {"progress", true}});
+  REQUIRE_FALSE(result.error);
+  auto lines = read_lines(tmp.path / "results" / "fake" / "logs" / "worker-0.log");
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0] == "step 3/3");  // what a terminal shows of "step 1/3\rstep 2/3\rstep 3/3"
+  CHECK(lines[1] == "windows line");
+}

@@ -12,11 +12,15 @@
 //   skip_rank=R           rank R reports iteration 2 first (out of step)
 //   garbage_rank=R        rank R first sends frames that are not a message
 //   silent_rank=R, silent_after=K  rank R goes silent after K reports
+//   stuck_rank=R          rank R never starts its train function (no STARTED)
 //   fail_rank=R           rank R sends FAILED (an exception) instead of reporting
 //   fetch_plugin=true     download the plugin even when it is cached
 //   scratch=true          each rank writes a file into $TMPDIR and prints
 //                         "scratch <TMPDIR>" first
 //   orphan_rank=R         rank R starts `sleep 60` and prints "child <pid>" first
+//   deep_metrics=D        rank 0's first report carries metrics nested D deep
+//   progress=true         rank 0 first prints "step 1/3\rstep 2/3\rstep 3/3\n" and
+//                         "windows line\r\n"
 //   spam_mib=M            rank 0 first writes M MiB to stdout without a newline
 //   latency_dir=DIR       each rank writes rank-<r>.txt: its ready time (s since
 //                         the epoch), then per report when it sent the REPORT and
@@ -44,6 +48,7 @@
 
 #include "common/constants.h"
 #include "common/parent.h"
+#include "common/secret.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
@@ -78,7 +83,7 @@ class FakeWorker {
   }
 
   int run() {
-    protocol::send(main_, protocol::Hello{index_, "localhost", ::getpid()});
+    protocol::send(main_, protocol::Hello{index_, "localhost", ::getpid(), secret_});
     auto assign = wait_main<protocol::Assign>();
     limit_ = std::chrono::milliseconds(assign.heartbeat_timeout_ms);
     interval_ = std::chrono::milliseconds(assign.heartbeat_interval_ms);
@@ -87,12 +92,17 @@ class FakeWorker {
     fetch_plugin(assign);
     train_.set(zmq::sockopt::linger, 1000);
     train_.connect(endpoint_);
-    protocol::send(train_, protocol::Attach{rank_, ::getpid()});
+    protocol::send(train_, protocol::Attach{rank_, ::getpid(), secret_});
     if (rank_ == 0) {
       protocol::send(train_, protocol::StoreReady{1});
     } else {
       wait_train<protocol::StoreAddress>();
     }
+    if (is(rank_, "stuck_rank")) {  // as a plugin whose static constructor blocks
+      wait_shutdown();
+      return 0;
+    }
+    protocol::send(train_, protocol::Started{rank_});
     double ready = unix_time();
     if (is(rank_, "fail_rank")) {
       protocol::send(train_, protocol::Failed{"scripted failure", "exception"});
@@ -115,6 +125,10 @@ class FakeWorker {
       char* args[] = {sleep, sixty, nullptr};
       ::posix_spawnp(&child, "sleep", nullptr, nullptr, args, environ);
       std::printf("child %d\n", static_cast<int>(child));
+      std::fflush(stdout);
+    }
+    if (script_.value("progress", false) && rank_ == 0) {
+      std::printf("step 1/3\rstep 2/3\rstep 3/3\nwindows line\r\n");
       std::fflush(stdout);
     }
     if (int spam = get("spam_mib", 0); spam > 0 && rank_ == 0) {
@@ -140,6 +154,12 @@ class FakeWorker {
       report.iteration = is(rank_, "skip_rank") ? i + 1 : i;
       auto metrics = nlohmann::json::to_msgpack({{"i", i}, {"rank", rank_}});
       report.metrics.assign(metrics.begin(), metrics.end());
+      if (int depth = get("deep_metrics", 0); depth > 0 && rank_ == 0) {
+        // {"x": [[[...]]]}: one byte per level, far deeper than any decoder's stack.
+        report.metrics = {'\x81', '\xa1', 'x'};
+        report.metrics.insert(report.metrics.end(), static_cast<size_t>(depth), '\x91');
+        report.metrics.push_back('\x00');
+      }
       auto sent = monotonic_ns();
       protocol::send(train_, report);
       if (i == 1 && is(rank_, "early_done_rank")) protocol::send(train_, protocol::Done{0});
@@ -243,6 +263,7 @@ class FakeWorker {
   zmq::socket_t main_{context_, zmq::socket_type::dealer};
   zmq::socket_t train_{context_, zmq::socket_type::dealer};
   nlohmann::json script_;
+  std::string secret_ = take_secret_from_environment();
   int rank_ = -1;
   Clock::time_point next_heartbeat_ = Clock::now();
   std::chrono::milliseconds interval_ = kHeartbeatInterval;

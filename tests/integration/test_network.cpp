@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <regex>
 #include <thread>
 
@@ -55,15 +57,19 @@ TEST_CASE("garbage and other protocol versions on the controller's socket do not
   peer.send(zmq::str_buffer("REPORT"), zmq::send_flags::sndmore);
   peer.send(zmq::str_buffer("\x92\x01\xc1"), zmq::send_flags::none);
   CHECK(refused_for(""));
-  // An ATTACH that claims a rank's train thread without being its process.
-  trainrun::protocol::send(peer, trainrun::protocol::Attach{0, 1});
-  CHECK(refused_for("ATTACH from an unexpected train thread"));
+  // An ATTACH that claims a rank's train thread without the run's secret.
+  trainrun::protocol::send(peer, trainrun::protocol::Attach{0, 1, ""});
+  CHECK(refused_for("ATTACH without this run's worker secret"));
+  // A HELLO with a worker's index and pid, which any local process can read
+  // from /proc, but not the secret that only its environment holds.
+  trainrun::protocol::send(peer, trainrun::protocol::Hello{0, "intruder", 1, "00"});
+  CHECK(refused_for("HELLO without this run's worker secret"));
   // A HELLO from a peer speaking protocol v99.
   msgpack::sbuffer body;
   msgpack::packer<msgpack::sbuffer> packer(body);
   packer.pack_array(2);
   packer.pack(99);
-  packer.pack(trainrun::protocol::Hello{0, "intruder", 1});
+  packer.pack(trainrun::protocol::Hello{0, "intruder", 1, ""});
   peer.send(zmq::str_buffer("HELLO"), zmq::send_flags::sndmore);
   peer.send(zmq::buffer(body.data(), body.size()), zmq::send_flags::none);
   CHECK(refused_for("protocol v99"));
@@ -72,4 +78,55 @@ TEST_CASE("garbage and other protocol versions on the controller's socket do not
   CHECK(read_jsonl(box.run_dir("net") / "result.jsonl").size() == 4);
   CHECK(read_text(box.run_dir("net") / "logs" / "controller.log").find("dropped a message") !=
         std::string::npos);
+}
+
+TEST_CASE("a flood of junk on the controller's socket costs a few log lines, and the run goes on") {
+  Sandbox box;
+  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN +
+                        "' --entry steps -n 2 --name flood --config steps=4 --config sleep_ms=300");
+  auto endpoint = wait_for_endpoint(box, "flood");
+  REQUIRE_FALSE(endpoint.empty());
+  zmq::context_t context;
+  zmq::socket_t peer(context, zmq::socket_type::dealer);
+  peer.set(zmq::sockopt::linger, 0);
+  peer.set(zmq::sockopt::sndhwm, 0);
+  peer.connect(endpoint);
+  for (int i = 0; i < 20000; ++i) {
+    peer.send(zmq::str_buffer("JUNK"), zmq::send_flags::sndmore);
+    peer.send(zmq::str_buffer("\xc1"), zmq::send_flags::none);
+  }
+  CHECK(Sandbox::wait(pid) == 0);
+  CHECK(read_jsonl(box.run_dir("flood") / "result.jsonl").size() == 4);
+  auto log = read_text(box.run_dir("flood") / "logs" / "controller.log");
+  size_t lines = 0;
+  for (size_t at = log.find("dropped a message"); at != std::string::npos;
+       at = log.find("dropped a message", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines > 0);
+  CHECK(lines <= 50);  // 10 a second at most, over a run of a few seconds
+  CHECK(log.find("more messages (only the first 10 a second are logged)") != std::string::npos);
+}
+
+TEST_CASE("a closed stdout does not end a run, and SIGHUP ends it as an interruption") {
+  Sandbox box;
+  // `| head -n 1`: the controller's stdout closes after one line.
+  auto piped = box.run(std::string("--plugin '") + TEST_PLUGIN +
+                       "' --entry context -n 2 --name piped --config reports=3 | head -n 1");
+  CHECK(piped.exit_code == 0);  // head's
+  auto info = read_json(box.run_dir("piped") / "run.json");
+  CHECK(info["status"] == "finished");
+  CHECK(read_jsonl(box.run_dir("piped") / "result.jsonl").size() == 3);
+
+  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN + "' --entry sleeps -n 2 --name hup");
+  for (int i = 0; i < 400 && box.worker_pids().size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(pid, SIGHUP);
+  CHECK(Sandbox::wait(pid) == 130);
+  CHECK(read_json(box.run_dir("hup") / "run.json")["status"] == "interrupted");
+  CHECK(read_json(box.run_dir("hup") / "error.json")["message"] ==
+        "interrupted by SIGHUP (Hangup)");
+  CHECK_FALSE(box.any_worker_alive());
 }

@@ -59,7 +59,7 @@ TEST_CASE("protocol: truncated and garbage messages are ProtocolErrors") {
   CHECK_THROWS_AS(protocol::Incoming::parse(frames({"HELLO"})), ProtocolError);
   CHECK_THROWS_AS(protocol::Incoming::parse(frames({"HELLO", "\xc1\xc1\xc1"})), ProtocolError);
   CHECK_THROWS_AS(protocol::Incoming::parse(frames({"", "x"})), ProtocolError);
-  auto full = body(protocol::kProtocolVersion, protocol::Hello{1, "h", 2});
+  auto full = body(protocol::kProtocolVersion, protocol::Hello{1, "h", 2, ""});
   CHECK_THROWS_AS(protocol::Incoming::parse(frames({"HELLO", full.substr(0, full.size() / 2)})),
                   ProtocolError);
   CHECK_THROWS_AS(protocol::Incoming::parse(frames({"HELLO", body(1, std::string("x"))})),
@@ -78,7 +78,7 @@ TEST_CASE("protocol: a payload of the wrong shape is a ProtocolError naming the 
 }
 
 TEST_CASE("protocol: another protocol version is refused with both versions named") {
-  auto other = body(protocol::kProtocolVersion + 1, protocol::Hello{0, "h", 1});
+  auto other = body(protocol::kProtocolVersion + 1, protocol::Hello{0, "h", 1, ""});
   auto expected = "peer speaks trainrun protocol v" +
                   std::to_string(protocol::kProtocolVersion + 1) + ", this side speaks v" +
                   std::to_string(protocol::kProtocolVersion);

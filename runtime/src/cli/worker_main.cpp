@@ -6,10 +6,12 @@
 
 #include "common/parent.h"
 #include "common/paths.h"
+#include "common/secret.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
   trainrun::die_with_parent();
+  auto secret = trainrun::take_secret_from_environment();
   CLI::App app{"trainrun-worker: runs train functions for a trainrun controller"};
   trainrun::WorkerOptions options;
   int64_t startup_ms = 0;
@@ -25,5 +27,6 @@ int main(int argc, char** argv) {
   }
   if (options.cache_dir.empty()) options.cache_dir = trainrun::default_cache_dir();
   options.startup_timeout = std::chrono::milliseconds(startup_ms);
+  options.secret = secret;
   return trainrun::run_worker(options);
 }

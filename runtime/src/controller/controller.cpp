@@ -59,6 +59,7 @@ RunOutcome Controller::run() {
   launch.executable = setup_.options.worker_executable;
   launch.endpoint = dir_.endpoint();
   launch.scratch_dir = dir_.path();
+  launch.secret = secret_;
   launch.cache_dir = setup_.options.cache_dir;
   launch.startup_timeout = setup_.options.run.startup_timeout;
   launch.threads = setup_.cpus_per_worker;
@@ -105,6 +106,7 @@ RunOutcome Controller::run() {
       break;
     }
   }
+  summarize_dropped();
   try {
     stop_workers(!error.has_value());
   } catch (const std::exception& e) {
@@ -174,23 +176,41 @@ void Controller::on_exits() {
 }
 
 // Startup and heartbeat timeouts, checked every 100 ms rather than every pass.
+// Startup lasts until a worker's train function starts: a plugin whose static
+// constructor blocks, or a rank stuck joining the process group, still sends
+// heartbeats from its main thread, and would otherwise hang the run forever.
 void Controller::check_timers() {
   auto now = Clock::now();
   if (now < next_timer_check_) return;
   next_timer_check_ = now + std::chrono::milliseconds(100);
+  if (now >= next_drop_summary_) {
+    summarize_dropped();
+    next_drop_summary_ = now + std::chrono::seconds(1);
+  }
   const auto& run = setup_.options.run;
-  bool starting = !assigned_ && now - start_ > run.startup_timeout;
+  bool starting = now - start_ > run.startup_timeout;
   for (auto& worker : pool_.workers()) {
     if (worker.exited) continue;
     if (starting && !worker.main_id) {
       fail(worker, FailureKind::kSetup,
            "did not connect to the controller within " +
                std::to_string(run.startup_timeout.count()) + " ms");
+    } else if (starting && !worker.started) {
+      fail(worker, FailureKind::kSetup,
+           "did not start its train function within " +
+               std::to_string(run.startup_timeout.count()) +
+               " ms (stuck loading the plugin or joining the process group)");
     } else if (worker.main_id && now - worker.last_heard > run.heartbeat_timeout) {
       fail(worker, FailureKind::kLost,
            "sent nothing for " + std::to_string(run.heartbeat_timeout.count()) +
                " ms: stopped responding");
     }
+  }
+}
+
+void Controller::summarize_dropped() {
+  if (int more = dropped_.take_suppressed(); more > 0) {
+    log_.warn("dropped {} more messages (only the first 10 a second are logged)", more);
   }
 }
 

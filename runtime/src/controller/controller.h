@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/secret.h"
 #include "controller/checkpoint_service.h"
 #include "controller/checkpoint_store.h"
 #include "controller/controller_dir.h"
@@ -77,6 +78,8 @@ class Controller {
   void on_exits();
   void check_timers();
   void send_heartbeats();
+  /// Logs how many "dropped a message" lines were held back.
+  void summarize_dropped();
   void stop_workers(bool graceful);
 
   // Routing.
@@ -118,6 +121,7 @@ class Controller {
   RunStorage& storage_;
   spdlog::logger& log_;
   ControllerDir dir_;  // outlives the socket and the workers, which live in it
+  std::string secret_ = make_secret();  // what local workers prove themselves with
   zmq::context_t context_;
   zmq::socket_t router_{context_, zmq::socket_type::router};
   SignalPipe signals_;
@@ -134,6 +138,7 @@ class Controller {
   int hellos_ = 0;
   bool child_exited_ = false;  // SIGCHLD seen since the last reap
   Clock::time_point next_reap_ = start_;
+  Clock::time_point next_drop_summary_ = start_;
   // Rank 0's store, once it listens; the other ranks get it once attached.
   std::optional<protocol::StoreAddress> store_address_;
 };

@@ -53,11 +53,7 @@ bool Controller::on_router_readable() {
     }
   } catch (const ProtocolError& e) {
     if (worker == nullptr) protocol::send(router_, protocol::Refused{e.what()}, {}, id);
-    auto now = Clock::now();
-    if (dropped_.allow(now)) {
-      if (int more = dropped_.take_suppressed(); more > 0) {
-        log_.warn("dropped {} more messages since the last line like the one below", more);
-      }
+    if (dropped_.allow(Clock::now())) {
       log_.warn("dropped a message from {}: {}", worker ? worker->describe() : "an unknown peer",
                 e.what());
     }
@@ -76,6 +72,10 @@ void Controller::on_new_peer(const std::string& id, const protocol::Incoming& me
 }
 
 void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
+  if (!secret_matches(hello.secret, secret_)) {
+    throw ProtocolError("HELLO without this run's worker secret (index " +
+                        std::to_string(hello.index) + ", pid " + std::to_string(hello.pid) + ")");
+  }
   WorkerSlot* worker = pool_.at_index(hello.index);
   if (worker == nullptr || worker->main_id || worker->process.pid != hello.pid) {
     throw ProtocolError("HELLO from an unexpected worker (index " + std::to_string(hello.index) +
@@ -88,6 +88,10 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
 }
 
 void Controller::on_attach(const std::string& id, const protocol::Attach& attach) {
+  if (!secret_matches(attach.secret, secret_)) {
+    throw ProtocolError("ATTACH without this run's worker secret (rank " +
+                        std::to_string(attach.rank) + ", pid " + std::to_string(attach.pid) + ")");
+  }
   WorkerSlot* worker = assigned_ ? pool_.at_rank(attach.rank) : nullptr;
   if (worker == nullptr || worker->train_id || worker->process.pid != attach.pid) {
     throw ProtocolError("ATTACH from an unexpected train thread (rank " +
@@ -165,6 +169,8 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
     on_fetch_checkpoint(worker, message.as<protocol::FetchCheckpoint>());
   } else if (type == protocol::FetchChunk::kType) {
     on_fetch_chunk(worker, message.as<protocol::FetchChunk>());
+  } else if (type == protocol::Started::kType) {
+    worker.started = true;
   } else if (type == protocol::Done::kType) {
     on_done(worker);
   } else if (type == protocol::Failed::kType) {
@@ -190,9 +196,10 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   nlohmann::json metrics;
   if (worker.rank == 0) {
     try {
-      metrics = nlohmann::json::from_msgpack(report.metrics);
-    } catch (const nlohmann::json::exception& e) {
-      throw ProtocolError(std::string("REPORT with malformed metrics: ") + e.what());
+      metrics = protocol::decode_metrics(report.metrics);
+    } catch (const ProtocolError& e) {
+      fail(worker, FailureKind::kUsage, std::string("reported ") + e.what());
+      return;
     }
   }
   if (worker.done) {

@@ -67,9 +67,19 @@ void WorkerOutput::drain() {
 }
 
 void WorkerOutput::emit(int stream, const std::string& line) {
+  // A progress line ("\r 40%\r 50%") shows what a terminal would: the text
+  // after the last carriage return, after its prefix (a line ending "\r\n"
+  // loses the '\r'). Otherwise it would overwrite the prefix.
+  std::string_view text = line;
+  while (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+  if (auto cr = text.rfind('\r'); cr != std::string_view::npos) text.remove_prefix(cr + 1);
+  write_line(stream, text);
+}
+
+void WorkerOutput::write_line(int stream, std::string_view line) {
   if (echo_) {
     std::FILE* out = stream == 0 ? stdout : stderr;
-    std::fprintf(out, "%s %s\n", prefix_.c_str(), line.c_str());
+    std::fprintf(out, "%s %.*s\n", prefix_.c_str(), static_cast<int>(line.size()), line.data());
     std::fflush(out);
   }
   if (log_ == nullptr && !log_path_.empty()) {
@@ -77,7 +87,7 @@ void WorkerOutput::emit(int stream, const std::string& line) {
     if (log_ == nullptr) log_path_.clear();  // unwritable: the terminal still has it
   }
   if (log_ != nullptr) {
-    std::fprintf(log_, "%s\n", line.c_str());
+    std::fprintf(log_, "%.*s\n", static_cast<int>(line.size()), line.data());
     std::fflush(log_);
   }
 }

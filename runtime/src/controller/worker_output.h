@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 namespace trainrun {
 
@@ -32,6 +33,7 @@ class WorkerOutput {
     std::string partial;
   };
   void emit(int stream, const std::string& line);
+  void write_line(int stream, std::string_view line);
 
   Stream streams_[2];
   std::string prefix_;

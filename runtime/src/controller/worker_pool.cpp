@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "common/secret.h"
 #include "common/worker_name.h"
 
 namespace trainrun {
@@ -48,7 +49,8 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
         {"--connect", launch.endpoint, "--index", std::to_string(i), "--cache-dir",
          launch.cache_dir.string(), "--startup-timeout-ms",
          std::to_string(launch.startup_timeout.count())},
-        {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads, "TMPDIR=" + scratch.string()});
+        {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads, "TMPDIR=" + scratch.string(),
+         std::string(kSecretVariable) + "=" + launch.secret});
     auto& worker = workers_.emplace_back();
     worker.index = i;
     worker.process = process;

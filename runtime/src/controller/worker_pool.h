@@ -35,6 +35,7 @@ struct WorkerSlot {
   std::string host;
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
   int rank = -1;  // once assigned
+  bool started = false;  // its train function was called (STARTED)
   bool done = false;
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;
@@ -54,6 +55,7 @@ struct LaunchOptions {
   std::chrono::milliseconds startup_timeout{0};
   int threads = 1;  // OMP_NUM_THREADS and MKL_NUM_THREADS
   std::filesystem::path scratch_dir;  // where each worker gets worker-<index>/, its TMPDIR
+  std::string secret;                 // the run's worker secret, in each one's environment
   std::filesystem::path logs_dir;
   bool echo = true;  // worker output on the terminal too
 };

@@ -1,6 +1,19 @@
 #include "protocol/message.h"
 
 namespace trainrun::protocol {
+namespace {
+
+// What any message body may hold: every message is [version, {field: value}]
+// with at most lists of small maps in its values (a REPORT's files), so a
+// deeper structure, or a count past these, is not a message of ours. Bounds
+// the memory and the recursion a peer can make the decoder spend.
+const msgpack::unpack_limit kBodyLimits(/*array=*/1 << 20, /*map=*/1 << 16, /*str=*/1 << 20,
+                                        /*bin=*/16 << 20, /*ext=*/0, /*depth=*/8);
+// train::report's metrics: a map of names to numbers, booleans and strings.
+const msgpack::unpack_limit kMetricsLimits(/*array=*/0, /*map=*/1 << 12, /*str=*/1 << 16,
+                                           /*bin=*/0, /*ext=*/0, /*depth=*/2);
+
+}  // namespace
 
 Incoming Incoming::parse(std::vector<zmq::message_t> frames) {
   if (frames.size() < 2) {
@@ -13,7 +26,8 @@ Incoming Incoming::parse(std::vector<zmq::message_t> frames) {
     throw ProtocolError("malformed message: bad type frame");
   }
   try {
-    message.handle_ = msgpack::unpack(frames[1].data<const char>(), frames[1].size());
+    message.handle_ = msgpack::unpack(frames[1].data<const char>(), frames[1].size(), nullptr,
+                                      nullptr, kBodyLimits);
   } catch (const std::exception& e) {
     throw ProtocolError("malformed " + message.type_ + " message: body is not msgpack (" +
                         e.what() + ")");
@@ -56,6 +70,39 @@ std::vector<zmq::message_t> recv_frames(zmq::socket_t& socket, bool dontwait) {
     flags = zmq::recv_flags::none;  // the rest of a multipart message is already here
   } while (frames.back().more());
   return frames;
+}
+
+}  // namespace trainrun::protocol
+
+namespace trainrun::protocol {
+
+nlohmann::json decode_metrics(const std::vector<char>& bytes) {
+  try {
+    // Checked with bounds first: nlohmann's decoder recurses without one.
+    auto handle = msgpack::unpack(bytes.data(), bytes.size(), nullptr, nullptr, kMetricsLimits);
+    const auto& map = handle.get();
+    if (map.type != msgpack::type::MAP) throw ProtocolError("not a map");
+    for (uint32_t i = 0; i < map.via.map.size; ++i) {
+      const auto& entry = map.via.map.ptr[i];
+      if (entry.key.type != msgpack::type::STR) throw ProtocolError("a name that is not text");
+      switch (entry.val.type) {
+        case msgpack::type::BOOLEAN:
+        case msgpack::type::POSITIVE_INTEGER:
+        case msgpack::type::NEGATIVE_INTEGER:
+        case msgpack::type::FLOAT32:
+        case msgpack::type::FLOAT64:
+        case msgpack::type::STR:
+          break;
+        default:
+          throw ProtocolError("a value that is not a number, boolean or text");
+      }
+    }
+    return nlohmann::json::from_msgpack(bytes.begin(), bytes.end());
+  } catch (const std::exception& e) {
+    throw ProtocolError(std::string("metrics that are not a map of names to numbers, booleans "
+                                    "and text: ") +
+                        e.what());
+  }
 }
 
 }  // namespace trainrun::protocol

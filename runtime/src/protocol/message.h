@@ -9,6 +9,7 @@
 #include <trainrun/error.h>
 
 #include <msgpack.hpp>
+#include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
 #include <chrono>
@@ -73,6 +74,11 @@ void send(zmq::socket_t& socket, const T& payload, std::vector<zmq::message_t> b
     socket.send(blobs[i], i + 1 < blobs.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
 }
+
+/// train::report's metrics as a REPORT carries them (msgpack): a map of names
+/// to numbers, booleans and text, at most 4096 entries. Throws ProtocolError
+/// for anything else, without unbounded recursion however deep the input nests.
+nlohmann::json decode_metrics(const std::vector<char>& bytes);
 
 /// zmq::poll that returns 0 when a signal interrupts it, instead of throwing:
 /// the caller's loop comes round again and handles the signal.

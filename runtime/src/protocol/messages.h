@@ -6,8 +6,9 @@
 // opens a connection of its own, which begins with ATTACH and carries all the
 // train function says and waits for, with no hop through the main thread: rank
 // 0 hosts the rendezvous store and says STORE_READY, and the controller passes
-// its address to the other ranks in STORE_ADDRESS; then REPORTs (acknowledged
-// once every rank reached the same one), and DONE or FAILED. The controller
+// its address to the other ranks in STORE_ADDRESS; STARTED once the plugin is
+// loaded and the process group formed; then REPORTs (acknowledged once every
+// rank reached the same one), and DONE or FAILED. The controller
 // ends every worker with SHUTDOWN, on the main connection.
 //
 // A REPORT with a checkpoint lists the rank's files; the controller answers
@@ -48,14 +49,16 @@ struct Hello {
   int32_t index = 0;  // the worker's launch index (local workers) or -1
   std::string host;
   int64_t pid = 0;
-  MSGPACK_DEFINE_MAP(index, host, pid);
+  std::string secret;  // the run's worker secret (common/secret.h)
+  MSGPACK_DEFINE_MAP(index, host, pid, secret);
 };
 
 struct Attach {  // the first message on a train thread's connection
   static constexpr const char* kType = "ATTACH";
   int32_t rank = 0;  // as assigned
   int64_t pid = 0;
-  MSGPACK_DEFINE_MAP(rank, pid);
+  std::string secret;
+  MSGPACK_DEFINE_MAP(rank, pid, secret);
 };
 
 /// What a FETCH_CHUNK asks for: the plugin (file 0), or a file of the
@@ -106,6 +109,12 @@ struct StoreReady {  // from rank 0, once its store listens
   static constexpr const char* kType = "STORE_READY";
   int32_t port = 0;
   MSGPACK_DEFINE_MAP(port);
+};
+
+struct Started {  // the train thread is about to call the entry: the plugin loaded, the group formed
+  static constexpr const char* kType = "STARTED";
+  int32_t rank = 0;
+  MSGPACK_DEFINE_MAP(rank);
 };
 
 struct Done {

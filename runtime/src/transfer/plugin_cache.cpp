@@ -17,7 +17,9 @@ std::optional<std::filesystem::path> find_cached_plugin(const std::filesystem::p
     if (sha256_file(path) == sha256) return path;
   } catch (const IoError&) {
   }
-  std::filesystem::remove(path, ec);  // damaged: fetch it again
+  // Damaged: fetch it again. The download's rename replaces this copy; it is
+  // not removed here, where it could be the good copy another worker on this
+  // host has just renamed into place and is about to load.
   return std::nullopt;
 }
 

@@ -166,11 +166,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assi
 }  // namespace
 
 void run_train_thread(zmq::context_t& context, const std::string& endpoint,
+                      const std::string& secret,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path) {
   zmq::socket_t controller(context, zmq::socket_type::dealer);
   controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
   controller.connect(endpoint);
-  protocol::send(controller, protocol::Attach{assign.world_rank, ::getpid()});
+  protocol::send(controller, protocol::Attach{assign.world_rank, ::getpid(), secret});
   auto failed_kind = FailureKind::kPlugin;
   std::string failed_message;
   // Outlives the entry: a rank that fails must not close its connections before
@@ -208,6 +209,7 @@ void run_train_thread(zmq::context_t& context, const std::string& endpoint,
     host.get_checkpoint = &host_get_checkpoint;
 
     failed_kind = FailureKind::kException;
+    protocol::send(controller, protocol::Started{assign.world_rank});
     std::vector<char> error(16 * 1024, '\0');
     int rc = entry(&host, error.data(), error.size());
     state.remove_downloads();

@@ -20,6 +20,7 @@ namespace trainrun {
 /// Runs the assigned entry to completion on the calling thread, connected to
 /// the controller at `controller`; always ends by sending DONE or FAILED.
 void run_train_thread(zmq::context_t& context, const std::string& controller,
+                      const std::string& secret,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path);
 
 }  // namespace trainrun

@@ -65,7 +65,8 @@ class Worker {
   bool can_close() const { return !train_thread_.joinable() || train_finished_; }
 
   int run() {
-    protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid()});
+    protocol::send(dealer_,
+                   protocol::Hello{options_.index, host_name(), ::getpid(), options_.secret});
     auto startup =
         options_.startup_timeout.count() > 0
             ? options_.startup_timeout
@@ -168,7 +169,7 @@ class Worker {
 
   void start_training(const std::filesystem::path& plugin_path) {
     train_thread_ = std::thread([this, plugin_path] {
-      run_train_thread(context_, options_.connect, *assign_, plugin_path);
+      run_train_thread(context_, options_.connect, options_.secret, *assign_, plugin_path);
       train_finished_ = true;
     });
   }

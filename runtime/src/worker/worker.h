@@ -16,6 +16,7 @@ struct WorkerOptions {
   int index = -1;       // launch index of a local worker, -1 for a remote one
   std::filesystem::path cache_dir;
   std::chrono::milliseconds startup_timeout{0};  // waiting for ASSIGN; 0 = default
+  std::string secret;  // the run's worker secret, for HELLO and ATTACH
 };
 
 /// Runs the worker; returns the process exit code.
