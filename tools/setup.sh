@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build
+  build-essential cmake ninja-build python3
   libtorch-dev libgloo-dev
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
   libcli11-dev nlohmann-json3-dev libssl-dev doctest-dev
