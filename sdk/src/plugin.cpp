@@ -49,6 +49,10 @@ std::vector<train_entry_v1_t>& entries() {
 void copy_message(const std::string& message, char* error, size_t error_size) {
   if (error == nullptr || error_size == 0) return;
   size_t n = std::min(message.size(), error_size - 1);
+  // A cut never splits a UTF-8 character: back to the start of the one it would.
+  while (n > 0 && n < message.size() && (static_cast<unsigned char>(message[n]) & 0xC0) == 0x80) {
+    --n;
+  }
   std::memcpy(error, message.data(), n);
   error[n] = '\0';
 }

@@ -169,3 +169,13 @@ TEST_CASE("an unused parameter is an error naming it, or zero with find_unused_p
   CHECK(lenient.exit_code == 0);
   CHECK(last_metrics(box, "lenient")["unused_grad_norm"] == 0.0);
 }
+
+TEST_CASE("prepare_data_loader takes a dataset already mapped with Stack<>") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN + "' --entry stacked -n 2 --name st");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto metrics = read_jsonl(box.run_dir("st") / "result.jsonl").back()["metrics"];
+  CHECK(metrics["batches"] == 3);  // 5 samples of the 10 on each rank, 2 a batch
+  CHECK(metrics["sum"] == 45);     // 0 + 1 + ... + 9: every sample once
+}

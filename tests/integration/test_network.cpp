@@ -23,13 +23,19 @@ std::string wait_for_endpoint(const Sandbox& box, const std::string& name) {
   return "";
 }
 
+// Starts a run of 4 slow steps named `name`; returns its pid and the
+// controller's endpoint (empty if it did not show up in time).
+std::pair<pid_t, std::string> start_slow_run(const Sandbox& box, const std::string& name) {
+  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN + "' --entry steps -n 2 --name " +
+                        name + " --config steps=4 --config sleep_ms=300");
+  return {pid, wait_for_endpoint(box, name)};
+}
+
 }  // namespace
 
 TEST_CASE("garbage and other protocol versions on the controller's socket do not hurt the run") {
   Sandbox box;
-  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN +
-                        "' --entry steps -n 2 --name net --config steps=4 --config sleep_ms=300");
-  auto endpoint = wait_for_endpoint(box, "net");
+  auto [pid, endpoint] = start_slow_run(box, "net");
   REQUIRE_FALSE(endpoint.empty());
 
   zmq::context_t context;
@@ -82,9 +88,7 @@ TEST_CASE("garbage and other protocol versions on the controller's socket do not
 
 TEST_CASE("a flood of junk on the controller's socket costs a few log lines, and the run goes on") {
   Sandbox box;
-  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN +
-                        "' --entry steps -n 2 --name flood --config steps=4 --config sleep_ms=300");
-  auto endpoint = wait_for_endpoint(box, "flood");
+  auto [pid, endpoint] = start_slow_run(box, "flood");
   REQUIRE_FALSE(endpoint.empty());
   zmq::context_t context;
   zmq::socket_t peer(context, zmq::socket_type::dealer);

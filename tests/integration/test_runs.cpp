@@ -200,3 +200,15 @@ TEST_CASE("--config-file reaches the workers, and --config overrides it") {
   CHECK(results[0]["metrics"]["label"] == "from-file");
   CHECK(read_json(box.run_dir("f") / "run.json")["config"]["reports"] == 1);
 }
+
+TEST_CASE("an exception message longer than the limit is cut between characters, not inside one") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry throws -n 2 --name u --config long_utf8=true");
+  INFO(run.output.substr(0, 2000));
+  CHECK(run.exit_code == 1);
+  auto message = read_json(box.run_dir("u") / "error.json")["message"].get<std::string>();
+  CHECK(message.rfind("raised: \xc3\xa9", 0) == 0);
+  CHECK(message.size() < 16 * 1024 + 16);
+  CHECK(message.find("\xef\xbf\xbd") == std::string::npos);  // no replacement character
+  CHECK(message.substr(message.size() - 2) == "\xc3\xa9");   // ends on a whole character
+}

@@ -65,10 +65,16 @@ void steps(const train::Config& config) {
 }
 
 // Rank `fail_rank` throws after one report; the others wait in a collective.
+// With long_utf8=true its message is 20,000 bytes of two-byte characters.
 void throws(const train::Config& config) {
   auto ctx = train::get_context();
   train::report({{"phase", "started"}});
   if (ctx.world_rank() == config.get<int>("fail_rank", 1)) {
+    if (config.get<bool>("long_utf8", false)) {
+      std::string text;
+      for (int i = 0; i < 10000; ++i) text += "\xc3\xa9";  // e with an acute accent
+      throw std::runtime_error(text);
+    }
     throw std::runtime_error("boom on rank " + std::to_string(ctx.world_rank()));
   }
   wait_in_collective();
@@ -194,3 +200,31 @@ void big_checkpoint(const train::Config& config) {
 }
 
 TRAIN_FUNC(big_checkpoint);
+
+namespace {
+
+// The numbers 0..9, each its own target.
+struct Numbers : torch::data::datasets::Dataset<Numbers> {
+  torch::data::Example<> get(size_t i) override {
+    return {torch::full({2}, static_cast<double>(i)), torch::tensor(static_cast<int64_t>(i))};
+  }
+  c10::optional<size_t> size() const override { return 10; }
+};
+
+}  // namespace
+
+// A dataset already stacked, as LibTorch's examples write it, is taken as it
+// is: each rank reads its half, and together they read every sample once.
+void stacked(const train::Config&) {
+  auto loader = train::prepare_data_loader(Numbers().map(torch::data::transforms::Stack<>()),
+                                           train::LoaderOptions().batch_size(2).shuffle(false));
+  std::vector<torch::Tensor> sum{torch::zeros({1}, torch::kLong)};
+  int64_t batches = 0;
+  for (auto& batch : loader) {
+    sum[0] += batch.target.sum();
+    ++batches;
+  }
+  train::process_group()->allreduce(sum)->wait();
+  train::report({{"batches", batches}, {"sum", sum[0].item<int64_t>()}});
+}
+TRAIN_FUNC(stacked);

@@ -22,18 +22,12 @@
 #include <fstream>
 #include <iostream>
 
+#include "barrier_times.h"
 #include "common/hash.h"
 
 namespace {
 
 double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; }
-
-double percentile(std::vector<double>& values, double p) {
-  if (values.empty()) return 0;
-  auto k = static_cast<size_t>(p * static_cast<double>(values.size() - 1));
-  std::nth_element(values.begin(), values.begin() + static_cast<long>(k), values.end());
-  return values[k];
-}
 
 }  // namespace
 
@@ -77,7 +71,7 @@ int main(int argc, char** argv) {
 
   double start_s = std::chrono::duration<double>(start.time_since_epoch()).count();
   double ready = 0;
-  std::vector<std::vector<std::pair<double, double>>> times(static_cast<size_t>(reports));
+  bench::BarrierTimes times(static_cast<size_t>(reports));
   for (int rank = 0; rank < workers; ++rank) {
     std::ifstream in(root / "latency" / ("rank-" + std::to_string(rank) + ".txt"));
     double t = 0;
@@ -87,15 +81,7 @@ int main(int argc, char** argv) {
       times[i].emplace_back(sent, acked);
     }
   }
-  std::vector<double> round_trips, releases;  // us
-  for (const auto& report : times) {
-    double last_sent = 0;
-    for (auto [sent, acked] : report) last_sent = std::max(last_sent, sent);
-    for (auto [sent, acked] : report) {
-      round_trips.push_back((acked - sent) / 1e3);
-      releases.push_back((acked - last_sent) / 1e3);
-    }
-  }
+  auto [round_trips, releases] = bench::round_trips_and_releases(times);
   nlohmann::json out = {
       {"workers", workers},
       {"reports", reports},
@@ -103,10 +89,10 @@ int main(int argc, char** argv) {
       {"error", result.error ? result.error->summary() : ""},
       {"wall_s", result.wall_seconds},
       {"ready_s", ready},
-      {"round_trip_p50_us", percentile(round_trips, 0.5)},
-      {"round_trip_p99_us", percentile(round_trips, 0.99)},
-      {"release_p50_us", percentile(releases, 0.5)},
-      {"release_p99_us", percentile(releases, 0.99)},
+      {"round_trip_p50_us", bench::percentile(round_trips, 0.5)},
+      {"round_trip_p99_us", bench::percentile(round_trips, 0.99)},
+      {"release_p50_us", bench::percentile(releases, 0.5)},
+      {"release_p99_us", bench::percentile(releases, 0.99)},
       {"controller_cpu_s", seconds(usage.ru_utime) + seconds(usage.ru_stime)},
       {"controller_peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0}};
   std::cout << out.dump() << std::endl;

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "barrier_times.h"
+
 extern char** environ;
 
 namespace {
@@ -33,13 +35,6 @@ int64_t monotonic_ns() {
   timespec now{};
   ::clock_gettime(CLOCK_MONOTONIC, &now);
   return now.tv_sec * 1000000000LL + now.tv_nsec;
-}
-
-double percentile(std::vector<double>& values, double p) {
-  if (values.empty()) return 0;
-  auto k = static_cast<size_t>(p * static_cast<double>(values.size() - 1));
-  std::nth_element(values.begin(), values.begin() + static_cast<long>(k), values.end());
-  return values[k];
 }
 
 int client(const std::string& endpoint, int rounds, const std::string& out_path) {
@@ -126,21 +121,13 @@ int main(int argc, char** argv) {
   rusage after{};
   ::getrusage(RUSAGE_SELF, &after);
   for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
-  std::vector<std::vector<std::pair<double, double>>> times(static_cast<size_t>(rounds));
+  bench::BarrierTimes times(static_cast<size_t>(rounds));
   for (int c = 0; c < clients; ++c) {
     std::ifstream in(dir / ("c" + std::to_string(c)));
     double s = 0, a = 0;
     for (size_t i = 0; i < times.size() && in >> s >> a; ++i) times[i].emplace_back(s, a);
   }
-  std::vector<double> round_trips, releases;
-  for (const auto& round : times) {
-    double last = 0;
-    for (auto [s, a] : round) last = std::max(last, s);
-    for (auto [s, a] : round) {
-      round_trips.push_back((a - s) / 1e3);
-      releases.push_back((a - last) / 1e3);
-    }
-  }
+  auto [round_trips, releases] = bench::round_trips_and_releases(times);
   auto cpu = [](const rusage& u) {
     return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
            (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
@@ -149,10 +136,10 @@ int main(int argc, char** argv) {
                         {"rounds", rounds},
                         {"ok", ok},
                         {"ready_s", ready},
-                        {"round_trip_p50_us", percentile(round_trips, 0.5)},
-                        {"round_trip_p99_us", percentile(round_trips, 0.99)},
-                        {"release_p50_us", percentile(releases, 0.5)},
-                        {"release_p99_us", percentile(releases, 0.99)},
+                        {"round_trip_p50_us", bench::percentile(round_trips, 0.5)},
+                        {"round_trip_p99_us", bench::percentile(round_trips, 0.99)},
+                        {"release_p50_us", bench::percentile(releases, 0.5)},
+                        {"release_p99_us", bench::percentile(releases, 0.99)},
                         {"server_cpu_s", cpu(after) - cpu(before)}};
   std::cout << out.dump() << std::endl;
   std::filesystem::remove_all(dir);

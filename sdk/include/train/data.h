@@ -54,6 +54,12 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   std::shared_ptr<torch::data::samplers::DistributedSampler<>> sampler_;
 };
 
+/// Whether a dataset's batches are stacked already: it was mapped with
+/// torch::data::transforms::Stack<>(), as LibTorch's own examples write it.
+template <typename Dataset>
+inline constexpr bool is_stacked_v =
+    std::is_same_v<typename Dataset::BatchType, torch::data::Example<>>;
+
 /// Batches of a dataset for this rank, on this worker's device. Iterate it with
 /// a range-for; call set_epoch(epoch) before each epoch for a new shuffle.
 /// Each batch is a torch::data::Example<> (data and target stacked).
@@ -61,8 +67,11 @@ template <typename Dataset, typename Sampler = DistributedSampler>
 class DataLoader {
  public:
   using Batch = torch::data::Example<>;
-  using Inner = torch::data::StatelessDataLoader<
-      torch::data::datasets::MapDataset<Dataset, torch::data::transforms::Stack<>>, Sampler>;
+  /// The dataset as the loader reads it: stacked by the loader, unless it is already.
+  using Stacked = std::conditional_t<
+      is_stacked_v<Dataset>, Dataset,
+      torch::data::datasets::MapDataset<Dataset, torch::data::transforms::Stack<>>>;
+  using Inner = torch::data::StatelessDataLoader<Stacked, Sampler>;
 
   DataLoader(Dataset dataset, Sampler sampler, const LoaderOptions& options, c10::Device device)
       : dataset_(std::move(dataset)),
@@ -115,7 +124,7 @@ class DataLoader {
 
   /// Starts an epoch (in the order set by set_epoch).
   Iterator begin() {
-    inner_ = std::make_unique<Inner>(dataset_.map(torch::data::transforms::Stack<>()), sampler_,
+    inner_ = std::make_unique<Inner>(stacked(), sampler_,
                                      torch::data::DataLoaderOptions()
                                          .batch_size(options_.batch_size())
                                          .drop_last(options_.drop_last())
@@ -125,6 +134,14 @@ class DataLoader {
   Iterator end() { return Iterator(inner_->end(), device_); }
 
  private:
+  Stacked stacked() const {
+    if constexpr (is_stacked_v<Dataset>) {
+      return dataset_;
+    } else {
+      return dataset_.map(torch::data::transforms::Stack<>());
+    }
+  }
+
   template <typename S, typename = void>
   struct has_set_epoch : std::false_type {};
   template <typename S>
@@ -141,7 +158,8 @@ class DataLoader {
 /// Shards a LibTorch dataset across ranks, like Ray Train's prepare_data_loader:
 /// each rank reads its part through LibTorch's distributed samplers, and each
 /// batch arrives on this worker's device. The dataset is any
-/// torch::data::datasets::Dataset whose examples are torch::data::Example<>.
+/// torch::data::datasets::Dataset whose examples are torch::data::Example<>,
+/// as it is or already mapped with torch::data::transforms::Stack<>().
 /// Throws std::logic_error outside a train function started by trainrun.
 template <typename Dataset>
 DataLoader<Dataset> prepare_data_loader(Dataset dataset, const LoaderOptions& options = {}) {
