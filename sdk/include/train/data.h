@@ -134,7 +134,7 @@ class DataLoader {
   Iterator end() { return Iterator(inner_->end(), device_); }
 
  private:
-  Stacked stacked() const {
+  Stacked stacked() {
     if constexpr (is_stacked_v<Dataset>) {
       return dataset_;
     } else {
