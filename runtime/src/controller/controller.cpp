@@ -111,8 +111,7 @@ RunOutcome Controller::run() {
     stop_workers(!error.has_value());
   } catch (const std::exception& e) {
     log_.error("internal error while stopping the workers: {}", e.what());
-    pool_.signal_all(SIGKILL);
-    pool_.end_groups();
+    pool_.end_groups();  // SIGKILL to every worker's group, running or not
   }
   return RunOutcome{error, elapsed()};
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstring>
 
@@ -56,16 +57,12 @@ void remove_stale_controller_dirs(const std::filesystem::path& tmp) {
   for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
     auto name = entry.path().filename().string();
     if (name.rfind(kPrefix, 0) != 0) continue;
-    auto rest = name.substr(std::strlen(kPrefix));
-    auto dash = rest.find('-');
-    if (dash == std::string::npos || dash == 0 || dash > 10) continue;
+    const char* digits = name.c_str() + std::strlen(kPrefix);
+    const char* end = name.c_str() + name.size();
     pid_t pid = 0;
-    for (char c : rest.substr(0, dash)) {
-      if (c < '0' || c > '9') pid = -1;
-      if (pid >= 0) pid = pid * 10 + (c - '0');
-    }
+    auto [after, error] = std::from_chars(digits, end, pid);
     struct stat st {};
-    if (pid <= 0 || ::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+    if (error != std::errc() || after == end || *after != '-' || pid <= 0 || ::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
         st.st_uid != ::geteuid()) {
       continue;  // not one of ours
     }

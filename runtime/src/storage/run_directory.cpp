@@ -8,11 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
-#include <string_view>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
@@ -303,10 +303,10 @@ RunLock::RunLock(const std::filesystem::path& run_dir) {
   }
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
+  // Best effort: if this fails, the lock is held all the same and only the
+  // holder's name is missing from a refusal.
   auto holder = "pid " + std::to_string(::getpid()) + " on host " + host + "\n";
-  if (::ftruncate(fd_, 0) != 0 || !write_all(fd_, holder)) {
-    // The lock is held all the same; only the holder's name is missing.
-  }
+  if (::ftruncate(fd_, 0) == 0) write_all(fd_, holder);
 }
 
 RunLock::~RunLock() { ::close(fd_); }
