@@ -248,3 +248,33 @@ TEST_CASE("fake workers: a progress line with carriage returns keeps its prefix"
   CHECK(lines[0] == "step 3/3");  // what a terminal shows of "step 1/3\rstep 2/3\rstep 3/3"
   CHECK(lines[1] == "windows line");
 }
+
+TEST_CASE("fake workers: mutated messages of every type from a rank end the run cleanly") {
+  for (int seed = 1; seed <= 4; ++seed) {
+    TempDir tmp;
+    auto result = run(tmp, 2,
+                      {{"reports", 3}, {"fuzz_rank", 1}, {"fuzz_messages", 3000}, {"fuzz_seed", seed}});
+    INFO("seed " << seed);
+    // A mutated message can be a valid one that ends the run (a FAILED, a
+    // REPORT out of step): that is a clean end. Never an internal error, and
+    // always a final status that agrees with error.json.
+    auto dir = tmp.path / "results" / "fake";
+    auto info = run_directory::read_run_info(dir);
+    REQUIRE(info);
+    CHECK(info->status == result.status);
+    if (result.error) {
+      MESSAGE("seed " << seed << ": " << to_string(result.error->kind) << ": "
+                      << result.error->message);
+      CHECK(result.error->kind != FailureKind::kInternal);
+      CHECK(result.status == RunStatus::kFailed);
+      CHECK(std::filesystem::exists(dir / "error.json"));
+    } else {
+      CHECK(result.status == RunStatus::kFinished);
+    }
+  }
+  // This process was the controller of every run: its peak memory stayed small.
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) CHECK(std::stod(line.substr(6)) / 1024.0 < 256);
+  }
+}

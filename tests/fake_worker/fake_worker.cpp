@@ -1,6 +1,7 @@
 // A worker that speaks trainrun's protocol from a script, without LibTorch:
 // HELLO, ASSIGN, the plugin download (through the real chunk pull and cache),
-// ATTACH, the store address, metrics-only reports, DONE, SHUTDOWN. The
+// ATTACH, a rendezvous through the controller's store (each rank sets its key
+// and waits for everyone's), metrics-only reports, DONE, SHUTDOWN. The
 // controller starts it in place of trainrun-worker (TrainerOptions::worker_executable)
 // with the same arguments. The run's config is the script:
 //
@@ -22,6 +23,9 @@
 //   progress=true         rank 0 first prints "step 1/3\rstep 2/3\rstep 3/3\n" and
 //                         "windows line\r\n"
 //   spam_mib=M            rank 0 first writes M MiB to stdout without a newline
+//   fuzz_rank=R, fuzz_messages=N, fuzz_seed=S
+//                         rank R first sends N mutated messages of every type
+//                         (tests/fuzz/message_mutator.h) on its three connections
 //   latency_dir=DIR       each rank writes rank-<r>.txt: its ready time (s since
 //                         the epoch), then per report when it sent the REPORT and
 //                         when the REPORT_ACK came (CLOCK_MONOTONIC, ns: one
@@ -49,6 +53,7 @@
 #include "common/constants.h"
 #include "common/parent.h"
 #include "common/secret.h"
+#include "message_mutator.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
@@ -93,17 +98,14 @@ class FakeWorker {
     train_.set(zmq::sockopt::linger, 1000);
     train_.connect(endpoint_);
     protocol::send(train_, protocol::Attach{rank_, ::getpid(), secret_});
-    if (rank_ == 0) {
-      protocol::send(train_, protocol::StoreReady{1});
-    } else {
-      wait_train<protocol::StoreAddress>();
-    }
+    rendezvous(assign.world_size);
     if (is(rank_, "stuck_rank")) {  // as a plugin whose static constructor blocks
       wait_shutdown();
       return 0;
     }
     protocol::send(train_, protocol::Started{rank_});
     double ready = unix_time();
+    if (is(rank_, "fuzz_rank") && !fuzz()) return 0;
     if (is(rank_, "fail_rank")) {
       protocol::send(train_, protocol::Failed{"scripted failure", "exception"});
       return wait_shutdown();
@@ -204,6 +206,58 @@ class FakeWorker {
     download.commit();
   }
 
+  // What Gloo's rendezvous does, in small: every rank sets its key in the
+  // controller's store and waits until all ranks' keys are there.
+  void rendezvous(int world_size) {
+    store_.set(zmq::sockopt::linger, 1000);
+    store_.connect(endpoint_);
+    protocol::send(store_,
+                   protocol::Attach{rank_, ::getpid(), secret_, protocol::kStoreChannel});
+    protocol::StoreRequest set;
+    set.id = 1;
+    set.op = "SET";
+    set.keys = {"fake/" + std::to_string(rank_)};
+    set.values = {{'x'}};
+    protocol::send(store_, set);
+    protocol::StoreRequest wait;
+    wait.id = 2;
+    wait.op = "WAIT";
+    for (int rank = 0; rank < world_size; ++rank) wait.keys.push_back("fake/" + std::to_string(rank));
+    protocol::send(store_, wait);
+    for (uint64_t id = 1; id <= 2; ++id) {
+      auto reply = next(store_, protocol::StoreReply::kType).as<protocol::StoreReply>();
+      if (reply.id != id || !reply.error.empty()) {
+        throw Error("rendezvous store: " + (reply.error.empty() ? "reply out of order" : reply.error));
+      }
+    }
+  }
+
+  // Sends the script's mutated messages, reading whatever comes back; false
+  // when the controller said SHUTDOWN meanwhile.
+  bool fuzz() {
+    fuzz::MessageMutator mutator(script_.value("fuzz_seed", 1));
+    zmq::socket_t* sockets[] = {&main_, &train_, &store_};
+    int count = script_.value("fuzz_messages", 1000);
+    for (int i = 0; i < count; ++i) {
+      auto frames = mutator.next();
+      auto& to = *sockets[mutator.random()() % 3];
+      for (size_t f = 0; f < frames.size(); ++f) {
+        auto flags = f + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+        if (!to.send(frames[f], flags | zmq::send_flags::dontwait)) break;  // queue full: skip it
+      }
+      if (i % 32 != 31) continue;
+      heartbeat();
+      for (auto* from : sockets) {
+        while (true) {
+          auto reply = protocol::recv_frames(*from, true);
+          if (reply.empty()) break;
+          if (from == &main_ && reply[0].to_string() == protocol::Shutdown::kType) return false;
+        }
+      }
+    }
+    return true;
+  }
+
   template <typename T>
   T wait_main() {
     return next(main_, T::kType).template as<T>();
@@ -262,6 +316,7 @@ class FakeWorker {
   zmq::context_t context_{1};
   zmq::socket_t main_{context_, zmq::socket_type::dealer};
   zmq::socket_t train_{context_, zmq::socket_type::dealer};
+  zmq::socket_t store_{context_, zmq::socket_type::dealer};
   nlohmann::json script_;
   std::string secret_ = take_secret_from_environment();
   int rank_ = -1;

@@ -2,9 +2,14 @@
 
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
+#include "message_mutator.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 #include "run_helpers.h"
@@ -31,7 +36,112 @@ std::pair<pid_t, std::string> start_slow_run(const Sandbox& box, const std::stri
   return {pid, wait_for_endpoint(box, name)};
 }
 
+// The local addresses ("HEX:PORT" as /proc/net/tcp{,6} writes them) of the
+// TCP sockets that `pids` hold open and listen on.
+std::vector<std::string> listening_addresses(const std::vector<pid_t>& pids) {
+  std::set<std::string> inodes;
+  for (pid_t pid : pids) {
+    std::error_code ec;
+    for (const auto& fd : std::filesystem::directory_iterator(
+             "/proc/" + std::to_string(pid) + "/fd", ec)) {
+      auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+      if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<std::string> addresses;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      if (state == "0A" && inodes.count(inode)) addresses.push_back(local);
+    }
+  }
+  return addresses;
+}
+
+// Whether a /proc/net address is on loopback: 127.0.0.0/8, ::1, or ::ffff:127.x.
+bool is_loopback(const std::string& address) {
+  auto host = address.substr(0, address.find(':'));
+  if (host.size() == 8) return host.substr(6) == "7F";  // little-endian: the first octet last
+  return host == "00000000000000000000000001000000" ||
+         (host.substr(0, 24) == "0000000000000000FFFF0000" && host.substr(30) == "7F");
+}
+
+// A process's resident memory in MiB (0 once it is gone).
+double resident_mib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
 }  // namespace
+
+TEST_CASE("mutated messages of every type from peers without the secret leave a run untouched") {
+  Sandbox box;
+  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN +
+                        "' --entry steps -n 2 --name fuzz --config steps=8 --config sleep_ms=300");
+  auto endpoint = wait_for_endpoint(box, "fuzz");
+  REQUIRE_FALSE(endpoint.empty());
+  trainrun::fuzz::MessageMutator mutator(20261121);
+  zmq::context_t context;
+  std::vector<zmq::socket_t> peers;
+  double peak_mib = 0;
+  int sent = 0;
+  // Bounded in count and time; it stops early if the run ends.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (; sent < 30000 && std::chrono::steady_clock::now() < deadline; ++sent) {
+    if (sent % 1000 == 0) {  // new peers now and then, as reconnecting intruders
+      if (peers.size() == 8) peers.erase(peers.begin());
+      peers.emplace_back(context, zmq::socket_type::dealer);
+      peers.back().set(zmq::sockopt::linger, 0);
+      peers.back().set(zmq::sockopt::sndhwm, 1000);
+      peers.back().connect(endpoint);
+      peak_mib = std::max(peak_mib, resident_mib(pid));
+    }
+    auto& peer = peers[static_cast<size_t>(sent) % peers.size()];
+    auto frames = mutator.next();
+    for (size_t f = 0; f < frames.size(); ++f) {
+      auto flags = f + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      if (!peer.send(frames[f], flags | zmq::send_flags::dontwait)) break;
+    }
+    while (!trainrun::protocol::recv_frames(peer, true).empty()) {  // REFUSED, mostly
+    }
+  }
+  MESSAGE("sent " << sent << " mutated messages; controller peak " << peak_mib << " MiB");
+  CHECK(sent > 1000);
+  CHECK(peak_mib < 200);
+  CHECK(Sandbox::wait(pid) == 0);
+  CHECK(read_json(box.run_dir("fuzz") / "run.json")["status"] == "finished");
+  CHECK(read_jsonl(box.run_dir("fuzz") / "result.jsonl").size() == 8);
+  CHECK(std::filesystem::file_size(box.run_dir("fuzz") / "logs" / "controller.log") < (1 << 20));
+}
+
+TEST_CASE("a run's workers listen on no address but loopback, and run no store of their own") {
+  Sandbox box;
+  auto [pid, endpoint] = start_slow_run(box, "ports");
+  REQUIRE_FALSE(endpoint.empty());
+  CHECK(endpoint.rfind("ipc://", 0) == 0);  // the controller itself has no TCP port
+  // Once a report is in, the process group has formed.
+  for (int i = 0; i < 400 && !std::filesystem::exists(box.run_dir("ports") / "result.jsonl"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  auto workers = box.worker_pids();
+  REQUIRE(workers.size() == 2);
+  auto addresses = listening_addresses(workers);
+  for (const auto& address : addresses) {
+    INFO("a worker listens on " << address);
+    CHECK(is_loopback(address));
+  }
+  CHECK(listening_addresses({pid}).empty());
+  CHECK(Sandbox::wait(pid) == 0);
+}
 
 TEST_CASE("garbage and other protocol versions on the controller's socket do not hurt the run") {
   Sandbox box;

@@ -36,7 +36,8 @@ Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointSto
                checkpoints.latest() ? checkpoints.latest()->iteration : 0),
       checkpoints_(checkpoints, setup_.options.run.resume_from,
                    setup_.options.checkpoint.always_stream),
-      plugin_(ChunkSource::from_memory(protocol::kPluginSource, setup_.plugin_bytes)) {}
+      plugin_(ChunkSource::from_memory(protocol::kPluginSource, setup_.plugin_bytes)),
+      store_(RendezvousStore::capacity_for(setup_.options.scaling.num_workers)) {}
 
 Controller::~Controller() = default;
 
@@ -155,6 +156,7 @@ void Controller::on_exits() {
   child_exited_ = false;
   next_reap_ = now + std::chrono::seconds(1);
   for (auto [worker, wait_status] : pool_.reap()) {
+    if (worker->rank >= 0) store_.forget(worker->rank);
     if (!wait_status) {
       if (!worker->done) {
         fail(*worker, FailureKind::kExit,

@@ -6,6 +6,7 @@
 //   ReportCoordinator  the report barrier and its records
 //   CheckpointService  uploads, commits, the checkpoint to resume from
 //   FailureCollector   the root cause of a failure
+//   RendezvousStore    the process group's store
 // Everything happens on the calling thread, in one poll loop. It never loads
 // LibTorch: workers do.
 
@@ -28,6 +29,7 @@
 #include "controller/controller_dir.h"
 #include "controller/failure.h"
 #include "controller/rate_limiter.h"
+#include "controller/rendezvous_store.h"
 #include "controller/report_coordinator.h"
 #include "controller/run_storage.h"
 #include "controller/signals.h"
@@ -65,7 +67,7 @@ class Controller {
 
  private:
   // Local workers only, so far: they reach the controller on a Unix socket
-  // (ControllerDir), and rank 0's store over TCP loopback.
+  // (ControllerDir), and Gloo binds their pairs to loopback.
   static constexpr const char* kLocalHost = "127.0.0.1";
 
   int world_size() const { return setup_.options.scaling.num_workers; }
@@ -91,6 +93,7 @@ class Controller {
   void assign_ranks();
   void handle_main(WorkerSlot& worker, protocol::Incoming& message);
   void handle_train(WorkerSlot& worker, protocol::Incoming& message);
+  void handle_store(WorkerSlot& worker, protocol::Incoming& message);
   template <typename T>
   void to_main(const WorkerSlot& worker, const T& message, std::vector<zmq::message_t> blobs = {}) {
     protocol::send(router_, message, std::move(blobs), worker.main_id);
@@ -102,7 +105,6 @@ class Controller {
   }
 
   // Reports and checkpoints.
-  void on_store_ready(const protocol::StoreReady& ready);
   void on_report(WorkerSlot& worker, const protocol::Report& report);
   void on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message);
   void on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded);
@@ -139,8 +141,7 @@ class Controller {
   bool child_exited_ = false;  // SIGCHLD seen since the last reap
   Clock::time_point next_reap_ = start_;
   Clock::time_point next_drop_summary_ = start_;
-  // Rank 0's store, once it listens; the other ranks get it once attached.
-  std::optional<protocol::StoreAddress> store_address_;
+  RendezvousStore store_;
 };
 
 }  // namespace trainrun

@@ -48,6 +48,8 @@ bool Controller::on_router_readable() {
     worker->last_heard = Clock::now();
     if (worker->train_id == id) {
       handle_train(*worker, message);
+    } else if (worker->store_id == id) {
+      handle_store(*worker, message);
     } else {
       handle_main(*worker, message);
     }
@@ -92,14 +94,23 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
     throw ProtocolError("ATTACH without this run's worker secret (rank " +
                         std::to_string(attach.rank) + ", pid " + std::to_string(attach.pid) + ")");
   }
-  WorkerSlot* worker = assigned_ ? pool_.at_rank(attach.rank) : nullptr;
-  if (worker == nullptr || worker->train_id || worker->process.pid != attach.pid) {
-    throw ProtocolError("ATTACH from an unexpected train thread (rank " +
-                        std::to_string(attach.rank) + ", pid " + std::to_string(attach.pid) + ")");
+  const bool store = attach.channel == protocol::kStoreChannel;
+  if (!store && attach.channel != protocol::kTrainChannel) {
+    throw ProtocolError("ATTACH for an unknown channel");
   }
-  pool_.set_train_id(*worker, id);
+  WorkerSlot* worker = assigned_ ? pool_.at_rank(attach.rank) : nullptr;
+  if (worker == nullptr || (store ? worker->store_id : worker->train_id) ||
+      worker->process.pid != attach.pid) {
+    throw ProtocolError("ATTACH from an unexpected " + attach.channel.substr(0, 16) +
+                        " connection (rank " + std::to_string(attach.rank) + ", pid " +
+                        std::to_string(attach.pid) + ")");
+  }
+  if (store) {
+    pool_.set_store_id(*worker, id);
+  } else {
+    pool_.set_train_id(*worker, id);
+  }
   worker->last_heard = Clock::now();
-  if (store_address_ && worker->rank != 0) to_train(*worker, *store_address_);
 }
 
 void Controller::assign_ranks() {
@@ -118,7 +129,6 @@ void Controller::assign_ranks() {
   assign.config.assign(config.begin(), config.end());
   assign.plugin_sha256 = setup_.plugin_sha256;
   assign.plugin_size = setup_.plugin_bytes->size();
-  assign.store_host = kLocalHost;
   assign.store_prefix = "trainrun/attempt-0";
   assign.bind_host = kLocalHost;
   assign.num_threads = setup_.cpus_per_worker;
@@ -157,9 +167,7 @@ void Controller::handle_main(WorkerSlot& worker, protocol::Incoming& message) {
 
 void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   const auto& type = message.type();
-  if (type == protocol::StoreReady::kType && worker.rank == 0) {
-    on_store_ready(message.as<protocol::StoreReady>());
-  } else if (type == protocol::Report::kType) {
+  if (type == protocol::Report::kType) {
     on_report(worker, message.as<protocol::Report>());
   } else if (type == protocol::UploadChunk::kType) {
     on_upload_chunk(worker, message);
@@ -183,10 +191,14 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   }
 }
 
-void Controller::on_store_ready(const protocol::StoreReady& ready) {
-  store_address_ = protocol::StoreAddress{kLocalHost, ready.port};
-  for (auto& worker : pool_.workers()) {
-    if (worker.rank != 0 && worker.train_id) to_train(worker, *store_address_);
+void Controller::handle_store(WorkerSlot& worker, protocol::Incoming& message) {
+  if (message.type() != protocol::StoreRequest::kType) {
+    throw ProtocolError("unexpected message type " + message.type() +
+                        " on a rendezvous store's connection");
+  }
+  for (auto& [rank, reply] : store_.handle(worker.rank, message.as<protocol::StoreRequest>())) {
+    const WorkerSlot* to = pool_.at_rank(rank);
+    if (to != nullptr && to->store_id) protocol::send(router_, reply, {}, *to->store_id);
   }
 }
 
@@ -215,6 +227,8 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
     } catch (const UsageError& e) {
       fail(worker, FailureKind::kUsage, e.what());
       return;
+    } catch (const ProtocolError&) {
+      throw;  // a request this rank had no business making: dropped, and logged
     } catch (const Error& e) {
       abort_upload(e.what());
       return;
@@ -229,6 +243,8 @@ void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message
   if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
   try {
     checkpoints_.write_chunk(worker.rank, chunk, message.blobs()[0]);
+  } catch (const ProtocolError&) {
+    throw;
   } catch (const Error& e) {
     abort_upload(e.what());
     return;
@@ -240,6 +256,8 @@ void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploa
   if (failures_.any()) return;
   try {
     checkpoints_.finish_upload(worker.rank, uploaded);
+  } catch (const ProtocolError&) {
+    throw;
   } catch (const Error& e) {
     abort_upload(e.what());
     return;
@@ -252,6 +270,8 @@ void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploa
 void Controller::on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch) {
   try {
     to_train(worker, checkpoints_.listing(fetch));
+  } catch (const ProtocolError&) {
+    throw;
   } catch (const Error& e) {
     fail(worker, FailureKind::kStorage,
          std::string("cannot send the checkpoint to resume from: ") + e.what());
@@ -264,6 +284,8 @@ void Controller::on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& 
     std::vector<zmq::message_t> blob;
     blob.push_back(std::move(bytes));
     to_train(worker, chunk, std::move(blob));
+  } catch (const ProtocolError&) {
+    throw;
   } catch (const Error& e) {
     fail(worker, FailureKind::kStorage,
          std::string("cannot send the checkpoint to resume from: ") + e.what());

@@ -1,7 +1,7 @@
 #pragma once
 
 // The worker processes of one run and what the controller knows of each: its
-// process and output, its two connections (routing ids), host, rank and state.
+// process and output, its three connections (routing ids), host, rank and state.
 // The pool spawns local workers, forwards their output, reaps their exits and
 // signals them; the controller decides what each event means. Lookups by
 // connection and by rank are O(1), and output is watched through one epoll
@@ -32,6 +32,7 @@ struct WorkerSlot {
   std::unique_ptr<WorkerOutput> output;
   std::optional<std::string> main_id;   // its main thread's connection, set by HELLO
   std::optional<std::string> train_id;  // its train thread's, set by ATTACH
+  std::optional<std::string> store_id;  // its rendezvous store's, set by ATTACH
   std::string host;
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
   int rank = -1;  // once assigned
@@ -82,6 +83,7 @@ class WorkerPool {
 
   void set_main_id(WorkerSlot& worker, const std::string& routing_id);
   void set_train_id(WorkerSlot& worker, const std::string& routing_id);
+  void set_store_id(WorkerSlot& worker, const std::string& routing_id);
   /// Gives each worker its rank: ranks[i] for the worker with launch index i.
   void assign(const std::vector<int>& ranks);
 

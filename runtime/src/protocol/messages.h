@@ -4,12 +4,15 @@
 // HELLO, gets ASSIGN, fetches the plugin (FETCH_CHUNK) if its cache lacks it, and
 // sends heartbeats, all on its main thread's connection. Its train thread then
 // opens a connection of its own, which begins with ATTACH and carries all the
-// train function says and waits for, with no hop through the main thread: rank
-// 0 hosts the rendezvous store and says STORE_READY, and the controller passes
-// its address to the other ranks in STORE_ADDRESS; STARTED once the plugin is
-// loaded and the process group formed; then REPORTs (acknowledged once every
-// rank reached the same one), and DONE or FAILED. The controller
-// ends every worker with SHUTDOWN, on the main connection.
+// train function says and waits for, with no hop through the main thread:
+// STARTED once the plugin is loaded and the process group formed; then REPORTs
+// (acknowledged once every rank reached the same one), and DONE or FAILED. The
+// controller ends every worker with SHUTDOWN, on the main connection.
+//
+// The process group's rendezvous store is the controller's: a third
+// connection per worker (ATTACH with channel "store") carries c10d::Store
+// operations as STORE requests, each answered by a STORE_REPLY with the same
+// id; a GET or WAIT is answered once its keys exist.
 //
 // A REPORT with a checkpoint lists the rank's files; the controller answers
 // UPLOAD. With a staging directory the worker copies its files there itself
@@ -53,12 +56,17 @@ struct Hello {
   MSGPACK_DEFINE_MAP(index, host, pid, secret);
 };
 
-struct Attach {  // the first message on a train thread's connection
+/// The connections a worker opens after HELLO, each beginning with ATTACH.
+inline constexpr const char* kTrainChannel = "train";
+inline constexpr const char* kStoreChannel = "store";
+
+struct Attach {  // the first message on a train thread's or a store's connection
   static constexpr const char* kType = "ATTACH";
   int32_t rank = 0;  // as assigned
   int64_t pid = 0;
   std::string secret;
-  MSGPACK_DEFINE_MAP(rank, pid, secret);
+  std::string channel = kTrainChannel;
+  MSGPACK_DEFINE_MAP(rank, pid, secret, channel);
 };
 
 /// What a FETCH_CHUNK asks for: the plugin (file 0), or a file of the
@@ -105,10 +113,15 @@ struct FetchCheckpoint {
   MSGPACK_DEFINE_MAP(checkpoint_dir);
 };
 
-struct StoreReady {  // from rank 0, once its store listens
-  static constexpr const char* kType = "STORE_READY";
-  int32_t port = 0;
-  MSGPACK_DEFINE_MAP(port);
+/// A c10d::Store operation; `op` names one of StoreOp (protocol/store_op.h).
+struct StoreRequest {
+  static constexpr const char* kType = "STORE";
+  uint64_t id = 0;  // echoed in the reply; a reply to an older id is stale
+  std::string op;
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> values;  // SET: 1; COMPARE_SET: expected, desired
+  int64_t amount = 0;                        // ADD
+  MSGPACK_DEFINE_MAP(id, op, keys, values, amount);
 };
 
 struct Started {  // the train thread is about to call the entry: the plugin loaded, the group formed
@@ -151,7 +164,6 @@ struct Assign {
   std::vector<char> config;  // msgpack map
   std::string plugin_sha256;
   uint64_t plugin_size = 0;
-  std::string store_host;    // rank 0's address, where it hosts the store
   std::string store_prefix;  // one per attempt, so a restart never sees old keys
   std::string bind_host;     // the address Gloo listens on for this worker
   int32_t num_threads = 0;
@@ -161,7 +173,7 @@ struct Assign {
   std::string checkpoint_dir;     // the checkpoint to resume from, or empty
   bool fetch_checkpoint = false;  // checkpoint_dir is not visible here: FETCH_CHECKPOINT it
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
-                     storage_path, entry, config, plugin_sha256, plugin_size, store_host,
+                     storage_path, entry, config, plugin_sha256, plugin_size,
                      store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms,
                      heartbeat_interval_ms,
                      checkpoint_dir, fetch_checkpoint);
@@ -175,11 +187,13 @@ struct Chunk {  // the answer to FETCH_CHUNK, followed by one blob frame with th
   MSGPACK_DEFINE_MAP(source, file, offset);
 };
 
-struct StoreAddress {  // to ranks other than 0
-  static constexpr const char* kType = "STORE_ADDRESS";
-  std::string host;
-  int32_t port = 0;
-  MSGPACK_DEFINE_MAP(host, port);
+struct StoreReply {
+  static constexpr const char* kType = "STORE_REPLY";
+  uint64_t id = 0;
+  std::string error;  // why the operation was refused, or empty
+  std::vector<uint8_t> value;  // GET, COMPARE_SET
+  int64_t number = 0;          // ADD, DELETE_KEY and CHECK (0 or 1), NUM_KEYS
+  MSGPACK_DEFINE_MAP(id, error, value, number);
 };
 
 struct ReportAck {

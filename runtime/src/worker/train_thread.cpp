@@ -5,7 +5,6 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL  // a LibTorch built with CUDA and NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -21,6 +20,7 @@
 #include "storage/run_directory.h"
 #include "transfer/checkpoint_files.h"
 #include "worker/checkpoint_transfer.h"
+#include "worker/controller_store.h"
 #include "worker/plugin_library.h"
 
 namespace trainrun {
@@ -112,39 +112,8 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
   return 1;
 }
 
-// Rank 0 hosts the rendezvous store, as torchrun's master does, and tells the
-// controller its port; the other ranks wait for that address. The store's
-// address is exported as MASTER_ADDR / MASTER_PORT for code written for torchrun.
-c10::intrusive_ptr<c10d::Store> join_store(const protocol::Assign& assign,
-                                           zmq::socket_t& controller) {
-  c10d::TCPStoreOptions options;
-  options.waitWorkers = false;
-  std::string host = assign.store_host;
-  if (assign.world_rank == 0) {
-    options.isServer = true;
-    options.port = 0;
-    options.numWorkers = c10::nullopt;
-  } else {
-    auto message = protocol::Incoming::parse(protocol::recv_frames(controller));
-    if (message.type() != protocol::StoreAddress::kType) {
-      throw ProtocolError("expected the store's address, got " + message.type());
-    }
-    auto address = message.as<protocol::StoreAddress>();
-    host = address.host;
-    options.port = static_cast<uint16_t>(address.port);
-  }
-  auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-  if (assign.world_rank == 0) {
-    protocol::send(controller, protocol::StoreReady{store->getPort()});
-  }
-  ::setenv("MASTER_ADDR", host.c_str(), 1);
-  ::setenv("MASTER_PORT", std::to_string(store->getPort()).c_str(), 1);
-  return store;
-}
-
-c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const protocol::Assign& assign,
-                                                            zmq::socket_t& controller) {
-  auto store = join_store(assign, controller);
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
+    const protocol::Assign& assign, const c10::intrusive_ptr<c10d::Store>& store) {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
   c10::Device device(assign.device);
   if (device.is_cuda()) {
@@ -175,7 +144,15 @@ void run_train_thread(zmq::context_t& context, const std::string& endpoint,
   zmq::socket_t controller(context, zmq::socket_type::dealer);
   controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
   controller.connect(endpoint);
-  protocol::send(controller, protocol::Attach{assign.world_rank, ::getpid(), secret});
+  protocol::Attach attach{assign.world_rank, ::getpid(), secret};
+  protocol::send(controller, attach);
+  // Closed on the way out (the context cannot end while it is open), even
+  // though the group that holds it is never destroyed.
+  auto store = c10::make_intrusive<ControllerStore>(context, endpoint, attach);
+  struct CloseStore {
+    ControllerStore& store;
+    ~CloseStore() { store.close(); }
+  } close_store{*store};
   auto failed_kind = FailureKind::kPlugin;
   std::string failed_message;
   // Outlives the entry: a rank that fails must not close its connections before
@@ -187,7 +164,7 @@ void run_train_thread(zmq::context_t& context, const std::string& endpoint,
     auto entry = plugin.entry(assign.entry);
     failed_kind = FailureKind::kSetup;
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
-    group = create_process_group(assign, controller);
+    group = create_process_group(assign, store);
 
     HostState state;
     state.controller = &controller;

@@ -2,10 +2,11 @@
 
 // The worker's train thread: loads the plugin, joins the process group and
 // calls the entry. It has its own DEALER to the controller, opened with ATTACH,
-// for everything the train function says and waits for (the store's address,
-// REPORT and its acknowledgement, checkpoint uploads and fetches; DONE or
-// FAILED at the end): a report goes straight to the controller, not through the
-// worker's main thread. This is the one file of the worker that includes
+// for everything the train function says and waits for (REPORT and its
+// acknowledgement, checkpoint uploads and fetches; DONE or FAILED at the end):
+// a report goes straight to the controller, not through the worker's main
+// thread. The process group's store is the controller's (controller_store.h),
+// on a third connection. This is the one file of the worker that includes
 // LibTorch's distributed headers.
 
 #include <zmq.hpp>
