@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "run_helpers.h"
@@ -133,16 +134,33 @@ TEST_CASE("SIGINT stops every worker and exits 130") {
   CHECK(read_json(box.run_dir("s") / "error.json")["kind"] == "interrupted");
 }
 
-TEST_CASE("a killed controller leaves no worker behind") {
+TEST_CASE("a killed controller leaves no worker behind, nor what the train function started") {
   Sandbox box;
-  pid_t pid = start_sleeping_run(box, "");
+  pid_t pid = start_sleeping_run(box, "--config child=true");
   REQUIRE(box.worker_pids().size() == 2);
+  std::vector<pid_t> children;
+  std::regex child_line("child ([0-9]+)");
+  auto out = box.output_so_far();
+  for (std::sregex_iterator it(out.begin(), out.end(), child_line), end; it != end; ++it) {
+    children.push_back(std::stoi((*it)[1]));
+  }
+  REQUIRE(children.size() == 2);
   ::kill(pid, SIGKILL);
   Sandbox::wait(pid);
-  for (int i = 0; i < 100 && box.any_worker_alive(); ++i) {
+  auto alive = [&] {
+    bool any = box.any_worker_alive();
+    for (pid_t child : children) {
+      // Gone, or a zombie its dead parent left for init to collect.
+      auto status = read_text("/proc/" + std::to_string(child) + "/stat");
+      auto state = status.find(") ");
+      if (state != std::string::npos && status[state + 2] != 'Z') any = true;
+    }
+    return any;
+  };
+  for (int i = 0; i < 100 && alive(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  CHECK_FALSE(box.any_worker_alive());
+  CHECK_FALSE(alive());
 }
 
 TEST_CASE("a worker that stops responding is declared lost after the heartbeat timeout") {

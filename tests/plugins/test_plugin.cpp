@@ -3,6 +3,8 @@
 
 #include <train/train.h>
 
+#include <spawn.h>
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -15,6 +17,8 @@
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+extern char** environ;
 
 namespace {
 
@@ -99,8 +103,16 @@ void mismatch(const train::Config&) {
   if (ctx.world_rank() == 0) train::report({{"n", 2}});
 }
 
-// Runs until it is stopped.
-void sleeps() {
+// Runs until it is stopped; with child=true it first starts `sleep 300` and
+// prints "child <pid>".
+void sleeps(const train::Config& config) {
+  if (config.get<bool>("child", false)) {
+    pid_t child = -1;
+    char sleep[] = "sleep", seconds[] = "300";
+    char* args[] = {sleep, seconds, nullptr};
+    ::posix_spawnp(&child, "sleep", nullptr, nullptr, args, environ);
+    std::cout << "child " << child << std::endl;
+  }
   std::cout << "sleeping" << std::endl;
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -200,6 +212,8 @@ void big_checkpoint(const train::Config& config) {
 }
 
 TRAIN_FUNC(big_checkpoint);
+
+extern char** environ;
 
 namespace {
 
