@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build python3
   libtorch-dev libgloo-dev
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
-  libcli11-dev nlohmann-json3-dev libssl-dev doctest-dev
+  libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev pkg-config doctest-dev
   zlib1g-dev dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then

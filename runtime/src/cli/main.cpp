@@ -1,6 +1,7 @@
 // trainrun: run a compiled train function on N workers.
 //   trainrun --plugin libx.so --num-workers 2 [--config k=v ...]
 //   trainrun inspect libx.so
+//   trainrun keygen FILE
 //   trainrun worker --connect tcp://HOST:PORT   (runs trainrun-worker with these arguments)
 
 #include <train/version.h>
@@ -16,6 +17,7 @@
 #include "cli/config_args.h"
 #include "common/hash.h"
 #include "common/paths.h"
+#include "common/run_key.h"
 #include "plugin/plugin_file.h"
 
 namespace {
@@ -117,6 +119,11 @@ int main(int argc, char** argv) {
   std::filesystem::path results_dir;
   results->add_option("run_dir", results_dir, "<storage_path>/<name>")->required();
 
+  auto* keygen = app.add_subcommand(
+      "keygen", "write a new run key (mode 0600) for --auth-key: the one secret a deployment shares");
+  std::filesystem::path key_path;
+  keygen->add_option("file", key_path, "where to write it (never replaced)")->required();
+
   auto* inspect = app.add_subcommand("inspect", "print a plugin's entries and versions");
   std::filesystem::path inspect_path;
   inspect->add_option("plugin", inspect_path, "the plugin (.so)")->required();
@@ -131,6 +138,12 @@ int main(int argc, char** argv) {
   try {
     if (*results) {
       std::cout << trainrun::describe(trainrun::load_result(results_dir));
+      return kExitOk;
+    }
+    if (*keygen) {
+      trainrun::write_run_key(key_path);
+      std::cout << "wrote a run key to " << key_path.string()
+                << "; give it to the controller and every node with --auth-key\n";
       return kExitOk;
     }
     if (*inspect) {
