@@ -44,6 +44,17 @@ pid_t Sandbox::start(const std::string& args) const {
   return pid;
 }
 
+pid_t Sandbox::start_worker(const std::string& args, const std::string& log) const {
+  auto line = "exec '" TRAINRUN_EXE "' worker --cache-dir '" + (root_ / "remote-cache").string() +
+              "' " + args + " > '" + (root_ / log).string() + "' 2>&1";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
 int Sandbox::wait(pid_t pid) {
   int status = 0;
   ::waitpid(pid, &status, 0);

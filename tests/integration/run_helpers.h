@@ -29,6 +29,9 @@ class Sandbox {
   RunOutput run(const std::string& args) const;
   /// Starts it in the background with output going to <root>/out.txt.
   pid_t start(const std::string& args) const;
+  /// Starts `trainrun worker ARGS` in the background (a remote worker: its own
+  /// plugin cache under the sandbox), output to <root>/<log>.
+  pid_t start_worker(const std::string& args, const std::string& log) const;
   /// Waits for a started run; returns its exit code.
   static int wait(pid_t pid);
   std::string output_so_far() const;

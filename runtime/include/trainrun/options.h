@@ -26,6 +26,24 @@ struct ScalingConfig {
   /// One CUDA device per worker (by local rank) and an NCCL process group.
   /// Needs a LibTorch built with CUDA; otherwise Trainer refuses it.
   bool use_gpu = false;
+  /// Workers the controller starts on this host; the rest connect to
+  /// NetworkConfig::listen. -1 = all of them without `listen`, none with it.
+  int local_workers = -1;
+};
+
+/// Where workers on other hosts reach the controller, and how they prove they
+/// belong to the run (torchrun's rendezvous endpoint; Ray's head address).
+struct NetworkConfig {
+  /// A ZeroMQ TCP endpoint to listen on, "tcp://ADDRESS:PORT" (port 0: any free
+  /// one, which the log names); empty = local workers only.
+  std::string listen;
+  /// The run key (`trainrun keygen FILE`): the control plane is encrypted and
+  /// authenticated with ZeroMQ CURVE keys derived from it. Empty = no key,
+  /// accepted only on a loopback address or with `insecure`.
+  std::filesystem::path auth_key_file;
+  /// Listen on a non-loopback address without a key: anyone who reaches the
+  /// port can join the run and read its config.
+  bool insecure = false;
 };
 
 /// Where results go and what the run is called (Ray Train's RunConfig).
@@ -66,6 +84,7 @@ struct TrainerOptions {
   ScalingConfig scaling;
   RunConfig run;
   CheckpointConfig checkpoint;
+  NetworkConfig network;
   /// The worker executable; empty = `trainrun-worker` beside this program or on PATH.
   std::filesystem::path worker_executable;
   /// Workers' plugin cache; empty = $TRAINRUN_CACHE_DIR or ~/.cache/trainrun.

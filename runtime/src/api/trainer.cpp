@@ -16,6 +16,7 @@
 #include "common/hash.h"
 #include "common/metrics_format.h"
 #include "common/paths.h"
+#include "common/run_key.h"
 #include "controller/checkpoint_store.h"
 #include "controller/controller.h"
 #include "controller/run_storage.h"
@@ -56,6 +57,39 @@ std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verb
   return logger;
 }
 
+// Whether an endpoint's host is a loopback address.
+bool is_loopback_endpoint(const std::string& endpoint) {
+  auto host = endpoint.substr(6, endpoint.rfind(':') - 6);
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
+}
+
+void check_network(TrainerOptions& options) {
+  auto& scaling = options.scaling;
+  const auto& network = options.network;
+  if (scaling.local_workers < 0) scaling.local_workers = network.listen.empty() ? scaling.num_workers : 0;
+  if (scaling.local_workers > scaling.num_workers) {
+    throw UsageError("--local-workers " + std::to_string(scaling.local_workers) +
+                     " is more than --num-workers " + std::to_string(scaling.num_workers));
+  }
+  if (network.listen.empty()) {
+    if (scaling.local_workers < scaling.num_workers) {
+      throw UsageError("only " + std::to_string(scaling.local_workers) + " of " +
+                       std::to_string(scaling.num_workers) +
+                       " workers are local: the others need --listen tcp://ADDRESS:PORT to connect to");
+    }
+    return;
+  }
+  if (network.listen.rfind("tcp://", 0) != 0 || network.listen.rfind(':') <= 6) {
+    throw UsageError("--listen takes tcp://ADDRESS:PORT, got '" + network.listen + "'");
+  }
+  if (network.auth_key_file.empty() && !network.insecure && !is_loopback_endpoint(network.listen)) {
+    throw UsageError("listening on " + network.listen +
+                     " without --auth-key lets anyone who reaches it join the run: give it a run "
+                     "key (trainrun keygen FILE), or --insecure on a network you trust");
+  }
+  if (!network.auth_key_file.empty()) (void)read_run_key(network.auth_key_file);  // fails early
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
@@ -84,6 +118,7 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                      std::to_string(options_.run.heartbeat_timeout.count()) + " ms");
   }
   if (options_.run.startup_timeout.count() <= 0) throw UsageError("timeouts must be positive");
+  check_network(options_);
   auto& run = options_.run;
   if (!run.resume_from.empty()) {
     if (!std::filesystem::exists(run.resume_from / "manifest.json")) {
@@ -121,7 +156,10 @@ Result Trainer::fit() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   setup.cpus_per_worker = options_.scaling.cpus_per_worker > 0
                               ? options_.scaling.cpus_per_worker
-                              : std::max(1, cores / options_.scaling.num_workers);
+                              : std::max(1, cores / std::max(1, options_.scaling.local_workers));
+  if (!options_.network.auth_key_file.empty()) {
+    setup.keys = RunKeys::derive(read_run_key(options_.network.auth_key_file));
+  }
 
   RunStorage storage(options_.run.storage_path, options_.run.name);  // holds the run's lock
   CheckpointStore checkpoints(

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -103,6 +104,16 @@ int main(int argc, char** argv) {
                  "auto: workers that share the storage's filesystem copy checkpoint files "
                  "there; stream: through the controller's socket (default auto)")
       ->check(CLI::IsMember({"auto", "stream"}));
+  app.add_option("--listen", options.network.listen,
+                 "take remote workers on this endpoint, tcp://ADDRESS:PORT (port 0: any)");
+  app.add_option("--local-workers", options.scaling.local_workers,
+                 "workers started on this host (default: all without --listen, none with it)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--auth-key", options.network.auth_key_file,
+                 "the run key (trainrun keygen): CURVE encryption and authentication for "
+                 "remote workers; default $" + std::string(trainrun::kAuthKeyVariable));
+  app.add_flag("--insecure", options.network.insecure,
+               "allow --listen on a non-loopback address without a run key");
   app.add_flag("--use-gpu", options.scaling.use_gpu,
                "one CUDA device per worker (by local rank), NCCL for collectives");
   app.add_option("--heartbeat-timeout", heartbeat_s, "seconds of silence before a peer is lost")
@@ -154,6 +165,11 @@ int main(int argc, char** argv) {
     if (options.plugin.empty()) {
       std::cerr << "trainrun: --plugin is required (see trainrun --help)\n";
       return kExitUsage;
+    }
+    if (options.network.auth_key_file.empty()) {
+      if (const char* from_env = std::getenv(trainrun::kAuthKeyVariable)) {
+        options.network.auth_key_file = from_env;
+      }
     }
     options.checkpoint.score_max = score_order == "max";
     options.checkpoint.always_stream = upload == "stream";

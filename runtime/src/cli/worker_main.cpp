@@ -4,8 +4,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "common/parent.h"
 #include "common/paths.h"
+#include "common/run_key.h"
 #include "common/secret.h"
 #include "worker/worker.h"
 
@@ -20,6 +24,13 @@ int main(int argc, char** argv) {
   app.add_option("--index", options.index, "launch index of a local worker");
   app.add_option("--cache-dir", options.cache_dir, "plugin cache directory");
   app.add_option("--startup-timeout-ms", startup_ms, "how long to wait for the assignment");
+  std::filesystem::path key_file;
+  app.add_option("--auth-key", key_file,
+                 "the run key (trainrun keygen) the controller was given; default $" +
+                     std::string(trainrun::kAuthKeyVariable));
+  app.add_option("--interface", options.interface,
+                 "the network interface for gradient traffic (default: the one that reaches "
+                 "the controller)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -28,5 +39,17 @@ int main(int argc, char** argv) {
   if (options.cache_dir.empty()) options.cache_dir = trainrun::default_cache_dir();
   options.startup_timeout = std::chrono::milliseconds(startup_ms);
   options.secret = secret;
+  if (key_file.empty()) {
+    const char* from_env = std::getenv(trainrun::kAuthKeyVariable);
+    if (from_env != nullptr) key_file = from_env;
+  }
+  try {
+    if (!key_file.empty()) {
+      options.keys = trainrun::RunKeys::derive(trainrun::read_run_key(key_file));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainrun worker: %s\n", e.what());
+    return 2;
+  }
   return trainrun::run_worker(options);
 }

@@ -15,9 +15,11 @@ CheckpointService::CheckpointService(CheckpointStore& store,
 }
 
 protocol::Upload CheckpointService::begin_upload(
-    int rank, int64_t iteration, const std::vector<protocol::CheckpointFile>& files) {
-  auto staging = store_.begin_upload(rank, files, always_stream_);
-  return protocol::Upload{iteration, always_stream_ ? "" : staging.string(), kChunkCredit};
+    int rank, int64_t iteration, const std::vector<protocol::CheckpointFile>& files,
+    bool stream) {
+  stream = stream || always_stream_;
+  auto staging = store_.begin_upload(rank, files, stream);
+  return protocol::Upload{iteration, stream ? "" : staging.string(), kChunkCredit};
 }
 
 void CheckpointService::write_chunk(int rank, const protocol::UploadChunk& chunk,

@@ -41,8 +41,11 @@ class CheckpointService {
   /// A rank's REPORT of `iteration` with these files: makes room for them and
   /// returns the UPLOAD answer. Throws UsageError for a name the rank may not
   /// use, Error when storage fails; then nothing stays staged.
+  /// `stream`: this rank streams its files whatever the run's setting (it
+  /// does not share the storage's filesystem).
   protocol::Upload begin_upload(int rank, int64_t iteration,
-                                const std::vector<protocol::CheckpointFile>& files);
+                                const std::vector<protocol::CheckpointFile>& files,
+                                bool stream = false);
   /// A streamed chunk. Throws ProtocolError out of order, IoError when it
   /// cannot be written.
   void write_chunk(int rank, const protocol::UploadChunk& chunk, const zmq::message_t& bytes);

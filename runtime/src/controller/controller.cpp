@@ -56,6 +56,16 @@ RunOutcome Controller::run() {
   router_.set(zmq::sockopt::maxmsgsize, kMaxFrame);
   router_.set(zmq::sockopt::sndhwm, kPeerQueue);
   router_.bind(dir_.endpoint());
+  pool_.reserve(world_size());
+  if (!setup_.options.network.listen.empty()) {
+    try {
+      listen();
+    } catch (const zmq::error_t& e) {
+      auto message = "cannot listen on " + setup_.options.network.listen + ": " + e.what();
+      failures_.add(RunError{FailureKind::kSetup, message, -1, "", 0});
+      log_.error("{}", message);
+    }
+  }
   LaunchOptions launch;
   launch.executable = setup_.options.worker_executable;
   launch.endpoint = dir_.endpoint();
@@ -66,10 +76,11 @@ RunOutcome Controller::run() {
   launch.threads = setup_.cpus_per_worker;
   launch.logs_dir = storage_.logs_dir();
   launch.echo = setup_.options.verbose;
+  const int local = setup_.options.scaling.local_workers;
   try {
-    pool_.spawn(world_size(), launch);
-    log_.info("listening on {}; started {} workers ({} threads each)", launch.endpoint,
-              world_size(), setup_.cpus_per_worker);
+    if (!failures_.any()) pool_.spawn(local, launch);
+    log_.info("listening on {}; started {} workers ({} threads each)", launch.endpoint, local,
+              setup_.cpus_per_worker);
   } catch (const IoError& e) {
     failures_.add(RunError{FailureKind::kSetup, e.what(), -1, "", 0});
     log_.error("{}", e.what());
@@ -117,13 +128,33 @@ RunOutcome Controller::run() {
   return RunOutcome{error, elapsed()};
 }
 
-// One pass of the loop: wait for the socket, the workers' output and signals;
-// handle them.
+void Controller::listen() {
+  const auto& keys = setup_.keys;
+  if (keys) {
+    zap_.emplace(context_, *keys);
+    make_curve_server(router_, *keys);  // for what binds from here on: not the Unix socket
+  }
+  router_.bind(setup_.options.network.listen);
+  listening_ = router_.get(zmq::sockopt::last_endpoint);
+  log_.info("remote workers connect to {} ({})", listening_,
+            keys ? "CURVE with the run key" : "no run key: neither encrypted nor authenticated");
+}
+
+// One pass of the loop: wait for the socket, the workers' output, signals and
+// the ZAP handler; handle them.
 void Controller::poll_once(std::chrono::milliseconds timeout) {
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
                              {nullptr, signals_.fd(), ZMQ_POLLIN, 0},
-                             {nullptr, pool_.output_fd(), ZMQ_POLLIN, 0}};
-  protocol::poll(items, 3, timeout);
+                             {nullptr, pool_.output_fd(), ZMQ_POLLIN, 0},
+                             {zap_ ? zap_->socket().handle() : nullptr, -1, ZMQ_POLLIN, 0}};
+  protocol::poll(items, zap_ ? 4 : 3, timeout);
+  if (zap_ && (items[3].revents & ZMQ_POLLIN)) {
+    while (auto refused = zap_->answer()) {
+      if (refused_.allow(Clock::now())) {
+        log_.warn("refused a peer at {}: it does not hold this run's key", *refused);
+      }
+    }
+  }
   if (items[2].revents & ZMQ_POLLIN) pool_.forward_output();
   if (items[1].revents & ZMQ_POLLIN) on_signals();
   if (items[0].revents & ZMQ_POLLIN) {
@@ -190,6 +221,7 @@ void Controller::check_timers() {
   }
   const auto& run = setup_.options.run;
   bool starting = now - start_ > run.startup_timeout;
+  if (starting) check_startup(now);
   for (auto& worker : pool_.workers()) {
     if (worker.exited) continue;
     if (starting && !worker.main_id) {
@@ -209,6 +241,23 @@ void Controller::check_timers() {
   }
 }
 
+// Remote workers have no slot until they connect: the run fails when fewer
+// than all have come by the end of the startup timeout.
+void Controller::check_startup(Clock::time_point) {
+  if (assigned_ || startup_failed_ || hellos_ >= world_size()) return;
+  startup_failed_ = true;
+  int remote = world_size() - setup_.options.scaling.local_workers;
+  auto message = "only " + std::to_string(hellos_) + " of " + std::to_string(world_size()) +
+                 " workers connected within " +
+                 std::to_string(setup_.options.run.startup_timeout.count()) + " ms";
+  if (remote > 0) {
+    message += " (" + std::to_string(remote) + " to connect to " +
+               (listening_.empty() ? setup_.options.network.listen : listening_) + ")";
+  }
+  failures_.add(RunError{FailureKind::kSetup, message, -1, "", 0});
+  log_.error("{}", message);
+}
+
 void Controller::summarize_dropped() {
   if (int more = dropped_.take_suppressed(); more > 0) {
     log_.warn("dropped {} more messages (only the first 10 a second are logged)", more);
@@ -224,13 +273,14 @@ void Controller::send_heartbeats() {
 // Ends every worker: SHUTDOWN when the run succeeded, SIGTERM to each worker's
 // process group otherwise; SIGKILL for any still alive after the grace period.
 void Controller::stop_workers(bool graceful) {
-  if (graceful) {
-    for (auto& worker : pool_.workers()) {
-      if (worker.main_id && !worker.exited) to_main(worker, protocol::Shutdown{"finished"});
+  for (auto& worker : pool_.workers()) {
+    // Remote workers exit on SHUTDOWN whether or not the run succeeded; local
+    // ones that failed are signalled.
+    if (worker.main_id && !worker.exited && (graceful || worker.remote)) {
+      to_main(worker, protocol::Shutdown{graceful ? "finished" : "the run failed"});
     }
-  } else {
-    pool_.signal_all(SIGTERM);
   }
+  if (!graceful) pool_.signal_all(SIGTERM);
   auto reap = [&](std::chrono::milliseconds wait) {
     poll_once(wait);
     pool_.reap();
@@ -243,7 +293,9 @@ void Controller::stop_workers(bool graceful) {
   deadline = Clock::now() + kTerminateGrace;
   while (!pool_.all_exited() && Clock::now() < deadline) reap(std::chrono::milliseconds(20));
   for (auto& worker : pool_.workers()) {
-    if (!worker.exited) log_.error("{} did not exit after SIGKILL", worker.describe());
+    if (!worker.exited && !worker.remote) {
+      log_.error("{} did not exit after SIGKILL", worker.describe());
+    }
   }
   // What the train functions started (their processes stay in the worker's
   // group) ends with them, on success too.

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/run_key.h"
 #include "common/secret.h"
 #include "controller/checkpoint_service.h"
 #include "controller/checkpoint_store.h"
@@ -34,6 +35,7 @@
 #include "controller/run_storage.h"
 #include "controller/signals.h"
 #include "controller/worker_pool.h"
+#include "controller/zap_handler.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
@@ -45,7 +47,8 @@ struct ControllerSetup {
   std::string entry;
   std::shared_ptr<const std::string> plugin_bytes;
   std::string plugin_sha256;
-  int cpus_per_worker = 1;
+  int cpus_per_worker = 1;  // for local workers
+  std::optional<RunKeys> keys;  // from the run key: CURVE on the listening endpoint
   std::shared_ptr<spdlog::logger> log;
 };
 
@@ -66,9 +69,14 @@ class Controller {
   RunOutcome run();
 
  private:
-  // Local workers only, so far: they reach the controller on a Unix socket
-  // (ControllerDir), and Gloo binds their pairs to loopback.
+  // Local workers reach the controller on a Unix socket (ControllerDir); in a
+  // run of local workers only, Gloo binds their pairs to loopback.
   static constexpr const char* kLocalHost = "127.0.0.1";
+
+  /// Binds the listening endpoint for remote workers, with CURVE and its ZAP
+  /// handler when there is a run key.
+  void listen();
+  void check_startup(Clock::time_point now);
 
   int world_size() const { return setup_.options.scaling.num_workers; }
   /// Seconds since the run started.
@@ -89,6 +97,7 @@ class Controller {
   bool on_router_readable();
   void on_new_peer(const std::string& id, const protocol::Incoming& message);
   void on_hello(const std::string& id, const protocol::Hello& hello);
+  void on_remote_hello(const std::string& id, const protocol::Hello& hello);
   void on_attach(const std::string& id, const protocol::Attach& attach);
   void assign_ranks();
   void handle_main(WorkerSlot& worker, protocol::Incoming& message);
@@ -125,7 +134,11 @@ class Controller {
   ControllerDir dir_;  // outlives the socket and the workers, which live in it
   std::string secret_ = make_secret();  // what local workers prove themselves with
   zmq::context_t context_;
+  std::optional<ZapHandler> zap_;  // bound before the router, which it guards
   zmq::socket_t router_{context_, zmq::socket_type::router};
+  std::string listening_;  // the bound TCP endpoint, once listening
+  RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
+  bool startup_failed_ = false;
   SignalPipe signals_;
   WorkerPool pool_;
   ReportCoordinator reports_;

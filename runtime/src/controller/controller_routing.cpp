@@ -74,6 +74,10 @@ void Controller::on_new_peer(const std::string& id, const protocol::Incoming& me
 }
 
 void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
+  if (hello.index < 0) {
+    on_remote_hello(id, hello);
+    return;
+  }
   if (!secret_matches(hello.secret, secret_)) {
     throw ProtocolError("HELLO without this run's worker secret (index " +
                         std::to_string(hello.index) + ", pid " + std::to_string(hello.pid) + ")");
@@ -89,8 +93,30 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
   if (++hellos_ == world_size()) assign_ranks();
 }
 
+// A worker from the network: with a run key it proved itself in the CURVE
+// handshake and carries the HELLO secret derived from the key; without one
+// (loopback, or --insecure) anyone who reaches the port may join.
+void Controller::on_remote_hello(const std::string& id, const protocol::Hello& hello) {
+  if (listening_.empty()) throw ProtocolError("HELLO of a remote worker, but this run does not listen");
+  if (setup_.keys && !secret_matches(hello.secret, setup_.keys->hello_secret)) {
+    throw ProtocolError("HELLO without this run's key (a remote worker on " +
+                        hello.host.substr(0, 64) + ")");
+  }
+  if (assigned_) throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
+  WorkerSlot* worker = pool_.add_remote(hello.host.substr(0, 255), static_cast<pid_t>(hello.pid));
+  if (worker == nullptr) {
+    throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
+  }
+  pool_.set_main_id(*worker, id);
+  log_.info("a worker on {} (pid {}) connected", worker->host, worker->process.pid);
+  if (++hellos_ == world_size()) assign_ranks();
+}
+
 void Controller::on_attach(const std::string& id, const protocol::Attach& attach) {
-  if (!secret_matches(attach.secret, secret_)) {
+  WorkerSlot* claimed = assigned_ ? pool_.at_rank(attach.rank) : nullptr;
+  // A remote worker presents the secret its ASSIGN gave it; a local one the run's.
+  const auto& expected = claimed && claimed->remote ? claimed->attach_secret : secret_;
+  if (!secret_matches(attach.secret, expected)) {
     throw ProtocolError("ATTACH without this run's worker secret (rank " +
                         std::to_string(attach.rank) + ", pid " + std::to_string(attach.pid) + ")");
   }
@@ -98,7 +124,7 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
   if (!store && attach.channel != protocol::kTrainChannel) {
     throw ProtocolError("ATTACH for an unknown channel");
   }
-  WorkerSlot* worker = assigned_ ? pool_.at_rank(attach.rank) : nullptr;
+  WorkerSlot* worker = claimed;
   if (worker == nullptr || (store ? worker->store_id : worker->train_id) ||
       worker->process.pid != attach.pid) {
     throw ProtocolError("ATTACH from an unexpected " + attach.channel.substr(0, 16) +
@@ -130,13 +156,18 @@ void Controller::assign_ranks() {
   assign.plugin_sha256 = setup_.plugin_sha256;
   assign.plugin_size = setup_.plugin_bytes->size();
   assign.store_prefix = "trainrun/attempt-0";
-  assign.bind_host = kLocalHost;
-  assign.num_threads = setup_.cpus_per_worker;
+  // Local workers alone: Gloo on loopback. With remote ones, each worker
+  // binds the address that reaches the controller (or its --interface).
+  assign.bind_host = listening_.empty() ? kLocalHost : "";
   assign.heartbeat_timeout_ms = setup_.options.run.heartbeat_timeout.count();
   assign.heartbeat_interval_ms = heartbeat_interval(setup_.options.run.heartbeat_timeout).count();
   assign.checkpoint_dir = checkpoints_.resume_dir().string();
-  assign.fetch_checkpoint = checkpoints_.streams();
   for (auto& worker : pool_.workers()) {
+    // A remote worker's own default unless the run names a thread count.
+    assign.num_threads = worker.remote ? setup_.options.scaling.cpus_per_worker : setup_.cpus_per_worker;
+    assign.fetch_checkpoint = checkpoints_.streams() || worker.remote;
+    if (worker.remote) worker.attach_secret = make_secret();
+    assign.attach_secret = worker.attach_secret;
     const Placement& place = placements[static_cast<size_t>(worker.index)];
     assign.world_rank = place.world_rank;
     assign.local_rank = place.local_rank;
@@ -223,7 +254,8 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   }
   if (report.checkpoint) {
     try {
-      to_train(worker, checkpoints_.begin_upload(worker.rank, report.iteration, report.files));
+      to_train(worker, checkpoints_.begin_upload(worker.rank, report.iteration, report.files,
+                                                 /*stream=*/worker.remote));
     } catch (const UsageError& e) {
       fail(worker, FailureKind::kUsage, e.what());
       return;

@@ -72,6 +72,17 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   }
 }
 
+WorkerSlot* WorkerPool::add_remote(const std::string& host, pid_t pid) {
+  if (workers_.size() == workers_.capacity()) return nullptr;  // pointers into it must stay valid
+  auto& worker = workers_.emplace_back();
+  worker.index = size() - 1;
+  worker.remote = true;
+  worker.host = host;
+  worker.process.pid = pid;
+  worker.last_heard = Clock::now();
+  return &worker;
+}
+
 WorkerSlot* WorkerPool::at_index(int index) {
   return index >= 0 && index < size() ? &workers_[static_cast<size_t>(index)] : nullptr;
 }
@@ -108,7 +119,7 @@ void WorkerPool::assign(const std::vector<int>& ranks) {
   for (auto& worker : workers_) {
     worker.rank = ranks[static_cast<size_t>(worker.index)];
     by_rank_[static_cast<size_t>(worker.rank)] = &worker;
-    worker.output->set_prefix(output_prefix(worker));
+    if (worker.output) worker.output->set_prefix(output_prefix(worker));
   }
 }
 
@@ -129,7 +140,7 @@ std::vector<std::pair<WorkerSlot*, std::optional<int>>> WorkerPool::reap() {
   std::vector<std::pair<WorkerSlot*, std::optional<int>>> exits;
   if (running_ == 0) return exits;
   for (auto& worker : workers_) {
-    if (worker.exited) continue;
+    if (worker.exited || worker.remote) continue;
     int status = 0;
     pid_t got = ::waitpid(worker.process.pid, &status, WNOHANG);
     // ECHILD: a host program's waitpid(-1) took it; it is gone all the same.
@@ -149,16 +160,20 @@ bool WorkerPool::all_exited() const { return running_ == 0; }
 
 void WorkerPool::signal_all(int signal) {
   for (auto& worker : workers_) {
-    if (!worker.exited) ::kill(-worker.process.pid, signal);
+    if (!worker.exited && !worker.remote) ::kill(-worker.process.pid, signal);
   }
 }
 
 void WorkerPool::end_groups() {
-  for (auto& worker : workers_) ::kill(-worker.process.pid, SIGKILL);
+  for (auto& worker : workers_) {
+    if (!worker.remote) ::kill(-worker.process.pid, SIGKILL);
+  }
 }
 
 void WorkerPool::drain_output() {
-  for (auto& worker : workers_) worker.output->drain();
+  for (auto& worker : workers_) {
+    if (worker.output) worker.output->drain();
+  }
 }
 
 }  // namespace trainrun

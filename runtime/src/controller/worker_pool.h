@@ -27,13 +27,15 @@ using Clock = std::chrono::steady_clock;
 
 /// One worker process, from spawn to exit.
 struct WorkerSlot {
-  int index = 0;  // launch order
-  LocalWorker process;
+  int index = 0;  // launch order, local workers first, then remote ones as they connect
+  bool remote = false;  // connected over the network: no process, output or scratch here
+  LocalWorker process;  // for a remote worker only its pid (on its host)
   std::unique_ptr<WorkerOutput> output;
   std::optional<std::string> main_id;   // its main thread's connection, set by HELLO
   std::optional<std::string> train_id;  // its train thread's, set by ATTACH
   std::optional<std::string> store_id;  // its rendezvous store's, set by ATTACH
   std::string host;
+  std::string attach_secret;  // a remote worker's, sent in its ASSIGN; ATTACH carries it
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
   int rank = -1;  // once assigned
   bool started = false;  // its train function was called (STARTED)
@@ -68,9 +70,14 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  /// Starts `count` workers. Throws IoError; those already started stay in the
-  /// pool, to be stopped.
+  /// Makes room for `capacity` workers in all; call before the first spawn.
+  void reserve(int capacity) { workers_.reserve(static_cast<size_t>(capacity)); }
+  /// Starts `count` local workers. Throws IoError; those already started stay
+  /// in the pool, to be stopped.
   void spawn(int count, const LaunchOptions& launch);
+  /// A worker that connected from the network, as its HELLO describes it; null
+  /// when the pool is full.
+  WorkerSlot* add_remote(const std::string& host, pid_t pid);
 
   std::vector<WorkerSlot>& workers() { return workers_; }
   int size() const { return static_cast<int>(workers_.size()); }
@@ -96,9 +103,9 @@ class WorkerPool {
   /// (none when another part of this process collected it first).
   std::vector<std::pair<WorkerSlot*, std::optional<int>>> reap();
   bool all_exited() const;
-  /// Sends `signal` to the process group of every worker still running.
+  /// Sends `signal` to the process group of every local worker still running.
   void signal_all(int signal);
-  /// Ends the process group of every worker, exited or not: what a train
+  /// Ends the process group of every local worker, exited or not: what a train
   /// function started does not outlive the run.
   void end_groups();
   /// Reads every worker's output to its end.

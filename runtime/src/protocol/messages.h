@@ -172,11 +172,12 @@ struct Assign {
   int64_t heartbeat_interval_ms = 0;  // how often to send them
   std::string checkpoint_dir;     // the checkpoint to resume from, or empty
   bool fetch_checkpoint = false;  // checkpoint_dir is not visible here: FETCH_CHECKPOINT it
+  std::string attach_secret;  // what this worker's ATTACHes carry; empty = the run's worker secret
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size,
                      store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms,
                      heartbeat_interval_ms,
-                     checkpoint_dir, fetch_checkpoint);
+                     checkpoint_dir, fetch_checkpoint, attach_secret);
 };
 
 struct Chunk {  // the answer to FETCH_CHUNK, followed by one blob frame with the bytes

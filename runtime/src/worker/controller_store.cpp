@@ -26,11 +26,11 @@ std::string describe_keys(const std::vector<std::string>& keys) {
 
 }  // namespace
 
-ControllerStore::ControllerStore(zmq::context_t& context, const std::string& endpoint,
+ControllerStore::ControllerStore(zmq::context_t& context, const WorkerOptions& options,
                                  protocol::Attach attach) {
   socket_.emplace(context, zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);  // nothing it sends matters once it closes
-  socket_->connect(endpoint);
+  connect_to_controller(*socket_, options);
   attach.channel = protocol::kStoreChannel;
   protocol::send(*socket_, attach);
 }

@@ -21,6 +21,7 @@
 
 #include "protocol/messages.h"
 #include "protocol/store_op.h"
+#include "worker/worker.h"
 
 namespace trainrun {
 
@@ -28,7 +29,7 @@ class ControllerStore : public c10d::Store {
  public:
   /// Connects to the controller at `endpoint` and introduces itself with
   /// `attach` (its channel set to the store's).
-  ControllerStore(zmq::context_t& context, const std::string& endpoint, protocol::Attach attach);
+  ControllerStore(zmq::context_t& context, const WorkerOptions& options, protocol::Attach attach);
   ~ControllerStore() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;

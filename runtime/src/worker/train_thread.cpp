@@ -15,6 +15,7 @@
 
 #include <cstring>
 
+#include "common/network.h"
 #include "common/paths.h"
 #include "protocol/message.h"
 #include "storage/run_directory.h"
@@ -112,8 +113,27 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
   return 1;
 }
 
+// Where Gloo listens for its peers: the address the controller chose, or with
+// remote workers the one this host reaches the controller from (a UDP socket
+// "connected" to it sends nothing, but the kernel picks the route), or the
+// interface the worker was told to use.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const protocol::Assign& assign,
+                                                      const WorkerOptions& options) {
+  if (!assign.bind_host.empty()) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(assign.bind_host);
+  }
+  if (!options.interface.empty()) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(options.interface);
+  }
+  if (auto local = local_address_towards(options.connect)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(*local);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
-    const protocol::Assign& assign, const c10::intrusive_ptr<c10d::Store>& store) {
+    const protocol::Assign& assign, const WorkerOptions& options,
+    const c10::intrusive_ptr<c10d::Store>& store) {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
   c10::Device device(assign.device);
   if (device.is_cuda()) {
@@ -131,24 +151,24 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
 #endif
   }
   auto gloo = c10d::ProcessGroupGloo::Options::create();
-  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(assign.bind_host));
+  gloo->devices.push_back(gloo_device(assign, options));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, assign.world_rank, assign.world_size,
                                                      gloo);
 }
 
 }  // namespace
 
-void run_train_thread(zmq::context_t& context, const std::string& endpoint,
-                      const std::string& secret,
+void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path) {
   zmq::socket_t controller(context, zmq::socket_type::dealer);
   controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
-  controller.connect(endpoint);
+  connect_to_controller(controller, options);
+  const auto& secret = assign.attach_secret.empty() ? options.secret : assign.attach_secret;
   protocol::Attach attach{assign.world_rank, ::getpid(), secret};
   protocol::send(controller, attach);
   // Closed on the way out (the context cannot end while it is open), even
   // though the group that holds it is never destroyed.
-  auto store = c10::make_intrusive<ControllerStore>(context, endpoint, attach);
+  auto store = c10::make_intrusive<ControllerStore>(context, options, attach);
   struct CloseStore {
     ControllerStore& store;
     ~CloseStore() { store.close(); }
@@ -164,7 +184,7 @@ void run_train_thread(zmq::context_t& context, const std::string& endpoint,
     auto entry = plugin.entry(assign.entry);
     failed_kind = FailureKind::kSetup;
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
-    group = create_process_group(assign, store);
+    group = create_process_group(assign, options, store);
 
     HostState state;
     state.controller = &controller;

@@ -15,13 +15,13 @@
 #include <string>
 
 #include "protocol/messages.h"
+#include "worker/worker.h"
 
 namespace trainrun {
 
 /// Runs the assigned entry to completion on the calling thread, connected to
-/// the controller at `controller`; always ends by sending DONE or FAILED.
-void run_train_thread(zmq::context_t& context, const std::string& controller,
-                      const std::string& secret,
+/// the controller as `options` say; always ends by sending DONE or FAILED.
+void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path);
 
 }  // namespace trainrun

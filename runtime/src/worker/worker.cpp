@@ -51,7 +51,7 @@ class Worker {
   explicit Worker(const WorkerOptions& options)
       : options_(options), dealer_(context_, zmq::socket_type::dealer) {
     dealer_.set(zmq::sockopt::linger, 2000);
-    dealer_.connect(options_.connect);
+    connect_to_controller(dealer_, options_);
   }
 
   ~Worker() {
@@ -65,8 +65,10 @@ class Worker {
   bool can_close() const { return !train_thread_.joinable() || train_finished_; }
 
   int run() {
-    protocol::send(dealer_,
-                   protocol::Hello{options_.index, host_name(), ::getpid(), options_.secret});
+    // A remote worker proves itself with the secret derived from the run key.
+    const auto& secret =
+        options_.index < 0 && options_.keys ? options_.keys->hello_secret : options_.secret;
+    protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid(), secret});
     auto startup =
         options_.startup_timeout.count() > 0
             ? options_.startup_timeout
@@ -169,7 +171,7 @@ class Worker {
 
   void start_training(const std::filesystem::path& plugin_path) {
     train_thread_ = std::thread([this, plugin_path] {
-      run_train_thread(context_, options_.connect, options_.secret, *assign_, plugin_path);
+      run_train_thread(context_, options_, *assign_, plugin_path);
       train_finished_ = true;
     });
   }
@@ -193,6 +195,11 @@ class Worker {
 };
 
 }  // namespace
+
+void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options) {
+  if (options.keys) make_curve_client(socket, *options.keys);
+  socket.connect(options.connect);
+}
 
 int run_worker(const WorkerOptions& options) {
   // Line-buffered stdout: the controller forwards lines as they are printed,

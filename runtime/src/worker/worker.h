@@ -7,7 +7,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
+
+#include <zmq.hpp>
+
+#include "common/run_key.h"
 
 namespace trainrun {
 
@@ -17,7 +22,12 @@ struct WorkerOptions {
   std::filesystem::path cache_dir;
   std::chrono::milliseconds startup_timeout{0};  // waiting for ASSIGN; 0 = default
   std::string secret;  // the run's worker secret, for HELLO and ATTACH
+  std::optional<RunKeys> keys;  // from the run key: CURVE to the controller
+  std::string interface;  // the network interface Gloo binds, when the controller leaves it open
 };
+
+/// Connects `socket` to the controller, with CURVE when there is a run key.
+void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options);
 
 /// Runs the worker; returns the process exit code.
 int run_worker(const WorkerOptions& options);
