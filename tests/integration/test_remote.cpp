@@ -69,6 +69,8 @@ TEST_CASE("remote workers with the run key join over CURVE; one with another key
   ::kill(stranger, SIGTERM);
   Sandbox::wait(stranger);
   CHECK(read_text(box.root() / "stranger.txt").find("context") == std::string::npos);
+  CHECK(read_text(box.run_dir("remote") / "logs" / "controller.log").find("refused a peer") !=
+        std::string::npos);
 }
 
 TEST_CASE("remote workers stream their checkpoints, and a rerun resumes from them") {

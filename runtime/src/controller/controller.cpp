@@ -134,6 +134,14 @@ void Controller::listen() {
     zap_.emplace(context_, *keys);
     make_curve_server(router_, *keys);  // for what binds from here on: not the Unix socket
   }
+  const char* monitor = "inproc://trainrun-router-monitor";
+  if (zmq_socket_monitor(router_.handle(), monitor,
+                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+    monitor_.emplace(context_, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(monitor);
+  }
   router_.bind(setup_.options.network.listen);
   listening_ = router_.get(zmq::sockopt::last_endpoint);
   log_.info("remote workers connect to {} ({})", listening_,
@@ -146,13 +154,20 @@ void Controller::poll_once(std::chrono::milliseconds timeout) {
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
                              {nullptr, signals_.fd(), ZMQ_POLLIN, 0},
                              {nullptr, pool_.output_fd(), ZMQ_POLLIN, 0},
-                             {zap_ ? zap_->socket().handle() : nullptr, -1, ZMQ_POLLIN, 0}};
-  protocol::poll(items, zap_ ? 4 : 3, timeout);
+                             {zap_ ? zap_->socket().handle() : nullptr, -1, ZMQ_POLLIN, 0},
+                             {monitor_ ? monitor_->handle() : nullptr, -1, ZMQ_POLLIN, 0}};
+  // The optional items last: their slots are skipped when absent.
+  size_t count = monitor_ ? 5 : zap_ ? 4 : 3;
+  protocol::poll(items, count, timeout);
   if (zap_ && (items[3].revents & ZMQ_POLLIN)) {
-    while (auto refused = zap_->answer()) {
-      if (refused_.allow(Clock::now())) {
-        log_.warn("refused a peer at {}: it does not hold this run's key", *refused);
-      }
+    while (auto refused = zap_->answer()) on_refused_peer(*refused, "not this run's key");
+  }
+  if (monitor_ && (items[4].revents & ZMQ_POLLIN)) {
+    while (true) {  // [event id and value] [endpoint]
+      auto event = protocol::recv_frames(*monitor_, true);
+      if (event.empty()) break;
+      on_refused_peer(event.size() > 1 ? event[1].to_string() : listening_,
+                      "its handshake failed: it does not hold this run's key");
     }
   }
   if (items[2].revents & ZMQ_POLLIN) pool_.forward_output();
@@ -238,6 +253,13 @@ void Controller::check_timers() {
            "sent nothing for " + std::to_string(run.heartbeat_timeout.count()) +
                " ms: stopped responding");
     }
+  }
+}
+
+// One line per ten seconds at most, however many strangers knock.
+void Controller::on_refused_peer(const std::string& where, const char* why) {
+  if (refused_.allow(Clock::now())) {
+    log_.warn("refused a peer at {}: {} (one line per 10 s)", where.substr(0, 128), why);
   }
 }
 

@@ -77,6 +77,7 @@ class Controller {
   /// handler when there is a run key.
   void listen();
   void check_startup(Clock::time_point now);
+  void on_refused_peer(const std::string& where, const char* why);
 
   int world_size() const { return setup_.options.scaling.num_workers; }
   /// Seconds since the run started.
@@ -137,6 +138,8 @@ class Controller {
   std::optional<ZapHandler> zap_;  // bound before the router, which it guards
   zmq::socket_t router_{context_, zmq::socket_type::router};
   std::string listening_;  // the bound TCP endpoint, once listening
+  // The router's failed handshakes (peers without the run key), once listening.
+  std::optional<zmq::socket_t> monitor_;
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
   bool startup_failed_ = false;
   SignalPipe signals_;
