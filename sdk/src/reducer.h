@@ -8,9 +8,11 @@
 // and its allreduce launched asynchronously, buckets strictly in order so every
 // rank issues the same collectives in the same order. A callback queued on the
 // autograd engine finalises at the end of backward: unused parameters, waiting
-// for every bucket, buffer broadcast. Hooks run on autograd's threads; a mutex
-// guards the state. Owned by the registry in reducer.cpp for the length of the
-// train function.
+// for every bucket, buffer broadcast. A hook on each parameter itself, which
+// autograd keeps across Tensor::set_ (torch::load), moves the post-hook to a
+// new gradient accumulator before it runs. Hooks run on autograd's threads; a
+// mutex guards the state. Owned by the registry in reducer.cpp for the length
+// of the train function.
 
 #include <train/model.h>
 
@@ -42,6 +44,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     size_t bucket = 0;
     torch::Tensor view;  // its place in the bucket, shaped like the parameter
     bool ready = false;
+    bool late = false;  // its post-hook moved during this backward: ready at finalisation
   };
   struct Bucket {
     torch::Tensor contents;
@@ -51,7 +54,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   };
 
   void build_buckets(const ModelOptions& options);
+  void hook_accumulator(size_t slot);
+  void on_gradient_incoming(size_t slot);
   void on_gradient_ready(size_t slot);
+  void begin_backward();
+  void take_gradient(size_t slot);
   void mark_ready(size_t slot);
   void launch_ready_buckets();
   void finalize();
@@ -63,7 +70,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool broadcast_buffers_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
+  // By slot: the accumulator carrying its post-hook (autograd holds only weak
+  // references to accumulators, so this keeps the hooks alive).
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::mutex mutex_;
   bool sync_ = true;
   bool in_backward_ = false;

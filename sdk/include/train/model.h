@@ -41,6 +41,11 @@ bool set_gradient_sync(const torch::nn::Module& module, bool enabled);
 /// requires_grad=false are skipped. With one worker it only moves the model.
 /// Every rank must call it, in the same order for each model. Throws
 /// std::logic_error outside a train function started by trainrun.
+///
+/// Loading parameters afterwards is fine: after `torch::load(model, path)` on
+/// every rank, gradients are still averaged. A load that changes a parameter's
+/// shape, dtype or device makes the next `backward()` throw std::runtime_error
+/// naming the parameter; load such a model before prepare_model.
 template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
 Holder prepare_model(Holder model, const ModelOptions& options = {}) {
   detail::prepare_module(model.ptr(), options);
