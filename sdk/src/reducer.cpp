@@ -14,6 +14,7 @@
 
 #include "bucket_assignment.h"
 #include "host.h"
+#include "replica_check.h"
 
 namespace train::detail {
 namespace {
@@ -40,13 +41,9 @@ std::string layout(const torch::Tensor& t) {
   return c10::str(t.sizes(), " ", t.scalar_type(), " on ", t.device());
 }
 
-// The reducers of the running train function, by model.
-struct Registered {
-  std::weak_ptr<torch::nn::Module> module;
-  std::shared_ptr<Reducer> reducer;
-};
-std::vector<Registered>& registry() {
-  static std::vector<Registered> models;
+// The models prepared in the running train function, in prepare_model order.
+std::vector<PreparedModel>& registry() {
+  static std::vector<PreparedModel> models;
   return models;
 }
 
@@ -260,25 +257,33 @@ void Reducer::reset_iteration() {
   in_backward_ = false;
 }
 
+PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
+                        c10::intrusive_ptr<c10d::ProcessGroup> group, torch::Device device,
+                        const ModelOptions& options) {
+  // Before the broadcast: with different models it would pair unrelated tensors.
+  verify_same_model(*module, options, *group, device);
+  std::vector<torch::Tensor> state = module->parameters();
+  for (auto& buffer : module->buffers()) state.push_back(buffer);
+  broadcast_from_rank0(*group, state);
+  auto reducer = std::make_shared<Reducer>(*module, group, options);
+  reducer->install_hooks();
+  return {module, std::move(reducer)};
+}
+
 void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options) {
   auto ctx = get_context();
   module->to(ctx.device());
   if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
-  auto group = process_group();
-  std::vector<torch::Tensor> state = module->parameters();
-  for (auto& buffer : module->buffers()) state.push_back(buffer);
-  broadcast_from_rank0(*group, state);
+  auto prepared = replicate(module, process_group(), ctx.device(), options);
 
   auto& models = registry();
   if (models.empty()) at_entry_end([] { registry().clear(); });
   models.erase(std::remove_if(models.begin(), models.end(),
-                              [&](const Registered& r) {
-                                return r.module.expired() || r.module.lock() == module;
+                              [&](const PreparedModel& m) {
+                                return m.module.expired() || m.module.lock() == module;
                               }),
                models.end());
-  auto reducer = std::make_shared<Reducer>(*module, group, options);
-  reducer->install_hooks();
-  models.push_back({module, std::move(reducer)});
+  models.push_back(std::move(prepared));
 }
 
 bool set_gradient_sync(const torch::nn::Module& module, bool enabled) {

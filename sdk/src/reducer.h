@@ -79,4 +79,18 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   size_t next_bucket_ = 0;
 };
 
+/// A prepared model, as the registry of the running train function holds it.
+struct PreparedModel {
+  std::weak_ptr<torch::nn::Module> module;
+  std::shared_ptr<Reducer> reducer;
+};
+
+/// prepare_model's collective part, once the module is on `device`: checks that
+/// every rank built the same model with the same options, broadcasts parameters
+/// and buffers from rank 0 and attaches a Reducer. Throws std::runtime_error on
+/// every rank if the models differ.
+PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
+                        c10::intrusive_ptr<c10d::ProcessGroup> group, torch::Device device,
+                        const ModelOptions& options);
+
 }  // namespace train::detail

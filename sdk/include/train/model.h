@@ -42,6 +42,11 @@ bool set_gradient_sync(const torch::nn::Module& module, bool enabled);
 /// Every rank must call it, in the same order for each model. Throws
 /// std::logic_error outside a train function started by trainrun.
 ///
+/// Every rank must build the same model and pass the same options: first of
+/// all, prepare_model compares every rank's parameters and buffers (names,
+/// order, shapes, dtypes, requires_grad) and options, and if they differ throws
+/// std::runtime_error on every rank naming the first difference and the ranks.
+///
 /// Loading parameters afterwards is fine: after `torch::load(model, path)` on
 /// every rank, gradients are still averaged. A load that changes a parameter's
 /// shape, dtype or device makes the next `backward()` throw std::runtime_error
