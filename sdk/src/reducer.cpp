@@ -138,8 +138,9 @@ void Reducer::on_gradient_incoming(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& slot = slots_[index];
   if (torch::autograd::impl::grad_accumulator(slot.param) == accumulators_[index]) return;
-  // No broadcast: a load of the same file on every rank needs none. A collective
-  // here, on the ranks that happened to reload, could not be matched.
+  // No broadcast: a load of the same file on every rank needs none, and a load
+  // on some ranks only is what check_divergence finds at the next report. A
+  // collective here, on the ranks that happened to reload, could not be matched.
   const auto& param = slot.param;
   if (!param.sizes().equals(slot.view.sizes()) || param.scalar_type() != slot.view.scalar_type() ||
       param.device() != slot.view.device()) {
@@ -267,7 +268,8 @@ PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
   broadcast_from_rank0(*group, state);
   auto reducer = std::make_shared<Reducer>(*module, group, options);
   reducer->install_hooks();
-  return {module, std::move(reducer)};
+  return {module, std::move(reducer), options.check_divergence(), module->parameters().size(),
+          device};
 }
 
 void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options) {
@@ -284,6 +286,26 @@ void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const Mode
                               }),
                models.end());
   models.push_back(std::move(prepared));
+}
+
+void check_divergence(const std::vector<PreparedModel>& models, c10d::ProcessGroup& group,
+                      const std::string& caller) {
+  std::vector<std::shared_ptr<torch::nn::Module>> alive;  // for the length of the check
+  std::vector<ReplicaModel> checked;
+  torch::Device device = torch::kCPU;
+  for (const auto& model : models) {
+    if (!model.check_divergence) continue;
+    if (checked.empty()) device = model.device;
+    alive.push_back(model.module.lock());  // a freed model counts as one without parameters
+    checked.push_back({alive.back().get(), model.num_parameters});
+  }
+  check_replicas_equal(checked, group, device, caller);
+}
+
+void check_prepared_models(const std::string& caller) {
+  const auto& models = registry();
+  if (models.empty()) return;  // one worker, or no model prepared
+  check_divergence(models, *process_group(), caller);
 }
 
 bool set_gradient_sync(const torch::nn::Module& module, bool enabled) {

@@ -83,6 +83,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 struct PreparedModel {
   std::weak_ptr<torch::nn::Module> module;
   std::shared_ptr<Reducer> reducer;
+  bool check_divergence = true;
+  size_t num_parameters = 0;  // at prepare_model
+  torch::Device device = torch::kCPU;
 };
 
 /// prepare_model's collective part, once the module is on `device`: checks that
@@ -92,5 +95,14 @@ struct PreparedModel {
 PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
                         c10::intrusive_ptr<c10d::ProcessGroup> group, torch::Device device,
                         const ModelOptions& options);
+
+/// The divergence check of train::report over those of `models` with
+/// check_divergence on (see check_replicas_equal); nothing when there are none.
+/// Collective: every rank passes the same models in the same order.
+void check_divergence(const std::vector<PreparedModel>& models, c10d::ProcessGroup& group,
+                      const std::string& caller);
+
+/// check_divergence over the models prepared in the running train function.
+void check_prepared_models(const std::string& caller);
 
 }  // namespace train::detail

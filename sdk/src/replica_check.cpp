@@ -49,6 +49,10 @@ std::string numbers(const std::vector<int>& ranks) {
   return text;
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + numbers(ranks);
+}
+
 uint64_t fnv1a(const std::string& text) {
   uint64_t hash = 14695981039346656037ull;
   for (unsigned char c : text) {
@@ -78,6 +82,7 @@ std::vector<ModelEntry> describe_model(const torch::nn::Module& module,
       option("first_bucket_cap_mb", number(options.first_bucket_cap_mb())),
       option("find_unused_parameters", flag(options.find_unused_parameters())),
       option("broadcast_buffers", flag(options.broadcast_buffers())),
+      option("check_divergence", flag(options.check_divergence())),
   };
   for (const auto& p : module.named_parameters()) {
     entries.push_back(tensor_entry("parameter", p.key(), p.value(), true));
@@ -176,6 +181,85 @@ void verify_same_model(const torch::nn::Module& module, const ModelOptions& opti
                            " (ranks that differ from rank 0: " + numbers(differing) +
                            "). Every rank must build the same model and pass the same "
                            "ModelOptions to prepare_model");
+}
+
+torch::Tensor bit_checksum(const torch::Tensor& tensor) {
+  auto flat = tensor.detach().contiguous().view({-1});
+  auto word = torch::kInt;  // 4-, 8- and 16-byte elements: as 32-bit words
+  if (flat.element_size() == 1) word = torch::kChar;
+  if (flat.element_size() == 2) word = torch::kShort;
+  // Integer sums are exact, so the order of summation (threads, devices) does
+  // not matter; one changed bit changes the sum.
+  return flat.view(word).sum(torch::kLong);
+}
+
+void check_replicas_equal(const std::vector<ReplicaModel>& models, c10d::ProcessGroup& group,
+                          torch::Device device, const std::string& caller) {
+  if (models.empty()) return;
+  // Laid out the same on every rank, whatever happened since prepare_model:
+  // per model, its parameter count now, then one checksum per parameter.
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
+  std::vector<torch::Tensor> parts;
+  for (const auto& model : models) {
+    auto params = model.module ? model.module->parameters() : std::vector<torch::Tensor>{};
+    parts.push_back(torch::full({1}, static_cast<int64_t>(params.size()), longs));
+    if (params.size() == model.num_parameters) {
+      for (const auto& p : params) parts.push_back(bit_checksum(p).to(device).reshape({1}));
+    } else {
+      parts.push_back(torch::zeros({static_cast<int64_t>(model.num_parameters)}, longs));
+    }
+  }
+  auto sums = torch::cat(parts);
+  const int64_t length = sums.numel();
+
+  // MAX of the sums and of their complements: the largest and smallest value
+  // of each in one collective. They match exactly when every rank agrees.
+  std::vector<torch::Tensor> extremes{torch::cat({sums, sums.bitwise_not()})};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  group.allreduce(extremes, max)->wait();
+  auto reduced = extremes[0].cpu();
+  if (torch::equal(reduced.narrow(0, 0, length), reduced.narrow(0, length, length).bitwise_not())) {
+    return;
+  }
+
+  // Every rank takes the slow path together: whose value differs, and where.
+  auto all = torch::stack(allgather(group, sums));
+  auto differs = (all != all[0]).any(0);
+  const int64_t at = differs.nonzero()[0][0].item<int64_t>();
+  std::vector<int> ranks;
+  for (int rank = 1; rank < group.getSize(); ++rank) {
+    if (all[rank][at].item<int64_t>() != all[0][at].item<int64_t>()) ranks.push_back(rank);
+  }
+  int64_t offset = 0;
+  for (size_t m = 0; m < models.size(); ++m) {
+    const auto& model = models[m];
+    const int64_t end = offset + 1 + static_cast<int64_t>(model.num_parameters);
+    if (at >= end) {
+      offset = end;
+      continue;
+    }
+    const std::string which = models.size() == 1
+                                  ? std::string("the prepared model")
+                                  : "prepared model " + std::to_string(m + 1) + " of " +
+                                        std::to_string(models.size()) + " (in prepare_model order)";
+    if (at == offset) {
+      throw std::runtime_error(caller + ": " + which + " has " +
+                               std::to_string(all[0][at].item<int64_t>()) +
+                               " parameters on rank 0 and other counts on " + rank_list(ranks) +
+                               " (it had " + std::to_string(model.num_parameters) +
+                               " at prepare_model). Every rank must keep the same parameters");
+    }
+    auto names = model.module->named_parameters().keys();
+    const auto& name = names.at(static_cast<size_t>(at - offset - 1));
+    throw std::runtime_error(
+        caller + ": the replicas have diverged: parameter '" + name + "' of " + which +
+        " holds other values on " + rank_list(ranks) +
+        " than on rank 0. Parameters must change alike on every rank: load or modify them on "
+        "every rank (or before prepare_model), never on some ranks only. "
+        "train::ModelOptions().check_divergence(false) turns this check off");
+  }
+  throw std::logic_error(caller + ": a checksum beyond the prepared models differs");
 }
 
 }  // namespace train::detail

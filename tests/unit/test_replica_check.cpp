@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,8 +15,9 @@
 #include "thread_ranks.h"
 
 // That every rank holds the same model: the same parameters at prepare_model
-// (replicate). Ranks are threads (thread_ranks.h); each records what it threw,
-// and the checks run once every rank has been joined.
+// (replicate), the same values at each report (check_divergence). Ranks are
+// threads (thread_ranks.h); each records what it threw, and the checks run once
+// every rank has been joined.
 
 namespace {
 
@@ -27,6 +30,21 @@ torch::nn::Sequential make_mlp(int64_t hidden = 5, bool last_bias = true) {
   return torch::nn::Sequential(
       torch::nn::Linear(kIn, hidden), torch::nn::Tanh(),
       torch::nn::Linear(torch::nn::LinearOptions(hidden, kOut).bias(last_bias)));
+}
+
+// A different batch for every rank and step.
+torch::Tensor input(int rank, int step) {
+  auto ramp = torch::arange(6 * kIn, torch::kFloat) * (0.3 * (rank + 1)) + step;
+  return torch::cos(ramp).reshape({6, kIn});
+}
+
+void train_steps(torch::nn::Sequential& model, int rank, int steps) {
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    model->forward(input(rank, step)).pow(2).mean().backward();
+    optimizer.step();
+  }
 }
 
 // Runs `rank_body` on `world` ranks and returns what each threw ("" for none).
@@ -119,4 +137,88 @@ TEST_CASE("prepare_model fails on every rank when the ranks built different mode
     CHECK(errors[rank].find("prepare_model: " + expected) != std::string::npos);
     CHECK(errors[rank].find("(ranks that differ from rank 0: 1)") != std::string::npos);
   }
+}
+
+TEST_CASE("replicas that trained in step pass the divergence check") {
+  const int world = 3;
+  auto errors = errors_of(world, [&](int rank, Group group) {
+    torch::manual_seed(rank);  // different initial weights: replicate makes them equal
+    auto model = make_mlp();
+    auto prepared = train::detail::replicate(model.ptr(), group, torch::kCPU, {});
+    train_steps(model, rank, 3);
+    train::detail::check_divergence({prepared}, *group, "train::report");
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(errors[rank] == "");
+  }
+}
+
+TEST_CASE("a parameter changed on one rank fails the divergence check on every rank") {
+  const int world = 3;
+  bool check = true;
+  SUBCASE("checked") {}
+  SUBCASE("with check_divergence(false)") { check = false; }
+  auto errors = errors_of(world, [&](int rank, Group group) {
+    auto model = make_mlp();
+    auto prepared = train::detail::replicate(model.ptr(), group, torch::kCPU,
+                                             train::ModelOptions().check_divergence(check));
+    train_steps(model, rank, 2);
+    if (rank == 1) {  // one bit of one element: the smallest divergence there is
+      torch::NoGradGuard no_grad;
+      auto bias = model[2]->as<torch::nn::Linear>()->bias;
+      const float value = bias[1].item<float>();
+      bias[1] = std::nextafter(value, std::numeric_limits<float>::infinity());
+    }
+    train::detail::check_divergence({prepared}, *group, "train::report");
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    if (!check) {
+      CHECK(errors[rank] == "");
+      continue;
+    }
+    CHECK(errors[rank].find("train::report: the replicas have diverged: parameter '2.bias' of "
+                            "the prepared model holds other values on rank 1 than on rank 0") !=
+          std::string::npos);
+    CHECK(errors[rank].find("check_divergence(false)") != std::string::npos);
+  }
+}
+
+TEST_CASE("the divergence check names the model and every rank that differs") {
+  const int world = 3;
+  auto errors = errors_of(world, [&](int rank, Group group) {
+    auto first = make_mlp();
+    auto second = make_mlp();
+    std::vector<train::detail::PreparedModel> prepared{
+        train::detail::replicate(first.ptr(), group, torch::kCPU, {}),
+        train::detail::replicate(second.ptr(), group, torch::kCPU, {})};
+    if (rank != 0) {
+      torch::NoGradGuard no_grad;
+      second[0]->as<torch::nn::Linear>()->weight[0][0].add_(rank);
+    }
+    train::detail::check_divergence(prepared, *group, "train::report");
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(errors[rank].find("parameter '0.weight' of prepared model 2 of 2 (in prepare_model "
+                            "order) holds other values on ranks 1, 2 than on rank 0") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("a bit checksum is exact for every dtype and changes with any one bit") {
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt8}) {
+    CAPTURE(dtype);
+    auto t = (torch::arange(1000, torch::kFloat) / 7).sin().mul(100).to(dtype);
+    auto sum = train::detail::bit_checksum(t).item<int64_t>();
+    CHECK(train::detail::bit_checksum(t.clone()).item<int64_t>() == sum);
+    // The same values in another layout sum the same.
+    CHECK(train::detail::bit_checksum(t.reshape({25, 40}).t().contiguous().t()).item<int64_t>() ==
+          sum);
+    auto changed = t.clone();
+    changed[500] = changed[499];
+    CHECK(train::detail::bit_checksum(changed).item<int64_t>() != sum);
+  }
+  CHECK(train::detail::bit_checksum(torch::tensor(1.5)).item<int64_t>() != 0);  // 0-d
 }

@@ -22,6 +22,11 @@ struct ModelOptions {
   /// After every synchronised backward, overwrite buffers (BatchNorm running
   /// statistics) with rank 0's, as DDP's broadcast_buffers does.
   TORCH_ARG(bool, broadcast_buffers) = true;
+  /// At every train::report, check that every rank's parameters still hold the
+  /// same values (an exact checksum per parameter, one small collective per
+  /// report); if not, train::report throws std::runtime_error on every rank
+  /// naming the first parameter that differs and the ranks.
+  TORCH_ARG(bool, check_divergence) = true;
 };
 
 namespace detail {
@@ -50,7 +55,9 @@ bool set_gradient_sync(const torch::nn::Module& module, bool enabled);
 /// Loading parameters afterwards is fine: after `torch::load(model, path)` on
 /// every rank, gradients are still averaged. A load that changes a parameter's
 /// shape, dtype or device makes the next `backward()` throw std::runtime_error
-/// naming the parameter; load such a model before prepare_model.
+/// naming the parameter; load such a model before prepare_model. A load on some
+/// ranks only makes the replicas differ, which the next train::report finds
+/// (ModelOptions::check_divergence).
 template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
 Holder prepare_model(Holder model, const ModelOptions& options = {}) {
   detail::prepare_module(model.ptr(), options);
