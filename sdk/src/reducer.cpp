@@ -145,11 +145,13 @@ void Reducer::on_gradient_incoming(size_t index) {
   if (!param.sizes().equals(slot.view.sizes()) || param.scalar_type() != slot.view.scalar_type() ||
       param.device() != slot.view.device()) {
     reset_iteration();
-    throw std::runtime_error(
-        "parameter '" + slot.name + "' became " + layout(param) +
-        " after prepare_model, which gave its gradient a place for " + layout(slot.view) +
-        ": load parameters of the model's own shapes, dtypes and device, or load them before "
-        "prepare_model");
+    const bool moved = param.device() != slot.view.device();
+    throw std::runtime_error("parameter '" + slot.name + "' became " + layout(param) +
+                             " after prepare_model, which gave its gradient a place for " +
+                             layout(slot.view) + ": " +
+                             (moved ? "pass the model's device to torch::load(model, path, device)"
+                                    : "load parameters of the model's own shapes and dtypes") +
+                             ", or load them before prepare_model");
   }
   hook_accumulator(index);
   // Autograd has already collected the new accumulator's post-hooks for this

@@ -55,9 +55,9 @@ bool set_gradient_sync(const torch::nn::Module& module, bool enabled);
 /// Loading parameters afterwards is fine: after `torch::load(model, path)` on
 /// every rank, gradients are still averaged. A load that changes a parameter's
 /// shape, dtype or device makes the next `backward()` throw std::runtime_error
-/// naming the parameter; load such a model before prepare_model. A load on some
-/// ranks only makes the replicas differ, which the next train::report finds
-/// (ModelOptions::check_divergence).
+/// naming the parameter; load such a model before prepare_model (or pass the
+/// model's device to torch::load). A load on some ranks only makes the replicas
+/// differ, which the next train::report finds (ModelOptions::check_divergence).
 template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
 Holder prepare_model(Holder model, const ModelOptions& options = {}) {
   detail::prepare_module(model.ptr(), options);
