@@ -14,6 +14,7 @@
 
 #include "bucket_assignment.h"
 #include "host.h"
+#include "replica_check.h"
 
 namespace train::detail {
 namespace {
@@ -36,13 +37,13 @@ void broadcast_from_rank0(c10d::ProcessGroup& group, const std::vector<torch::Te
   }
 }
 
-// The reducers of the running train function, by model.
-struct Registered {
-  std::weak_ptr<torch::nn::Module> module;
-  std::shared_ptr<Reducer> reducer;
-};
-std::vector<Registered>& registry() {
-  static std::vector<Registered> models;
+std::string layout(const torch::Tensor& t) {
+  return c10::str(t.sizes(), " ", t.scalar_type(), " on ", t.device());
+}
+
+// The models prepared in the running train function, in prepare_model order.
+std::vector<PreparedModel>& registry() {
+  static std::vector<PreparedModel> models;
   return models;
 }
 
@@ -104,16 +105,28 @@ void Reducer::build_buckets(const ModelOptions& options) {
 
 void Reducer::install_hooks() {
   std::weak_ptr<Reducer> weak = shared_from_this();
+  accumulators_.resize(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(slots_[i].param);
-    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
-          return outputs;
-        }));
-    accumulators_.push_back(std::move(accumulator));
+    hook_accumulator(i);
+    // Tensor::set_, which torch::load uses, gives a parameter a new gradient
+    // accumulator, without our post-hook, but keeps the tensor's own hooks: this
+    // one runs before the new accumulator does and moves the post-hook onto it.
+    slots_[i].param.register_hook([weak, i](const torch::Tensor&) {
+      if (auto reducer = weak.lock()) reducer->on_gradient_incoming(i);
+    });
   }
+}
+
+void Reducer::hook_accumulator(size_t index) {
+  std::weak_ptr<Reducer> weak = shared_from_this();
+  auto accumulator = torch::autograd::impl::grad_accumulator(slots_[index].param);
+  accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [weak, index](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+        if (auto reducer = weak.lock()) reducer->on_gradient_ready(index);
+        return outputs;
+      }));
+  accumulators_[index] = std::move(accumulator);
 }
 
 bool Reducer::set_sync(bool enabled) {
@@ -121,16 +134,52 @@ bool Reducer::set_sync(bool enabled) {
   return std::exchange(sync_, enabled);
 }
 
+void Reducer::on_gradient_incoming(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = slots_[index];
+  if (torch::autograd::impl::grad_accumulator(slot.param) == accumulators_[index]) return;
+  // No broadcast: a load of the same file on every rank needs none, and a load
+  // on some ranks only is what check_divergence finds at the next report. A
+  // collective here, on the ranks that happened to reload, could not be matched.
+  const auto& param = slot.param;
+  if (!param.sizes().equals(slot.view.sizes()) || param.scalar_type() != slot.view.scalar_type() ||
+      param.device() != slot.view.device()) {
+    reset_iteration();
+    const bool moved = param.device() != slot.view.device();
+    throw std::runtime_error("parameter '" + slot.name + "' became " + layout(param) +
+                             " after prepare_model, which gave its gradient a place for " +
+                             layout(slot.view) + ": " +
+                             (moved ? "pass the model's device to torch::load(model, path, device)"
+                                    : "load parameters of the model's own shapes and dtypes") +
+                             ", or load them before prepare_model");
+  }
+  hook_accumulator(index);
+  // Autograd has already collected the new accumulator's post-hooks for this
+  // pass, so this gradient is taken once backward has finished.
+  if (sync_) {
+    begin_backward();
+    slot.late = true;
+  }
+}
+
 void Reducer::on_gradient_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!sync_) return;
-  if (!in_backward_) {
-    in_backward_ = true;
-    std::weak_ptr<Reducer> weak = shared_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto reducer = weak.lock()) reducer->finalize();
-    });
-  }
+  begin_backward();
+  slots_[index].late = false;  // the moved post-hook ran after all
+  take_gradient(index);
+}
+
+void Reducer::begin_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  std::weak_ptr<Reducer> weak = shared_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    if (auto reducer = weak.lock()) reducer->finalize();
+  });
+}
+
+void Reducer::take_gradient(size_t index) {
   auto& slot = slots_[index];
   if (slot.ready) {
     reset_iteration();
@@ -173,6 +222,9 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::finalize() {
   std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].late) take_gradient(i);
+  }
   if (next_bucket_ < buckets_.size()) {
     std::string unused;
     for (auto& slot : slots_) {
@@ -202,31 +254,60 @@ void Reducer::finalize() {
 }
 
 void Reducer::reset_iteration() {
-  for (auto& slot : slots_) slot.ready = false;
+  for (auto& slot : slots_) slot.ready = slot.late = false;
   for (auto& bucket : buckets_) bucket.pending = bucket.slots.size();
   next_bucket_ = 0;
   in_backward_ = false;
+}
+
+PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
+                        c10::intrusive_ptr<c10d::ProcessGroup> group, torch::Device device,
+                        const ModelOptions& options) {
+  // Before the broadcast: with different models it would pair unrelated tensors.
+  verify_same_model(*module, options, *group, device);
+  std::vector<torch::Tensor> state = module->parameters();
+  for (auto& buffer : module->buffers()) state.push_back(buffer);
+  broadcast_from_rank0(*group, state);
+  auto reducer = std::make_shared<Reducer>(*module, group, options);
+  reducer->install_hooks();
+  return {module, std::move(reducer), options.check_divergence(), module->parameters().size(),
+          device};
 }
 
 void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options) {
   auto ctx = get_context();
   module->to(ctx.device());
   if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
-  auto group = process_group();
-  std::vector<torch::Tensor> state = module->parameters();
-  for (auto& buffer : module->buffers()) state.push_back(buffer);
-  broadcast_from_rank0(*group, state);
+  auto prepared = replicate(module, process_group(), ctx.device(), options);
 
   auto& models = registry();
   if (models.empty()) at_entry_end([] { registry().clear(); });
   models.erase(std::remove_if(models.begin(), models.end(),
-                              [&](const Registered& r) {
-                                return r.module.expired() || r.module.lock() == module;
+                              [&](const PreparedModel& m) {
+                                return m.module.expired() || m.module.lock() == module;
                               }),
                models.end());
-  auto reducer = std::make_shared<Reducer>(*module, group, options);
-  reducer->install_hooks();
-  models.push_back({module, std::move(reducer)});
+  models.push_back(std::move(prepared));
+}
+
+void check_divergence(const std::vector<PreparedModel>& models, c10d::ProcessGroup& group,
+                      const std::string& caller) {
+  std::vector<std::shared_ptr<torch::nn::Module>> alive;  // for the length of the check
+  std::vector<ReplicaModel> checked;
+  torch::Device device = torch::kCPU;
+  for (const auto& model : models) {
+    if (!model.check_divergence) continue;
+    if (checked.empty()) device = model.device;
+    alive.push_back(model.module.lock());  // a freed model counts as one without parameters
+    checked.push_back({alive.back().get(), model.num_parameters});
+  }
+  check_replicas_equal(checked, group, device, caller);
+}
+
+void check_prepared_models(const std::string& caller) {
+  const auto& models = registry();
+  if (models.empty()) return;  // one worker, or no model prepared
+  check_divergence(models, *process_group(), caller);
 }
 
 bool set_gradient_sync(const torch::nn::Module& module, bool enabled) {

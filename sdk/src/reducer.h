@@ -8,9 +8,11 @@
 // and its allreduce launched asynchronously, buckets strictly in order so every
 // rank issues the same collectives in the same order. A callback queued on the
 // autograd engine finalises at the end of backward: unused parameters, waiting
-// for every bucket, buffer broadcast. Hooks run on autograd's threads; a mutex
-// guards the state. Owned by the registry in reducer.cpp for the length of the
-// train function.
+// for every bucket, buffer broadcast. A hook on each parameter itself, which
+// autograd keeps across Tensor::set_ (torch::load), moves the post-hook to a
+// new gradient accumulator before it runs. Hooks run on autograd's threads; a
+// mutex guards the state. Owned by the registry in reducer.cpp for the length
+// of the train function.
 
 #include <train/model.h>
 
@@ -42,6 +44,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     size_t bucket = 0;
     torch::Tensor view;  // its place in the bucket, shaped like the parameter
     bool ready = false;
+    bool late = false;  // its post-hook moved during this backward: ready at finalisation
   };
   struct Bucket {
     torch::Tensor contents;
@@ -51,7 +54,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   };
 
   void build_buckets(const ModelOptions& options);
+  void hook_accumulator(size_t slot);
+  void on_gradient_incoming(size_t slot);
   void on_gradient_ready(size_t slot);
+  void begin_backward();
+  void take_gradient(size_t slot);
   void mark_ready(size_t slot);
   void launch_ready_buckets();
   void finalize();
@@ -63,11 +70,39 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool broadcast_buffers_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
+  // By slot: the accumulator carrying its post-hook (autograd holds only weak
+  // references to accumulators, so this keeps the hooks alive).
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::mutex mutex_;
   bool sync_ = true;
   bool in_backward_ = false;
   size_t next_bucket_ = 0;
 };
+
+/// A prepared model, as the registry of the running train function holds it.
+struct PreparedModel {
+  std::weak_ptr<torch::nn::Module> module;
+  std::shared_ptr<Reducer> reducer;
+  bool check_divergence = true;
+  size_t num_parameters = 0;  // at prepare_model
+  torch::Device device = torch::kCPU;
+};
+
+/// prepare_model's collective part, once the module is on `device`: checks that
+/// every rank built the same model with the same options, broadcasts parameters
+/// and buffers from rank 0 and attaches a Reducer. Throws std::runtime_error on
+/// every rank if the models differ.
+PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
+                        c10::intrusive_ptr<c10d::ProcessGroup> group, torch::Device device,
+                        const ModelOptions& options);
+
+/// The divergence check of train::report over those of `models` with
+/// check_divergence on (see check_replicas_equal); nothing when there are none.
+/// Collective: every rank passes the same models in the same order.
+void check_divergence(const std::vector<PreparedModel>& models, c10d::ProcessGroup& group,
+                      const std::string& caller);
+
+/// check_divergence over the models prepared in the running train function.
+void check_prepared_models(const std::string& caller);
 
 }  // namespace train::detail

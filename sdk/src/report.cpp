@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "host.h"
+#include "reducer.h"
 
 namespace train {
 
@@ -13,6 +14,8 @@ namespace detail {
 
 void report_with(const Metrics& metrics, const char* checkpoint_dir) {
   const auto& host = current_host("train::report");
+  // Before the barrier, so that diverged replicas never reach a checkpoint.
+  check_prepared_models("train::report");
   nlohmann::json map = nlohmann::json::object();
   for (const auto& [name, value] : metrics) {
     std::visit([&, &name = name](const auto& v) { map[name] = v; }, value.value());

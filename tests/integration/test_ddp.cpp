@@ -170,6 +170,38 @@ TEST_CASE("an unused parameter is an error naming it, or zero with find_unused_p
   CHECK(last_metrics(box, "lenient")["unused_grad_norm"] == 0.0);
 }
 
+TEST_CASE("parameters loaded with torch::load after prepare_model keep the replicas identical") {
+  Sandbox box;
+  CHECK(run_entry(box, "load_after_prepare")["replica_spread"] == 0.0);
+}
+
+TEST_CASE("ranks that built different models fail prepare_model, naming the parameter") {
+  Sandbox box;
+  auto run = box.run(kDdpPlugin + " --entry mismatch -n 2 --name mismatch");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  auto message = read_json(box.run_dir("mismatch") / "error.json")["message"].get<std::string>();
+  CHECK(message.find("prepare_model: rank 1's model differs from rank 0's: parameter '0.weight' "
+                     "has shape [32, 8] on rank 0 and [24, 8] on rank 1") != std::string::npos);
+}
+
+TEST_CASE("a parameter changed on one rank fails the next report, unless check_divergence is off") {
+  Sandbox box;
+  auto checked = box.run(kDdpPlugin + " --entry diverge -n 2 --name checked");
+  INFO(checked.output);
+  CHECK(checked.exit_code == 1);
+  auto message = read_json(box.run_dir("checked") / "error.json")["message"].get<std::string>();
+  CHECK(message.find("train::report: the replicas have diverged: parameter '2.bias'") !=
+        std::string::npos);
+  CHECK(message.find("on rank 1 than on rank 0") != std::string::npos);
+
+  auto unchecked = box.run(
+      kDdpPlugin + " --entry diverge -n 2 --name unchecked --config check_divergence=false");
+  INFO(unchecked.output);
+  CHECK(unchecked.exit_code == 0);
+  CHECK(last_metrics(box, "unchecked")["reported"] == true);
+}
+
 TEST_CASE("prepare_data_loader takes a dataset already mapped with Stack<>") {
   Sandbox box;
   auto run = box.run(std::string("--plugin '") + TEST_PLUGIN + "' --entry stacked -n 2 --name st");

@@ -20,7 +20,8 @@ train::ModelOptions model_options(const train::Config& config) {
   return train::ModelOptions()
       .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
       .first_bucket_cap_mb(config.get<double>("first_bucket_cap_mb", 1))
-      .find_unused_parameters(config.get<bool>("find_unused", false));
+      .find_unused_parameters(config.get<bool>("find_unused", false))
+      .check_divergence(config.get<bool>("check_divergence", true));
 }
 
 // max - min of each element across ranks, reduced to its largest value.
@@ -170,8 +171,50 @@ void unused(const train::Config& config) {
   train::report({{"unused_grad_norm", model->unused->weight.grad().norm().item<double>()}});
 }
 
+// Every rank saves its model and loads it back after prepare_model, as a port of
+// an example that restores a checkpoint may, then trains on its own data.
+void load_after_prepare(const train::Config& config) {
+  auto ctx = train::get_context();
+  auto model = train::prepare_model(make_mlp(), model_options(config));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  train::TempDir dir;
+  const auto file = (dir.path() / "model.pt").string();
+  torch::save(model, file);
+  torch::load(model, file);
+  torch::manual_seed(10 + ctx.world_rank());  // different data on every rank
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    torch::mse_loss(model->forward(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+    optimizer.step();
+  }
+  train::report({{"replica_spread", spread_across_ranks(flat_parameters(*model))}});
+}
+
+// Rank 1 builds a narrower first layer.
+void mismatch(const train::Config& config) {
+  auto ctx = train::get_context();
+  auto model = make_mlp();
+  if (ctx.world_rank() == 1) model = torch::nn::Sequential(torch::nn::Linear(8, 24));
+  train::prepare_model(model, model_options(config));
+  train::report({});
+}
+
+// Rank 1 changes one parameter after prepare_model, then every rank reports.
+void diverge(const train::Config& config) {
+  auto ctx = train::get_context();
+  auto model = train::prepare_model(make_mlp(), model_options(config));
+  if (ctx.world_rank() == 1) {
+    torch::NoGradGuard no_grad;
+    model[2]->as<torch::nn::Linear>()->bias.add_(1e-3);
+  }
+  train::report({{"reported", true}});
+}
+
 TRAIN_FUNC(equivalence);
 TRAIN_FUNC(init);
 TRAIN_FUNC(sampler);
 TRAIN_FUNC(no_sync);
 TRAIN_FUNC(unused);
+TRAIN_FUNC(load_after_prepare);
+TRAIN_FUNC(mismatch);
+TRAIN_FUNC(diverge);

@@ -1,34 +1,26 @@
 #include <train/model.h>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
-#include <chrono>
-#include <functional>
 #include <map>
 #include <memory>
-#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "doctest_torch.h"
 #include "reducer.h"
+#include "temp_dir.h"
+#include "thread_ranks.h"
 
-// The Reducer in one process: ranks are threads, each with its own Gloo process
-// group over one in-memory HashStore (as c10d's ProcessGroupGlooTest does). The
-// expected gradients are computed by the same nets without a Reducer, then
-// averaged by hand. Ranks only record what they see; the checks run on the
-// test's thread once every rank has been joined.
+// The Reducer in one process, ranks as threads (thread_ranks.h). The expected
+// gradients are computed by the same nets without a Reducer, then averaged by
+// hand. Ranks only record what they see; the checks run on the test's thread
+// once every rank has been joined.
 
 namespace {
 
-using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
 using ByName = std::map<std::string, torch::Tensor>;
 
-// Bounds every rendezvous and collective, so a failing rank cannot hang the others.
-constexpr std::chrono::seconds kCollectiveTimeout{30};
 constexpr int64_t kWidth = 4;  // square layers, so that they can run in either order
 constexpr int64_t kBatch = 5;
 constexpr double kTinyCapMb = 1e-6;  // about one byte: a bucket per parameter
@@ -137,35 +129,31 @@ std::shared_ptr<train::detail::Reducer> attach(Net& net, Group group,
   return reducer;
 }
 
-// Runs `rank_body` on `world` threads, each with its own Gloo process group over
-// one store, over loopback. Joins them all, then throws what every failed rank threw.
-void run_ranks(int world, const std::function<void(int rank, Group group)>& rank_body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  store->setTimeout(kCollectiveTimeout);
-  std::vector<std::string> failures(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto options = c10d::ProcessGroupGloo::Options::create(kCollectiveTimeout);
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        rank_body(rank, c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options));
-      } catch (const std::exception& e) {
-        failures[rank] = e.what();
-      } catch (...) {
-        failures[rank] = "an exception that is not a std::exception";
-      }
-    });
+// Data-parallel SGD by hand: one replica, stepped with the mean of the ranks'
+// gradients. `synced[rank][step]` is what each rank saw after each backward.
+void check_data_parallel_sgd(const std::vector<std::vector<ByName>>& synced,
+                             const std::vector<ByName>& final_weights, double lr) {
+  const auto world = static_cast<int>(synced.size());
+  const auto steps = static_cast<int>(synced.front().size());
+  Net replica(Layers::kTwo);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<ByName> local;
+    for (int rank = 0; rank < world; ++rank) {
+      local.push_back(local_grads(replica, {input(rank, step)}));
+    }
+    auto expected = mean(local);
+    for (int rank = 0; rank < world; ++rank) {
+      CAPTURE(rank);
+      CAPTURE(step);
+      check_close(synced[rank][step], expected);
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& p : replica->named_parameters()) p.value().sub_(expected.at(p.key()) * lr);
   }
-  for (auto& thread : threads) thread.join();
-  // Every failure, not only the first: a rank's error often shows up on its peers.
-  std::string failed;
   for (int rank = 0; rank < world; ++rank) {
-    if (failures[rank].empty()) continue;
-    if (!failed.empty()) failed += "; ";
-    failed += "rank " + std::to_string(rank) + ": " + failures[rank];
+    CAPTURE(rank);
+    check_close(final_weights[rank], weights_of(*replica));
   }
-  if (!failed.empty()) throw std::runtime_error(failed);
 }
 
 }  // namespace
@@ -319,24 +307,59 @@ TEST_CASE("zero_grad and step between iterations: each iteration averages, repli
     final_weights[rank] = weights_of(*net);
   });
 
-  // Data-parallel SGD by hand: one replica, stepped with the mean of the ranks' gradients.
-  Net replica(Layers::kTwo);
-  for (int step = 0; step < steps; ++step) {
-    std::vector<ByName> local;
-    for (int rank = 0; rank < world; ++rank) {
-      local.push_back(local_grads(replica, {input(rank, step)}));
+  check_data_parallel_sgd(synced, final_weights, lr);
+}
+
+TEST_CASE("parameters loaded with torch::load after prepare_model are still averaged") {
+  // torch::load assigns parameters with Tensor::set_, which gives each one a new
+  // gradient accumulator: the Reducer must follow, or the ranks train apart.
+  const int world = 2;
+  const int steps = 3;
+  const double lr = 0.1;
+  TempDir dir;
+  std::vector<std::vector<ByName>> synced(world, std::vector<ByName>(steps));
+  std::vector<ByName> final_weights(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto options = train::ModelOptions().bucket_cap_mb(kTinyCapMb).first_bucket_cap_mb(kTinyCapMb);
+    auto reducer = attach(net, group, options);
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(lr));
+    const auto file = (dir.path / ("rank" + std::to_string(rank) + ".pt")).string();
+    torch::save(net, file);
+    net->loss(input(rank, -1)).backward();  // a step that the load then undoes
+    optimizer.step();
+    torch::load(net, file);
+    for (int step = 0; step < steps; ++step) {
+      optimizer.zero_grad();
+      net->loss(input(rank, step)).backward();
+      synced[rank][step] = grads_of(*net);
+      optimizer.step();
     }
-    auto expected = mean(local);
-    for (int rank = 0; rank < world; ++rank) {
-      CAPTURE(rank);
-      CAPTURE(step);
-      check_close(synced[rank][step], expected);
+    final_weights[rank] = weights_of(*net);
+  });
+  check_data_parallel_sgd(synced, final_weights, lr);
+}
+
+TEST_CASE("a parameter reshaped after prepare_model fails the next backward with its name") {
+  const int world = 2;
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto reducer = attach(net, group);
+    {
+      torch::NoGradGuard no_grad;
+      net->fc1->bias.set_(torch::zeros({1}));  // still broadcasts in forward
     }
-    torch::NoGradGuard no_grad;
-    for (auto& p : replica->named_parameters()) p.value().sub_(expected.at(p.key()) * lr);
-  }
+    try {
+      net->loss(input(rank)).backward();
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  });
   for (int rank = 0; rank < world; ++rank) {
     CAPTURE(rank);
-    check_close(final_weights[rank], weights_of(*replica));
+    CHECK(errors[rank].find("'fc1.bias' became [1] Float") != std::string::npos);
+    CHECK(errors[rank].find("[4] Float") != std::string::npos);
+    CHECK(errors[rank].find("before prepare_model") != std::string::npos);
   }
 }

@@ -22,6 +22,11 @@ struct ModelOptions {
   /// After every synchronised backward, overwrite buffers (BatchNorm running
   /// statistics) with rank 0's, as DDP's broadcast_buffers does.
   TORCH_ARG(bool, broadcast_buffers) = true;
+  /// At every train::report, check that every rank's parameters still hold the
+  /// same values (an exact checksum per parameter, one small collective per
+  /// report); if not, train::report throws std::runtime_error on every rank
+  /// naming the first parameter that differs and the ranks.
+  TORCH_ARG(bool, check_divergence) = true;
 };
 
 namespace detail {
@@ -41,6 +46,18 @@ bool set_gradient_sync(const torch::nn::Module& module, bool enabled);
 /// requires_grad=false are skipped. With one worker it only moves the model.
 /// Every rank must call it, in the same order for each model. Throws
 /// std::logic_error outside a train function started by trainrun.
+///
+/// Every rank must build the same model and pass the same options: first of
+/// all, prepare_model compares every rank's parameters and buffers (names,
+/// order, shapes, dtypes, requires_grad) and options, and if they differ throws
+/// std::runtime_error on every rank naming the first difference and the ranks.
+///
+/// Loading parameters afterwards is fine: after `torch::load(model, path)` on
+/// every rank, gradients are still averaged. A load that changes a parameter's
+/// shape, dtype or device makes the next `backward()` throw std::runtime_error
+/// naming the parameter; load such a model before prepare_model (or pass the
+/// model's device to torch::load). A load on some ranks only makes the replicas
+/// differ, which the next train::report finds (ModelOptions::check_divergence).
 template <typename Holder, typename = decltype(std::declval<Holder&>().ptr())>
 Holder prepare_model(Holder model, const ModelOptions& options = {}) {
   detail::prepare_module(model.ptr(), options);

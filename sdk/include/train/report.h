@@ -46,6 +46,11 @@ using Metrics = std::map<std::string, MetricValue>;
 /// the run's result.jsonl and progress.csv and shown on the terminal. Throws
 /// std::runtime_error if the run is being stopped or the controller is gone,
 /// and std::logic_error outside a train function started by trainrun.
+///
+/// First, for the models prepared with ModelOptions::check_divergence (the
+/// default), it compares every rank's parameters; if the replicas have diverged
+/// it throws std::runtime_error on every rank, naming the first parameter that
+/// differs and the ranks, and nothing is recorded.
 void report(const Metrics& metrics);
 
 }  // namespace train

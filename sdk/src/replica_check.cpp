@@ -1,0 +1,265 @@
+#include "replica_check.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace train::detail {
+namespace {
+
+constexpr char kEntrySeparator = '\n';
+constexpr char kFieldSeparator = '\t';
+
+std::string number(double value) {
+  char text[32];
+  auto end = std::to_chars(text, text + sizeof(text), value).ptr;  // shortest exact form
+  return std::string(text, end);
+}
+
+std::string flag(bool value) { return value ? "true" : "false"; }
+
+ModelEntry option(const char* name, std::string value) {
+  return {std::string("ModelOptions' ") + name, {{"", std::move(value)}}};
+}
+
+ModelEntry tensor_entry(const char* kind, const std::string& name, const torch::Tensor& tensor,
+                        bool with_requires_grad) {
+  ModelEntry entry{std::string(kind) + " '" + name + "'",
+                   {{"shape", c10::str(tensor.sizes())},
+                    {"dtype", std::string(c10::toString(tensor.scalar_type()))}}};
+  if (with_requires_grad) entry.facts.emplace_back("requires_grad", flag(tensor.requires_grad()));
+  return entry;
+}
+
+bool has(const std::vector<ModelEntry>& entries, const std::string& what) {
+  return std::any_of(entries.begin(), entries.end(),
+                     [&](const ModelEntry& e) { return e.what == what; });
+}
+
+std::string numbers(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + numbers(ranks);
+}
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+// Every rank's `mine` (equal shapes on every rank), on the CPU, by rank.
+std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Tensor& mine) {
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int rank = 0; rank < group.getSize(); ++rank) outputs[0].push_back(torch::empty_like(mine));
+  std::vector<torch::Tensor> inputs{mine};
+  group.allgather(outputs, inputs)->wait();
+  std::vector<torch::Tensor> gathered;
+  for (const auto& t : outputs[0]) gathered.push_back(t.cpu());
+  return gathered;
+}
+
+}  // namespace
+
+std::vector<ModelEntry> describe_model(const torch::nn::Module& module,
+                                       const ModelOptions& options) {
+  std::vector<ModelEntry> entries{
+      option("bucket_cap_mb", number(options.bucket_cap_mb())),
+      option("first_bucket_cap_mb", number(options.first_bucket_cap_mb())),
+      option("find_unused_parameters", flag(options.find_unused_parameters())),
+      option("broadcast_buffers", flag(options.broadcast_buffers())),
+      option("check_divergence", flag(options.check_divergence())),
+  };
+  for (const auto& p : module.named_parameters()) {
+    entries.push_back(tensor_entry("parameter", p.key(), p.value(), true));
+  }
+  for (const auto& b : module.named_buffers()) {
+    entries.push_back(tensor_entry("buffer", b.key(), b.value(), false));
+  }
+  return entries;
+}
+
+std::string encode_entries(const std::vector<ModelEntry>& entries) {
+  std::string text;
+  for (const auto& entry : entries) {
+    text += entry.what;
+    for (const auto& [label, value] : entry.facts) text += kFieldSeparator + label + '=' + value;
+    text += kEntrySeparator;
+  }
+  return text;
+}
+
+std::vector<ModelEntry> decode_entries(const std::string& text) {
+  std::vector<ModelEntry> entries;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line, kEntrySeparator)) {
+    std::istringstream fields(line);
+    ModelEntry entry;
+    std::getline(fields, entry.what, kFieldSeparator);
+    std::string field;
+    while (std::getline(fields, field, kFieldSeparator)) {
+      auto equals = field.find('=');
+      if (equals == std::string::npos) equals = field.size();
+      entry.facts.emplace_back(field.substr(0, equals),
+                               field.substr(std::min(equals + 1, field.size())));
+    }
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+std::string first_difference(const std::vector<ModelEntry>& rank0,
+                             const std::vector<ModelEntry>& other, int rank) {
+  const std::string on_other = " on rank " + std::to_string(rank);
+  const std::string other_has = "rank " + std::to_string(rank) + " has ";
+  const size_t common = std::min(rank0.size(), other.size());
+  for (size_t i = 0; i < common; ++i) {
+    const auto& a = rank0[i];
+    const auto& b = other[i];
+    if (a == b) continue;
+    if (a.what == b.what) {
+      for (size_t f = 0; f < std::min(a.facts.size(), b.facts.size()); ++f) {
+        if (a.facts[f] == b.facts[f]) continue;
+        const auto& label = a.facts[f].first;
+        return a.what + (label.empty() ? " is " : " has " + label + " ") + a.facts[f].second +
+               " on rank 0 and " + b.facts[f].second + on_other;
+      }
+      return a.what + " differs between rank 0 and rank " + std::to_string(rank);
+    }
+    if (!has(other, a.what)) return other_has + "no " + a.what;
+    if (!has(rank0, b.what)) return other_has + b.what + ", which rank 0 has not";
+    return "the order differs: rank 0 has " + a.what + " where " + other_has + b.what;
+  }
+  if (rank0.size() > common) return other_has + "no " + rank0[common].what;
+  if (other.size() > common) return other_has + other[common].what + ", which rank 0 has not";
+  return "";
+}
+
+void verify_same_model(const torch::nn::Module& module, const ModelOptions& options,
+                       c10d::ProcessGroup& group, torch::Device device) {
+  const auto text = encode_entries(describe_model(module, options));
+  // A digest first: when the models agree, as they should, 16 bytes per rank.
+  auto digest = torch::tensor(
+      {static_cast<int64_t>(fnv1a(text)), static_cast<int64_t>(text.size())}, torch::kLong);
+  auto digests = allgather(group, digest.to(device));
+  std::vector<int> differing;
+  int64_t longest = 0;
+  for (int rank = 0; rank < group.getSize(); ++rank) {
+    if (!torch::equal(digests[rank], digests[0])) differing.push_back(rank);
+    longest = std::max(longest, digests[rank][1].item<int64_t>());
+  }
+  if (differing.empty()) return;
+
+  // Every rank takes the slow path together: the descriptions themselves.
+  auto padded = torch::zeros({longest}, torch::kByte);
+  std::memcpy(padded.data_ptr(), text.data(), text.size());
+  auto texts = allgather(group, padded.to(device));
+  auto decode = [&](int rank) {
+    const auto* bytes = static_cast<const char*>(texts[rank].data_ptr());
+    return decode_entries(std::string(bytes, digests[rank][1].item<int64_t>()));
+  };
+  const int first = differing.front();
+  auto difference = first_difference(decode(0), decode(first), first);
+  if (difference.empty()) difference = "their descriptions differ";
+  throw std::runtime_error("prepare_model: rank " + std::to_string(first) +
+                           "'s model differs from rank 0's: " + difference +
+                           " (ranks that differ from rank 0: " + numbers(differing) +
+                           "). Every rank must build the same model and pass the same "
+                           "ModelOptions to prepare_model");
+}
+
+torch::Tensor bit_checksum(const torch::Tensor& tensor) {
+  auto flat = tensor.detach().contiguous().view({-1});
+  auto word = torch::kInt;  // 4-, 8- and 16-byte elements: as 32-bit words
+  if (flat.element_size() == 1) word = torch::kChar;
+  if (flat.element_size() == 2) word = torch::kShort;
+  // Integer sums are exact, so the order of summation (threads, devices) does
+  // not matter; one changed bit changes the sum.
+  return flat.view(word).sum(torch::kLong);
+}
+
+void check_replicas_equal(const std::vector<ReplicaModel>& models, c10d::ProcessGroup& group,
+                          torch::Device device, const std::string& caller) {
+  if (models.empty()) return;
+  // Laid out the same on every rank, whatever happened since prepare_model:
+  // per model, its parameter count now, then one checksum per parameter.
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
+  std::vector<torch::Tensor> parts;
+  for (const auto& model : models) {
+    auto params = model.module ? model.module->parameters() : std::vector<torch::Tensor>{};
+    parts.push_back(torch::full({1}, static_cast<int64_t>(params.size()), longs));
+    if (params.size() == model.num_parameters) {
+      for (const auto& p : params) parts.push_back(bit_checksum(p).to(device).reshape({1}));
+    } else {
+      parts.push_back(torch::zeros({static_cast<int64_t>(model.num_parameters)}, longs));
+    }
+  }
+  auto sums = torch::cat(parts);
+  const int64_t length = sums.numel();
+
+  // MAX of the sums and of their complements: the largest and smallest value
+  // of each in one collective. They match exactly when every rank agrees.
+  std::vector<torch::Tensor> extremes{torch::cat({sums, sums.bitwise_not()})};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  group.allreduce(extremes, max)->wait();
+  auto reduced = extremes[0].cpu();
+  if (torch::equal(reduced.narrow(0, 0, length), reduced.narrow(0, length, length).bitwise_not())) {
+    return;
+  }
+
+  // Every rank takes the slow path together: whose value differs, and where.
+  auto all = torch::stack(allgather(group, sums));
+  auto differs = (all != all[0]).any(0);
+  const int64_t at = differs.nonzero()[0][0].item<int64_t>();
+  std::vector<int> ranks;
+  for (int rank = 1; rank < group.getSize(); ++rank) {
+    if (all[rank][at].item<int64_t>() != all[0][at].item<int64_t>()) ranks.push_back(rank);
+  }
+  int64_t offset = 0;
+  for (size_t m = 0; m < models.size(); ++m) {
+    const auto& model = models[m];
+    const int64_t end = offset + 1 + static_cast<int64_t>(model.num_parameters);
+    if (at >= end) {
+      offset = end;
+      continue;
+    }
+    const std::string which = models.size() == 1
+                                  ? std::string("the prepared model")
+                                  : "prepared model " + std::to_string(m + 1) + " of " +
+                                        std::to_string(models.size()) + " (in prepare_model order)";
+    if (at == offset) {
+      throw std::runtime_error(caller + ": " + which + " has " +
+                               std::to_string(all[0][at].item<int64_t>()) +
+                               " parameters on rank 0 and other counts on " + rank_list(ranks) +
+                               " (it had " + std::to_string(model.num_parameters) +
+                               " at prepare_model). Every rank must keep the same parameters");
+    }
+    auto names = model.module->named_parameters().keys();
+    const auto& name = names.at(static_cast<size_t>(at - offset - 1));
+    throw std::runtime_error(
+        caller + ": the replicas have diverged: parameter '" + name + "' of " + which +
+        " holds other values on " + rank_list(ranks) +
+        " than on rank 0. Parameters must change alike on every rank: load or modify them on "
+        "every rank (or before prepare_model), never on some ranks only. "
+        "train::ModelOptions().check_divergence(false) turns this check off");
+  }
+  throw std::logic_error(caller + ": a checksum beyond the prepared models differs");
+}
+
+}  // namespace train::detail
