@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--auth-key", options.network.auth_key_file,
                  "the run key (trainrun keygen): CURVE encryption and authentication for "
-                 "remote workers; default $" + std::string(trainrun::kAuthKeyVariable));
+                 "remote workers")
+      ->envname(trainrun::kAuthKeyVariable);
   app.add_flag("--insecure", options.network.insecure,
                "allow --listen on a non-loopback address without a run key");
   app.add_flag("--use-gpu", options.scaling.use_gpu,
@@ -165,11 +166,6 @@ int main(int argc, char** argv) {
     if (options.plugin.empty()) {
       std::cerr << "trainrun: --plugin is required (see trainrun --help)\n";
       return kExitUsage;
-    }
-    if (options.network.auth_key_file.empty()) {
-      if (const char* from_env = std::getenv(trainrun::kAuthKeyVariable)) {
-        options.network.auth_key_file = from_env;
-      }
     }
     options.checkpoint.score_max = score_order == "max";
     options.checkpoint.always_stream = upload == "stream";

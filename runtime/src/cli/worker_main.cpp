@@ -25,9 +25,8 @@ int main(int argc, char** argv) {
   app.add_option("--cache-dir", options.cache_dir, "plugin cache directory");
   app.add_option("--startup-timeout-ms", startup_ms, "how long to wait for the assignment");
   std::filesystem::path key_file;
-  app.add_option("--auth-key", key_file,
-                 "the run key (trainrun keygen) the controller was given; default $" +
-                     std::string(trainrun::kAuthKeyVariable));
+  app.add_option("--auth-key", key_file, "the run key (trainrun keygen) the controller was given")
+      ->envname(trainrun::kAuthKeyVariable);
   app.add_option("--interface", options.interface,
                  "the network interface for gradient traffic (default: the one that reaches "
                  "the controller)");
@@ -39,10 +38,6 @@ int main(int argc, char** argv) {
   if (options.cache_dir.empty()) options.cache_dir = trainrun::default_cache_dir();
   options.startup_timeout = std::chrono::milliseconds(startup_ms);
   options.secret = secret;
-  if (key_file.empty()) {
-    const char* from_env = std::getenv(trainrun::kAuthKeyVariable);
-    if (from_env != nullptr) key_file = from_env;
-  }
   try {
     if (!key_file.empty()) {
       options.keys = trainrun::RunKeys::derive(trainrun::read_run_key(key_file));
