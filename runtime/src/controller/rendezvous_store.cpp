@@ -1,6 +1,7 @@
 #include "controller/rendezvous_store.h"
 
 #include <charconv>
+#include <iterator>
 
 #include "protocol/store_op.h"
 
@@ -61,20 +62,18 @@ size_t RendezvousStore::capacity_for(int world_size) {
 std::vector<RendezvousStore::Addressed> RendezvousStore::handle(
     int rank, const protocol::StoreRequest& request) {
   forget(rank);  // its client waits for one answer at a time: an older request was given up
+  std::vector<Addressed> woken;
+  auto reply = apply(rank, request, woken);
   std::vector<Addressed> replies;
-  auto reply = apply(rank, request);
-  if (reply) replies.push_back({rank, std::move(*reply)});
-  if (reply && reply->error.empty() && !request.keys.empty()) {
-    auto op = protocol::parse_store_op(request.op);
-    if (op == StoreOp::kSet || op == StoreOp::kCompareSet || op == StoreOp::kAdd) {
-      wake(request.keys[0], replies);
-    }
-  }
+  if (reply) replies.push_back({rank, std::move(*reply)});  // the requester's answer first
+  replies.insert(replies.end(), std::make_move_iterator(woken.begin()),
+                 std::make_move_iterator(woken.end()));
   return replies;
 }
 
 std::optional<protocol::StoreReply> RendezvousStore::apply(int rank,
-                                                           const protocol::StoreRequest& request) {
+                                                           const protocol::StoreRequest& request,
+                                                           std::vector<Addressed>& woken) {
   auto op = protocol::parse_store_op(request.op);
   if (!op) return refused(request.id, "unknown store operation '" + request.op.substr(0, 32) + "'");
   auto [key_count, value_count] = arity(*op);
@@ -98,7 +97,7 @@ std::optional<protocol::StoreReply> RendezvousStore::apply(int rank,
   switch (*op) {
     case StoreOp::kSet:
       if (!fits(*key, request.values[0].size())) return full(request.id);
-      put(*key, request.values[0]);
+      put(*key, request.values[0], woken);
       break;
     case StoreOp::kCompareSet: {
       // c10d's semantics: set when the current value is the expected one (an
@@ -108,7 +107,7 @@ std::optional<protocol::StoreReply> RendezvousStore::apply(int rank,
       auto found = values_.find(*key);
       if (found == values_.end() ? expected.empty() : found->second == expected) {
         if (!fits(*key, request.values[1].size())) return full(request.id);
-        put(*key, request.values[1]);
+        put(*key, request.values[1], woken);
         reply.value = request.values[1];
       } else {
         reply.value = found == values_.end() ? expected : found->second;
@@ -124,7 +123,7 @@ std::optional<protocol::StoreReply> RendezvousStore::apply(int rank,
       }
       auto bytes = counter_bytes(value);
       if (!fits(*key, bytes.size())) return full(request.id);
-      put(*key, std::move(bytes));
+      put(*key, std::move(bytes), woken);
       reply.number = value;
       break;
     }
@@ -170,7 +169,8 @@ protocol::StoreReply RendezvousStore::full(uint64_t id) const {
                          std::to_string(capacity_) + " bytes of keys and values)");
 }
 
-void RendezvousStore::put(const std::string& key, std::vector<uint8_t> value) {
+void RendezvousStore::put(const std::string& key, std::vector<uint8_t> value,
+                          std::vector<Addressed>& woken) {
   auto [it, inserted] = values_.try_emplace(key);
   if (inserted) {
     bytes_ += key.size();
@@ -179,6 +179,7 @@ void RendezvousStore::put(const std::string& key, std::vector<uint8_t> value) {
   }
   bytes_ += value.size();
   it->second = std::move(value);
+  wake(key, woken);
 }
 
 bool RendezvousStore::has_all(const std::vector<std::string>& keys) const {

@@ -55,12 +55,15 @@ class RendezvousStore {
     bool get = false;  // answer with the value of keys[0]
   };
 
-  /// The reply, or none when the request waits.
-  std::optional<protocol::StoreReply> apply(int rank, const protocol::StoreRequest& request);
+  /// The reply, or none when the request waits; `woken` gets the replies to
+  /// the waiters that a key it set completed.
+  std::optional<protocol::StoreReply> apply(int rank, const protocol::StoreRequest& request,
+                                            std::vector<Addressed>& woken);
   /// Whether setting `key` to a value of this size stays within the capacity.
   bool fits(const std::string& key, size_t value_size) const;
   protocol::StoreReply full(uint64_t id) const;
-  void put(const std::string& key, std::vector<uint8_t> value);
+  /// Sets `key` and answers the waiters its arrival completed.
+  void put(const std::string& key, std::vector<uint8_t> value, std::vector<Addressed>& woken);
   bool has_all(const std::vector<std::string>& keys) const;
   protocol::StoreReply answer(uint64_t id, const Waiter& waiter) const;
   /// Replies to the waiters that `key`'s arrival completed.
