@@ -15,6 +15,7 @@
 #include "common/constants.h"
 #include "common/hash.h"
 #include "common/metrics_format.h"
+#include "common/network.h"
 #include "common/paths.h"
 #include "common/run_key.h"
 #include "controller/checkpoint_store.h"
@@ -57,10 +58,8 @@ std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verb
   return logger;
 }
 
-// Whether an endpoint's host is a loopback address.
-bool is_loopback_endpoint(const std::string& endpoint) {
-  auto host = endpoint.substr(6, endpoint.rfind(':') - 6);
-  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
+bool is_loopback_host(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1";
 }
 
 void check_network(TrainerOptions& options) {
@@ -79,10 +78,11 @@ void check_network(TrainerOptions& options) {
     }
     return;
   }
-  if (network.listen.rfind("tcp://", 0) != 0 || network.listen.rfind(':') <= 6) {
+  auto endpoint = parse_tcp_endpoint(network.listen);
+  if (!endpoint) {
     throw UsageError("--listen takes tcp://ADDRESS:PORT, got '" + network.listen + "'");
   }
-  if (network.auth_key_file.empty() && !network.insecure && !is_loopback_endpoint(network.listen)) {
+  if (network.auth_key_file.empty() && !network.insecure && !is_loopback_host(endpoint->host)) {
     throw UsageError("listening on " + network.listen +
                      " without --auth-key lets anyone who reaches it join the run: give it a run "
                      "key (trainrun keygen FILE), or --insecure on a network you trust");

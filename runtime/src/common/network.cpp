@@ -5,22 +5,35 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <string_view>
+
 namespace trainrun {
 
-std::optional<std::string> local_address_towards(const std::string& endpoint) {
+std::optional<TcpEndpoint> parse_tcp_endpoint(const std::string& endpoint) {
   constexpr std::string_view kScheme = "tcp://";
   if (endpoint.rfind(kScheme, 0) != 0) return std::nullopt;
   auto colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon < kScheme.size()) return std::nullopt;
-  std::string host = endpoint.substr(kScheme.size(), colon - kScheme.size());
-  std::string port = endpoint.substr(colon + 1);
+  if (colon == std::string::npos || colon <= kScheme.size() || colon + 1 == endpoint.size()) {
+    return std::nullopt;
+  }
+  TcpEndpoint parsed{endpoint.substr(kScheme.size(), colon - kScheme.size()),
+                     endpoint.substr(colon + 1)};
+  auto& host = parsed.host;
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  return parsed;
+}
+
+std::optional<std::string> local_address_towards(const std::string& endpoint) {
+  auto tcp = parse_tcp_endpoint(endpoint);
+  if (!tcp) return std::nullopt;
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return std::nullopt;
+  if (::getaddrinfo(tcp->host.c_str(), tcp->port.c_str(), &hints, &found) != 0) {
+    return std::nullopt;
+  }
   std::optional<std::string> local;
   for (auto* ai = found; ai != nullptr && !local; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);

@@ -236,7 +236,7 @@ void Controller::check_timers() {
   }
   const auto& run = setup_.options.run;
   bool starting = now - start_ > run.startup_timeout;
-  if (starting) check_startup(now);
+  if (starting) check_startup();
   for (auto& worker : pool_.workers()) {
     if (worker.exited) continue;
     if (starting && !worker.main_id) {
@@ -265,9 +265,10 @@ void Controller::on_refused_peer(const std::string& where, const char* why) {
 
 // Remote workers have no slot until they connect: the run fails when fewer
 // than all have come by the end of the startup timeout.
-void Controller::check_startup(Clock::time_point) {
-  if (assigned_ || startup_failed_ || hellos_ >= world_size()) return;
-  startup_failed_ = true;
+void Controller::check_startup() {
+  // Once every worker said HELLO the ranks are assigned; a failure already
+  // recorded ends the run anyway.
+  if (assigned_ || failures_.any()) return;
   int remote = world_size() - setup_.options.scaling.local_workers;
   auto message = "only " + std::to_string(hellos_) + " of " + std::to_string(world_size()) +
                  " workers connected within " +

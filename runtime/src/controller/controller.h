@@ -76,7 +76,7 @@ class Controller {
   /// Binds the listening endpoint for remote workers, with CURVE and its ZAP
   /// handler when there is a run key.
   void listen();
-  void check_startup(Clock::time_point now);
+  void check_startup();
   void on_refused_peer(const std::string& where, const char* why);
 
   int world_size() const { return setup_.options.scaling.num_workers; }
@@ -141,7 +141,6 @@ class Controller {
   // The router's failed handshakes (peers without the run key), once listening.
   std::optional<zmq::socket_t> monitor_;
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
-  bool startup_failed_ = false;
   SignalPipe signals_;
   WorkerPool pool_;
   ReportCoordinator reports_;

@@ -1,8 +1,11 @@
 // What each message means: the controller's router. A message from a new
 // connection must be a HELLO or an ATTACH; one from a known worker goes to the
-// handler for its connection (main or train), which hands it to the part
-// whose job it is (WorkerPool, ReportCoordinator, CheckpointService) and sends
-// the answer. The loop and the workers' lifecycle are in controller.cpp.
+// handler for its connection (main, train or store), which hands it to the
+// part whose job it is (WorkerPool, ReportCoordinator, CheckpointService,
+// RendezvousStore) and sends the answer. A part's IoError is a storage failure
+// of the run; its ProtocolError (a request this peer had no business making)
+// reaches on_router_readable, which drops the message with a log line. The
+// loop and the workers' lifecycle are in controller.cpp.
 
 #include <trainrun/error.h>
 
@@ -102,7 +105,7 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
     throw ProtocolError("HELLO without this run's key (a remote worker on " +
                         hello.host.substr(0, 64) + ")");
   }
-  if (assigned_) throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
+  // Full once every worker said HELLO, before and after the ranks are assigned.
   WorkerSlot* worker = pool_.add_remote(hello.host.substr(0, 255), static_cast<pid_t>(hello.pid));
   if (worker == nullptr) {
     throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
@@ -259,9 +262,7 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
     } catch (const UsageError& e) {
       fail(worker, FailureKind::kUsage, e.what());
       return;
-    } catch (const ProtocolError&) {
-      throw;  // a request this rank had no business making: dropped, and logged
-    } catch (const Error& e) {
+    } catch (const IoError& e) {
       abort_upload(e.what());
       return;
     }
@@ -275,9 +276,7 @@ void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message
   if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
   try {
     checkpoints_.write_chunk(worker.rank, chunk, message.blobs()[0]);
-  } catch (const ProtocolError&) {
-    throw;
-  } catch (const Error& e) {
+  } catch (const IoError& e) {
     abort_upload(e.what());
     return;
   }
@@ -288,9 +287,7 @@ void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploa
   if (failures_.any()) return;
   try {
     checkpoints_.finish_upload(worker.rank, uploaded);
-  } catch (const ProtocolError&) {
-    throw;
-  } catch (const Error& e) {
+  } catch (const IoError& e) {
     abort_upload(e.what());
     return;
   }
@@ -302,9 +299,7 @@ void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploa
 void Controller::on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch) {
   try {
     to_train(worker, checkpoints_.listing(fetch));
-  } catch (const ProtocolError&) {
-    throw;
-  } catch (const Error& e) {
+  } catch (const IoError& e) {
     fail(worker, FailureKind::kStorage,
          std::string("cannot send the checkpoint to resume from: ") + e.what());
   }
@@ -316,9 +311,7 @@ void Controller::on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& 
     std::vector<zmq::message_t> blob;
     blob.push_back(std::move(bytes));
     to_train(worker, chunk, std::move(blob));
-  } catch (const ProtocolError&) {
-    throw;
-  } catch (const Error& e) {
+  } catch (const IoError& e) {
     fail(worker, FailureKind::kStorage,
          std::string("cannot send the checkpoint to resume from: ") + e.what());
   }
