@@ -240,11 +240,7 @@ class FakeWorker {
     int count = script_.value("fuzz_messages", 1000);
     for (int i = 0; i < count; ++i) {
       auto frames = mutator.next();
-      auto& to = *sockets[mutator.random()() % 3];
-      for (size_t f = 0; f < frames.size(); ++f) {
-        auto flags = f + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-        if (!to.send(frames[f], flags | zmq::send_flags::dontwait)) break;  // queue full: skip it
-      }
+      fuzz::send_or_skip(*sockets[mutator.random()() % 3], frames);
       if (i % 32 != 31) continue;
       heartbeat();
       for (auto* from : sockets) {

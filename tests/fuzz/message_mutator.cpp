@@ -180,4 +180,11 @@ std::vector<zmq::message_t> MessageMutator::next(const std::string& type) {
   return frames;
 }
 
+void send_or_skip(zmq::socket_t& socket, std::vector<zmq::message_t>& frames) {
+  for (size_t f = 0; f < frames.size(); ++f) {
+    auto flags = f + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    if (!socket.send(frames[f], flags | zmq::send_flags::dontwait)) return;
+  }
+}
+
 }  // namespace trainrun::fuzz

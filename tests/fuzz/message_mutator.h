@@ -38,4 +38,9 @@ class MessageMutator {
   std::mt19937_64 random_;
 };
 
+/// Sends one message's frames without blocking; a message that finds the
+/// peer's queue full is skipped (ZeroMQ sends a multipart message whole or not
+/// at all).
+void send_or_skip(zmq::socket_t& socket, std::vector<zmq::message_t>& frames);
+
 }  // namespace trainrun::fuzz

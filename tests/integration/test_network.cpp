@@ -107,10 +107,7 @@ TEST_CASE("mutated messages of every type from peers without the secret leave a 
     }
     auto& peer = peers[static_cast<size_t>(sent) % peers.size()];
     auto frames = mutator.next();
-    for (size_t f = 0; f < frames.size(); ++f) {
-      auto flags = f + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-      if (!peer.send(frames[f], flags | zmq::send_flags::dontwait)) break;
-    }
+    trainrun::fuzz::send_or_skip(peer, frames);
     while (!trainrun::protocol::recv_frames(peer, true).empty()) {  // REFUSED, mostly
     }
   }
