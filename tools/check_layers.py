@@ -20,11 +20,13 @@ ALLOWED = {
     "storage": {"common", "protocol", "transfer"},
     "controller": CORE,
     "worker": CORE,
+    "agent": CORE,
     "api": CORE | {"controller"},
     "cli": CORE | {"api"},
 }
-# The worker executable's main is the one file of cli/ that reaches the worker.
-ALLOWED_FILES = {"cli/worker_main.cpp": CORE | {"worker"}}
+# The worker executable's main is the one file of cli/ that reaches the worker
+# and the agent.
+ALLOWED_FILES = {"cli/worker_main.cpp": CORE | {"worker", "agent"}}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 

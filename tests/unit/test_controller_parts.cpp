@@ -6,7 +6,7 @@
 #include "controller/rank_assignment.h"
 #include "controller/report_barrier.h"
 #include "controller/report_coordinator.h"
-#include "controller/signals.h"
+#include "common/signals.h"
 
 using namespace trainrun;
 

@@ -1,12 +1,15 @@
 // trainrun-worker: one worker process. Started by the controller for local
 // workers, or by a cluster launcher (Slurm, Kubernetes, ssh) as
-// `trainrun worker --connect tcp://HOST:PORT`.
+// `trainrun worker --connect tcp://HOST:PORT`; with `--nproc N` (or in a Slurm
+// step of one task per node) it is the node's agent, which starts N workers
+// and supervises them (agent/node_agent.h).
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 
+#include "agent/node_agent.h"
 #include "common/parent.h"
 #include "common/paths.h"
 #include "common/run_key.h"
@@ -30,6 +33,12 @@ int main(int argc, char** argv) {
   app.add_option("--interface", options.interface,
                  "the network interface for gradient traffic (default: the one that reaches "
                  "the controller)");
+  int nproc = 0;
+  app.add_option("--nproc", nproc,
+                 "start and supervise this many workers on this host (default: one, this "
+                 "process; in a Slurm step of one task per node, the job's tasks per node)")
+      ->check(CLI::Range(1, 4096))
+      ->excludes("--index");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -42,9 +51,22 @@ int main(int argc, char** argv) {
     if (!key_file.empty()) {
       options.keys = trainrun::RunKeys::derive(trainrun::read_run_key(key_file));
     }
+    if (nproc == 0 && options.index < 0) nproc = trainrun::slurm_workers_per_node().value_or(0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainrun worker: %s\n", e.what());
     return 2;
+  }
+  if (nproc > 0) {
+    trainrun::AgentOptions agent;
+    agent.nproc = nproc;
+    agent.connect = options.connect;
+    agent.worker_executable = std::filesystem::read_symlink("/proc/self/exe");
+    agent.cache_dir = options.cache_dir;
+    agent.startup_timeout = options.startup_timeout;
+    agent.key_file = key_file;
+    agent.keys = options.keys;
+    agent.interface = options.interface;
+    return trainrun::run_agent(agent);
   }
   return trainrun::run_worker(options);
 }

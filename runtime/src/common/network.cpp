@@ -9,6 +9,12 @@
 
 namespace trainrun {
 
+std::string host_name() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
 std::optional<TcpEndpoint> parse_tcp_endpoint(const std::string& endpoint) {
   constexpr std::string_view kScheme = "tcp://";
   if (endpoint.rfind(kScheme, 0) != 0) return std::nullopt;

@@ -12,6 +12,10 @@ struct TcpEndpoint {
   std::string port;
 };
 
+/// This host's name, as workers and agents tell the controller (ranks are
+/// grouped by it).
+std::string host_name();
+
 /// The host and port of "tcp://HOST:PORT" ("tcp://[::1]:PORT" for IPv6), or
 /// none for another kind of endpoint or one without both.
 std::optional<TcpEndpoint> parse_tcp_endpoint(const std::string& endpoint);

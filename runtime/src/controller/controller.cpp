@@ -119,6 +119,9 @@ RunOutcome Controller::run() {
     }
   }
   summarize_dropped();
+  if (plugin_downloads_ > 0) {
+    log_.info("the plugin was downloaded by {} of {} workers", plugin_downloads_, world_size());
+  }
   try {
     stop_workers(!error.has_value());
   } catch (const std::exception& e) {
@@ -202,8 +205,8 @@ void Controller::on_exits() {
   child_exited_ = false;
   next_reap_ = now + std::chrono::seconds(1);
   for (auto [worker, wait_status] : pool_.reap()) {
-    if (worker->rank >= 0) store_.forget(worker->rank);
     if (!wait_status) {
+      if (worker->rank >= 0) store_.forget(worker->rank);
       if (!worker->done) {
         fail(*worker, FailureKind::kExit,
              "exited before finishing (another part of this process collected its status)");
@@ -211,14 +214,24 @@ void Controller::on_exits() {
       continue;
     }
     int status = *wait_status;
-    if (worker->done && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
     if (WIFSIGNALED(status)) {
-      fail(*worker, FailureKind::kSignal,
-           "was killed by " + signal_description(WTERMSIG(status)));
+      on_worker_exit(*worker, std::nullopt, WTERMSIG(status));
     } else {
-      fail(*worker, FailureKind::kExit,
-           "exited with code " + std::to_string(WEXITSTATUS(status)) + " before finishing");
+      on_worker_exit(*worker, WEXITSTATUS(status), 0);
     }
+  }
+}
+
+// A worker ended, with an exit code or by a signal: reaped here, or reported
+// by its node agent.
+void Controller::on_worker_exit(WorkerSlot& worker, std::optional<int> code, int signal) {
+  worker.exited = true;
+  if (worker.rank >= 0) store_.forget(worker.rank);
+  if (stopping_ || (worker.done && code == 0)) return;
+  if (code) {
+    fail(worker, FailureKind::kExit, exit_description(code, signal) + " before finishing");
+  } else {
+    fail(worker, FailureKind::kSignal, exit_description(code, signal));
   }
 }
 
@@ -291,11 +304,25 @@ void Controller::send_heartbeats() {
   for (auto& worker : pool_.workers()) {
     if (worker.main_id && !worker.exited) to_main(worker, protocol::Heartbeat{});
   }
+  for (const auto& [id, agent] : agents_) protocol::send(router_, protocol::Heartbeat{}, {}, id);
+}
+
+// An agent that missed two of its heartbeats (one a second) is gone, or cut
+// off: its workers' exits will not come.
+bool Controller::agents_done() const {
+  auto now = Clock::now();
+  return std::all_of(agents_.begin(), agents_.end(), [&](const auto& entry) {
+    return entry.second.workers.empty() || now - entry.second.last_heard > 2 * kHeartbeatInterval;
+  });
 }
 
 // Ends every worker: SHUTDOWN when the run succeeded, SIGTERM to each worker's
 // process group otherwise; SIGKILL for any still alive after the grace period.
 void Controller::stop_workers(bool graceful) {
+  stopping_ = true;
+  for (const auto& [id, agent] : agents_) {
+    protocol::send(router_, protocol::Shutdown{graceful ? "finished" : "the run failed"}, {}, id);
+  }
   for (auto& worker : pool_.workers()) {
     // Remote workers exit on SHUTDOWN whether or not the run succeeded; local
     // ones that failed are signalled.
@@ -308,8 +335,11 @@ void Controller::stop_workers(bool graceful) {
     poll_once(wait);
     pool_.reap();
   };
+  // Node agents report their workers' exits, and forward their last lines, meanwhile.
   auto deadline = Clock::now() + kTerminateGrace;
-  while (!pool_.all_exited() && Clock::now() < deadline) reap(std::chrono::milliseconds(50));
+  while ((!pool_.all_exited() || !agents_done()) && Clock::now() < deadline) {
+    reap(std::chrono::milliseconds(50));
+  }
   pool_.signal_all(SIGKILL);
   // SIGKILL ends a process unless it is stuck in the kernel (an uninterruptible
   // wait on a dead device): bounded, then given up on.

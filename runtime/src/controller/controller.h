@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/run_key.h"
@@ -29,11 +30,12 @@
 #include "controller/checkpoint_store.h"
 #include "controller/controller_dir.h"
 #include "controller/failure.h"
+#include "controller/node_agent.h"
 #include "controller/rate_limiter.h"
 #include "controller/rendezvous_store.h"
 #include "controller/report_coordinator.h"
 #include "controller/run_storage.h"
-#include "controller/signals.h"
+#include "common/signals.h"
 #include "controller/worker_pool.h"
 #include "controller/zap_handler.h"
 #include "protocol/message.h"
@@ -72,6 +74,8 @@ class Controller {
   // Local workers reach the controller on a Unix socket (ControllerDir); in a
   // run of local workers only, Gloo binds their pairs to loopback.
   static constexpr const char* kLocalHost = "127.0.0.1";
+  /// The most bytes of worker output one OUTPUT may carry.
+  static constexpr size_t kMaxOutputChunk = 1 << 20;
 
   /// Binds the listening endpoint for remote workers, with CURVE and its ZAP
   /// handler when there is a run key.
@@ -87,6 +91,7 @@ class Controller {
   void poll_once(std::chrono::milliseconds timeout);
   void on_signals();
   void on_exits();
+  void on_worker_exit(WorkerSlot& worker, std::optional<int> code, int signal);
   void check_timers();
   void send_heartbeats();
   /// Logs how many "dropped a message" lines were held back.
@@ -100,6 +105,12 @@ class Controller {
   void on_hello(const std::string& id, const protocol::Hello& hello);
   void on_remote_hello(const std::string& id, const protocol::Hello& hello);
   void on_attach(const std::string& id, const protocol::Attach& attach);
+  void on_agent_hello(const std::string& id, const protocol::AgentHello& hello);
+  void handle_agent(NodeAgent& agent, protocol::Incoming& message);
+  void on_agent_output(NodeAgent& agent, protocol::Incoming& message);
+  void on_agent_exited(NodeAgent& agent, const protocol::Exited& exited);
+  /// Whether every node agent said each of its workers exited.
+  bool agents_done() const;
   void assign_ranks();
   void handle_main(WorkerSlot& worker, protocol::Incoming& message);
   void handle_train(WorkerSlot& worker, protocol::Incoming& message);
@@ -143,6 +154,7 @@ class Controller {
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
   SignalPipe signals_;
   WorkerPool pool_;
+  std::unordered_map<std::string, NodeAgent> agents_;  // by connection
   ReportCoordinator reports_;
   CheckpointService checkpoints_;
   FailureCollector failures_;
@@ -152,7 +164,9 @@ class Controller {
   Clock::time_point start_ = Clock::now();
   Clock::time_point next_timer_check_ = start_;
   bool assigned_ = false;
+  bool stopping_ = false;  // the run is over: exits are no longer failures
   int hellos_ = 0;
+  int plugin_downloads_ = 0;  // workers that fetched the plugin (the rest had it cached)
   bool child_exited_ = false;  // SIGCHLD seen since the last reap
   Clock::time_point next_reap_ = start_;
   Clock::time_point next_drop_summary_ = start_;

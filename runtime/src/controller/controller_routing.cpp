@@ -42,8 +42,17 @@ bool Controller::on_router_readable() {
   std::string id = frames[0].to_string();
   frames.erase(frames.begin());
   WorkerSlot* worker = pool_.by_connection(id);
+  NodeAgent* agent = nullptr;
+  if (worker == nullptr) {
+    auto found = agents_.find(id);
+    if (found != agents_.end()) agent = &found->second;
+  }
   try {
     auto message = protocol::Incoming::parse(std::move(frames));
+    if (agent != nullptr) {
+      handle_agent(*agent, message);
+      return true;
+    }
     if (worker == nullptr) {
       on_new_peer(id, message);
       return true;
@@ -57,9 +66,12 @@ bool Controller::on_router_readable() {
       handle_main(*worker, message);
     }
   } catch (const ProtocolError& e) {
-    if (worker == nullptr) protocol::send(router_, protocol::Refused{e.what()}, {}, id);
+    if (worker == nullptr && agent == nullptr) {
+      protocol::send(router_, protocol::Refused{e.what()}, {}, id);
+    }
     if (dropped_.allow(Clock::now())) {
-      log_.warn("dropped a message from {}: {}", worker ? worker->describe() : "an unknown peer",
+      log_.warn("dropped a message from {}: {}",
+                worker ? worker->describe() : agent ? agent->describe() : "an unknown peer",
                 e.what());
     }
   }
@@ -71,8 +83,10 @@ void Controller::on_new_peer(const std::string& id, const protocol::Incoming& me
     on_hello(id, message.as<protocol::Hello>());
   } else if (message.type() == protocol::Attach::kType) {
     on_attach(id, message.as<protocol::Attach>());
+  } else if (message.type() == protocol::AgentHello::kType) {
+    on_agent_hello(id, message.as<protocol::AgentHello>());
   } else {
-    throw ProtocolError("expected HELLO or ATTACH from a new peer, got " + message.type());
+    throw ProtocolError("expected HELLO, ATTACH or AGENT from a new peer, got " + message.type());
   }
 }
 
@@ -112,7 +126,111 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
   }
   pool_.set_main_id(*worker, id);
   log_.info("a worker on {} (pid {}) connected", worker->host, worker->process.pid);
+  // What it wrote before it connected, if its node agent forwarded any.
+  for (auto& [agent_id, agent] : agents_) {
+    auto early = agent.early_output.find(hello.pid);
+    if (agent.host != worker->host || early == agent.early_output.end()) continue;
+    for (int stream : {protocol::kStdout, protocol::kStderr}) {
+      const auto& bytes = early->second[static_cast<size_t>(stream)];
+      worker->output->feed(stream, bytes.data(), bytes.size());
+      agent.early_bytes -= bytes.size();
+    }
+    agent.early_output.erase(early);
+  }
   if (++hellos_ == world_size()) assign_ranks();
+}
+
+// A node agent: it proves itself as a remote worker does, and may speak for
+// at most the run's workers.
+void Controller::on_agent_hello(const std::string& id, const protocol::AgentHello& hello) {
+  if (listening_.empty()) throw ProtocolError("AGENT, but this run does not listen");
+  if (setup_.keys && !secret_matches(hello.secret, setup_.keys->hello_secret)) {
+    throw ProtocolError("AGENT without this run's key (on " + hello.host.substr(0, 64) + ")");
+  }
+  if (hello.workers.empty() || hello.workers.size() > static_cast<size_t>(world_size()) ||
+      agents_.size() >= static_cast<size_t>(world_size())) {
+    throw ProtocolError("AGENT for " + std::to_string(hello.workers.size()) +
+                        " workers, in a run of " + std::to_string(world_size()));
+  }
+  NodeAgent agent;
+  agent.host = hello.host.substr(0, 255);
+  agent.pid = hello.pid;
+  agent.workers.insert(hello.workers.begin(), hello.workers.end());
+  agent.last_heard = Clock::now();
+  log_.info("{} started {} workers", agent.describe(), agent.workers.size());
+  agents_.emplace(id, std::move(agent));
+  protocol::send(router_,
+                 protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {}, id);
+}
+
+void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
+  agent.last_heard = Clock::now();
+  const auto& type = message.type();
+  if (type == protocol::Heartbeat::kType) return;
+  if (type == protocol::Output::kType) {
+    on_agent_output(agent, message);
+  } else if (type == protocol::Exited::kType) {
+    on_agent_exited(agent, message.as<protocol::Exited>());
+  } else {
+    throw ProtocolError("unexpected message type " + type + " from " + agent.describe());
+  }
+}
+
+void Controller::on_agent_output(NodeAgent& agent, protocol::Incoming& message) {
+  auto output = message.as<protocol::Output>();
+  if (message.blobs().size() != 1 || message.blobs()[0].size() > kMaxOutputChunk) {
+    throw ProtocolError("OUTPUT without its bytes, or with more than " +
+                        std::to_string(kMaxOutputChunk));
+  }
+  if (output.stream != protocol::kStdout && output.stream != protocol::kStderr) {
+    throw ProtocolError("OUTPUT for an unknown stream");
+  }
+  if (!agent.workers.count(output.pid)) {
+    throw ProtocolError("OUTPUT for pid " + std::to_string(output.pid) +
+                        ", which is not one of its workers");
+  }
+  const auto& bytes = message.blobs()[0];
+  const char* data = static_cast<const char*>(bytes.data());
+  if (WorkerSlot* worker = pool_.remote_worker(agent.host, output.pid)) {
+    worker->output->feed(output.stream, data, bytes.size());
+    return;
+  }
+  if (agent.early_bytes + bytes.size() > NodeAgent::kMaxEarlyOutput) {
+    agent.dropped_bytes += bytes.size();
+    return;
+  }
+  agent.early_output[output.pid][static_cast<size_t>(output.stream)].append(data, bytes.size());
+  agent.early_bytes += bytes.size();
+}
+
+void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exited) {
+  if (agent.workers.erase(exited.pid) == 0) {
+    throw ProtocolError("EXITED for pid " + std::to_string(exited.pid) +
+                        ", which is not one of its running workers");
+  }
+  std::optional<int> code;
+  if (exited.signal == 0) code = exited.code;
+  if (WorkerSlot* worker = pool_.remote_worker(agent.host, exited.pid)) {
+    if (!worker->exited) on_worker_exit(*worker, code, exited.signal);
+    return;
+  }
+  // It never connected: what it wrote says why, and the run cannot start without it.
+  auto early = agent.early_output.find(exited.pid);
+  if (early != agent.early_output.end()) {
+    WorkerOutput output(-1, -1, "[a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ")]", {}, true);
+    for (int stream : {protocol::kStdout, protocol::kStderr}) {
+      const auto& bytes = early->second[static_cast<size_t>(stream)];
+      output.feed(stream, bytes.data(), bytes.size());
+      agent.early_bytes -= bytes.size();
+    }
+    agent.early_output.erase(early);
+  }
+  if (stopping_) return;
+  auto message = "a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ") " +
+                 exit_description(code, exited.signal) + " before connecting to the controller";
+  failures_.add(RunError{code ? FailureKind::kExit : FailureKind::kSignal, message, -1, agent.host,
+                         exited.pid});
+  log_.error("{}", message);
 }
 
 void Controller::on_attach(const std::string& id, const protocol::Attach& attach) {
@@ -149,6 +267,18 @@ void Controller::assign_ranks() {
   std::vector<int> ranks;
   for (const auto& place : placements) ranks.push_back(place.world_rank);
   pool_.assign(ranks);
+  // Where the ranks run, a line per node: a node's ranks are consecutive.
+  std::vector<std::pair<int, int>> node_ranks;  // first and last rank, by node rank
+  for (const auto& place : placements) {
+    auto node = static_cast<size_t>(place.node_rank);
+    if (node_ranks.size() <= node) node_ranks.resize(node + 1, {world_size(), -1});
+    node_ranks[node].first = std::min(node_ranks[node].first, place.world_rank);
+    node_ranks[node].second = std::max(node_ranks[node].second, place.world_rank);
+  }
+  for (size_t node = 0; node < node_ranks.size(); ++node) {
+    auto [first, last] = node_ranks[node];
+    log_.info("node {} ({}): ranks {}-{}", node, pool_.at_rank(first)->host, first, last);
+  }
   auto config = nlohmann::json::to_msgpack(setup_.options.config);
   protocol::Assign assign;
   assign.world_size = world_size();
@@ -187,7 +317,9 @@ void Controller::handle_main(WorkerSlot& worker, protocol::Incoming& message) {
   const auto& type = message.type();
   if (type == protocol::Heartbeat::kType) return;
   if (type == protocol::FetchChunk::kType) {
-    auto [chunk, bytes] = plugin_.read(message.as<protocol::FetchChunk>());
+    auto fetch = message.as<protocol::FetchChunk>();
+    if (fetch.offset == 0) ++plugin_downloads_;
+    auto [chunk, bytes] = plugin_.read(fetch);
     std::vector<zmq::message_t> blob;
     blob.push_back(std::move(bytes));
     to_main(worker, chunk, std::move(blob));

@@ -39,16 +39,7 @@ void WorkerOutput::read(int index) {
   for (size_t budget = 16 * sizeof(buffer); budget > 0; budget -= sizeof(buffer)) {
     ssize_t n = ::read(stream.fd, buffer, sizeof(buffer));
     if (n > 0) {
-      // Only the new bytes are searched: a worker that writes without a
-      // newline must not make each read rescan everything it wrote.
-      size_t start = 0, end, from = stream.partial.size();
-      stream.partial.append(buffer, static_cast<size_t>(n));
-      while ((end = stream.partial.find('\n', from)) != std::string::npos) {
-        emit(index, stream.partial.substr(start, end - start));
-        start = from = end + 1;
-      }
-      stream.partial.erase(0, start);
-      if (stream.partial.size() >= kMaxLine) emit(index, std::exchange(stream.partial, {}));
+      feed(index, buffer, static_cast<size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -61,9 +52,32 @@ void WorkerOutput::read(int index) {
   }
 }
 
+void WorkerOutput::feed(int index, const char* data, size_t size) {
+  auto& stream = streams_[index];
+  // Only the new bytes are searched: a worker that writes without a newline
+  // must not make each read rescan everything it wrote.
+  size_t start = 0, end, from = stream.partial.size();
+  stream.partial.append(data, size);
+  while ((end = stream.partial.find('\n', from)) != std::string::npos) {
+    emit(index, stream.partial.substr(start, end - start));
+    start = from = end + 1;
+  }
+  stream.partial.erase(0, start);
+  if (stream.partial.size() >= kMaxLine) emit(index, std::exchange(stream.partial, {}));
+}
+
 void WorkerOutput::drain() {
   read(0);
   read(1);
+}
+
+void WorkerOutput::move_log(const std::filesystem::path& path) {
+  if (log_ != nullptr) {
+    std::error_code ec;
+    std::filesystem::rename(log_path_, path, ec);  // the open file follows
+    if (ec) return;  // it keeps its name; the terminal has the rank
+  }
+  log_path_ = path;
 }
 
 void WorkerOutput::emit(int stream, const std::string& line) {

@@ -3,7 +3,9 @@
 // Forwards one worker's stdout and stderr, line by line, to the controller's
 // terminal (prefixed with rank, pid and host) and to logs/worker-<rank>.log,
 // which is created with the worker's first line: a thousand silent workers cost
-// no thousand files. Owned by the controller's single thread.
+// no thousand files. A local worker's output is read from its pipes; a remote
+// one's arrives from its node agent (feed). Owned by the controller's single
+// thread.
 
 #include <cstdio>
 #include <filesystem>
@@ -22,10 +24,14 @@ class WorkerOutput {
 
   /// Reads what is available on stream 0 (stdout) or 1 (stderr); closes it at EOF.
   void read(int stream);
+  /// Takes bytes the worker wrote on stream 0 or 1 (from its node agent).
+  void feed(int stream, const char* data, size_t size);
   /// Reads both streams until EOF or until nothing more is waiting.
   void drain();
   /// Changes the prefix once the worker's rank is known.
   void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
+  /// Writes the log to `path` from now on, moving what it has written there.
+  void move_log(const std::filesystem::path& path);
 
  private:
   struct Stream {

@@ -24,6 +24,14 @@ namespace {
 // What a worker's output prefix says: "[rank 1 (host, pid 42)]".
 std::string output_prefix(const WorkerSlot& worker) { return "[" + worker.describe() + "]"; }
 
+std::filesystem::path log_path(const std::filesystem::path& logs_dir, const std::string& name) {
+  return logs_dir.empty() ? logs_dir : logs_dir / ("worker-" + name + ".log");
+}
+
+std::string process_key(const std::string& host, int64_t pid) {
+  return host + "/" + std::to_string(pid);
+}
+
 // An epoll event's data: the worker's launch index and the stream.
 uint64_t stream_key(int index, int stream) { return static_cast<uint64_t>(index) * 2 + stream; }
 
@@ -36,6 +44,8 @@ WorkerPool::WorkerPool() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
 WorkerPool::~WorkerPool() { ::close(epoll_fd_); }
 
 void WorkerPool::spawn(int count, const LaunchOptions& launch) {
+  logs_dir_ = launch.logs_dir;
+  echo_ = launch.echo;
   // Slots hold pointers into workers_ (by_rank_, by_connection_): no reallocation after this.
   workers_.reserve(static_cast<size_t>(count));
   auto threads = std::to_string(launch.threads);
@@ -59,7 +69,7 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
     ++running_;
     worker.output = std::make_unique<WorkerOutput>(
         process.stdout_fd, process.stderr_fd, output_prefix(worker),
-        launch.logs_dir / ("worker-" + std::to_string(i) + ".log"), launch.echo);
+        log_path(logs_dir_, std::to_string(i)), echo_);
     for (int stream = 0; stream < 2; ++stream) {
       epoll_event event{};
       event.events = EPOLLIN;
@@ -80,7 +90,16 @@ WorkerSlot* WorkerPool::add_remote(const std::string& host, pid_t pid) {
   worker.host = host;
   worker.process.pid = pid;
   worker.last_heard = Clock::now();
+  worker.output = std::make_unique<WorkerOutput>(-1, -1, output_prefix(worker),
+                                                 log_path(logs_dir_, std::to_string(worker.index)),
+                                                 echo_);
+  remote_by_process_[process_key(host, pid)] = &worker;
   return &worker;
+}
+
+WorkerSlot* WorkerPool::remote_worker(const std::string& host, int64_t pid) {
+  auto found = remote_by_process_.find(process_key(host, pid));
+  return found == remote_by_process_.end() ? nullptr : found->second;
 }
 
 WorkerSlot* WorkerPool::at_index(int index) {
@@ -116,10 +135,18 @@ void WorkerPool::set_store_id(WorkerSlot& worker, const std::string& routing_id)
 void WorkerPool::assign(const std::vector<int>& ranks) {
   TRAINRUN_CHECK(ranks.size() == workers_.size(), "a rank for every worker");
   by_rank_.assign(workers_.size(), nullptr);
+  // Logs written before now are named by launch index: each moves aside
+  // first, so that no move lands on a name another worker still holds.
+  for (auto& worker : workers_) {
+    if (worker.output) worker.output->move_log(log_path(logs_dir_, "." + std::to_string(worker.index)));
+  }
   for (auto& worker : workers_) {
     worker.rank = ranks[static_cast<size_t>(worker.index)];
     by_rank_[static_cast<size_t>(worker.rank)] = &worker;
-    if (worker.output) worker.output->set_prefix(output_prefix(worker));
+    if (worker.output) {
+      worker.output->set_prefix(output_prefix(worker));
+      worker.output->move_log(log_path(logs_dir_, std::to_string(worker.rank)));
+    }
   }
 }
 

@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "controller/local_worker.h"
+#include "common/local_worker.h"
 #include "controller/worker_output.h"
 
 namespace trainrun {
@@ -76,8 +76,10 @@ class WorkerPool {
   /// in the pool, to be stopped.
   void spawn(int count, const LaunchOptions& launch);
   /// A worker that connected from the network, as its HELLO describes it; null
-  /// when the pool is full.
+  /// when the pool is full. Its output comes from its node agent, if it has one.
   WorkerSlot* add_remote(const std::string& host, pid_t pid);
+  /// The remote worker with this host and pid, or null.
+  WorkerSlot* remote_worker(const std::string& host, int64_t pid);
 
   std::vector<WorkerSlot>& workers() { return workers_; }
   int size() const { return static_cast<int>(workers_.size()); }
@@ -92,6 +94,7 @@ class WorkerPool {
   void set_train_id(WorkerSlot& worker, const std::string& routing_id);
   void set_store_id(WorkerSlot& worker, const std::string& routing_id);
   /// Gives each worker its rank: ranks[i] for the worker with launch index i.
+  /// Output logs are named by rank from here on.
   void assign(const std::vector<int>& ranks);
 
   /// Readable when some worker has written output.
@@ -115,6 +118,9 @@ class WorkerPool {
   std::vector<WorkerSlot> workers_;
   std::vector<WorkerSlot*> by_rank_;
   std::unordered_map<std::string, WorkerSlot*> by_connection_;
+  std::unordered_map<std::string, WorkerSlot*> remote_by_process_;  // "host/pid"
+  std::filesystem::path logs_dir_;  // worker-<rank>.log files, from spawn's LaunchOptions
+  bool echo_ = true;
   int epoll_fd_ = -1;
   int running_ = 0;
 };

@@ -23,6 +23,13 @@
 // checkpoint to resume from with FETCH_CHECKPOINT (the listing comes back as
 // CHECKPOINT_LISTING) and FETCH_CHUNK requests.
 //
+// A node agent (`trainrun worker --nproc N`) starts N workers on its host and
+// speaks for them on a connection of its own, which begins with AGENT (its
+// host, and the pids of the workers it started): OUTPUT carries what one of
+// them wrote, EXITED how one ended, which only its parent can know. The
+// controller answers AGENT_ACCEPTED, sends it heartbeats, and SHUTDOWN at the
+// end, after which the agent gives its workers a grace period to exit.
+//
 // Downloads, of the plugin and of a checkpoint, are one mechanism: the worker
 // asks for each chunk (FETCH_CHUNK: source, file, offset, length), at most a
 // credit's worth in flight, and the controller answers each with a CHUNK and
@@ -143,6 +150,34 @@ struct Failed {
   MSGPACK_DEFINE_MAP(message, kind);
 };
 
+struct AgentHello {  // the first message on a node agent's connection
+  static constexpr const char* kType = "AGENT";
+  std::string host;
+  int64_t pid = 0;
+  std::string secret;            // as a remote worker's HELLO
+  std::vector<int64_t> workers;  // the pids of the workers it started
+  MSGPACK_DEFINE_MAP(host, pid, secret, workers);
+};
+
+/// A worker's output streams, as OUTPUT names them.
+inline constexpr int32_t kStdout = 0;
+inline constexpr int32_t kStderr = 1;
+
+struct Output {  // followed by one blob frame with the bytes, not necessarily whole lines
+  static constexpr const char* kType = "OUTPUT";
+  int64_t pid = 0;  // one of AGENT's workers
+  int32_t stream = kStdout;
+  MSGPACK_DEFINE_MAP(pid, stream);
+};
+
+struct Exited {
+  static constexpr const char* kType = "EXITED";
+  int64_t pid = 0;
+  int32_t code = 0;    // the exit code, when signal is 0
+  int32_t signal = 0;  // the signal that ended it, or 0
+  MSGPACK_DEFINE_MAP(pid, code, signal);
+};
+
 struct Heartbeat {
   static constexpr const char* kType = "HEARTBEAT";
   int64_t sent_ms = 0;
@@ -178,6 +213,12 @@ struct Assign {
                      store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms,
                      heartbeat_interval_ms,
                      checkpoint_dir, fetch_checkpoint, attach_secret);
+};
+
+struct AgentAccepted {
+  static constexpr const char* kType = "AGENT_ACCEPTED";
+  int64_t heartbeat_timeout_ms = 0;  // the controller is lost after this much silence
+  MSGPACK_DEFINE_MAP(heartbeat_timeout_ms);
 };
 
 struct Chunk {  // the answer to FETCH_CHUNK, followed by one blob frame with the bytes

@@ -2,7 +2,12 @@
 
 #include <trainrun/error.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <utility>
 
@@ -25,11 +30,46 @@ std::optional<std::filesystem::path> find_cached_plugin(const std::filesystem::p
 
 namespace {
 
-std::filesystem::path partial_path(const std::filesystem::path& cache_dir,
-                                   const std::string& sha256) {
+void create_cache(const std::filesystem::path& cache_dir) {
   std::error_code ec;
   std::filesystem::create_directories(cache_dir, ec);
   if (ec) throw IoError("cannot create plugin cache " + cache_dir.string() + ": " + ec.message());
+}
+
+}  // namespace
+
+std::optional<DownloadClaim> DownloadClaim::try_take(const std::filesystem::path& cache_dir,
+                                                     const std::string& sha256) {
+  create_cache(cache_dir);
+  auto lock_path = cache_dir / (sha256 + ".lock");
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError("cannot open " + lock_path.string() + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int error = errno;
+    ::close(fd);
+    if (error == EWOULDBLOCK) return std::nullopt;
+    throw IoError("cannot lock " + lock_path.string() + ": " + std::strerror(error));
+  }
+  // No other process is downloading this plugin: partial files are leftovers.
+  std::error_code ec;
+  auto prefix = sha256 + ".so.part.";
+  for (const auto& entry : std::filesystem::directory_iterator(cache_dir, ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
+  return DownloadClaim(fd);
+}
+
+DownloadClaim::~DownloadClaim() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+namespace {
+
+std::filesystem::path partial_path(const std::filesystem::path& cache_dir,
+                                   const std::string& sha256) {
+  create_cache(cache_dir);
   return cache_dir / (sha256 + ".so.part." + std::to_string(::getpid()));
 }
 

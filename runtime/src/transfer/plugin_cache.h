@@ -3,12 +3,15 @@
 // The worker's plugin cache: <cache_dir>/<sha256>.so. A plugin is downloaded
 // into a temporary file, hashed as it arrives, and renamed into place only when
 // its size and sha256 match what the controller announced, so a cached file is
-// always complete. Several workers on a host may download the same plugin at
-// once; the rename makes that safe.
+// always complete. The workers of a host that share a cache download each
+// plugin once: the one holding the download claim (a lock on <sha256>.lock)
+// fetches it, the others wait for it to appear. A claim ends with its process,
+// however that ends, and the next claimant clears what a killed one left.
 
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "transfer/chunked_file.h"
 
@@ -17,6 +20,24 @@ namespace trainrun {
 /// The cached plugin with this hash, if present and intact.
 std::optional<std::filesystem::path> find_cached_plugin(const std::filesystem::path& cache_dir,
                                                         const std::string& sha256);
+
+/// The right to download one plugin into a cache, held by one process of the
+/// host at a time.
+class DownloadClaim {
+ public:
+  /// The claim, or none while another process holds it. Removes partial
+  /// downloads of the plugin left behind by earlier claimants. Throws IoError.
+  static std::optional<DownloadClaim> try_take(const std::filesystem::path& cache_dir,
+                                               const std::string& sha256);
+  ~DownloadClaim();
+  DownloadClaim(DownloadClaim&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  DownloadClaim& operator=(DownloadClaim&&) = delete;
+  DownloadClaim(const DownloadClaim&) = delete;
+
+ private:
+  explicit DownloadClaim(int fd) : fd_(fd) {}
+  int fd_;
+};
 
 class PluginDownload {
  public:

@@ -14,6 +14,7 @@
 #include <trainrun/options.h>
 
 #include "common/constants.h"
+#include "common/network.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
@@ -24,12 +25,6 @@ namespace trainrun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string host_name() {
-  char name[256] = {0};
-  ::gethostname(name, sizeof(name) - 1);
-  return name;
-}
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -80,6 +75,7 @@ class Worker {
       zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0}};
       protocol::poll(items, 1, std::chrono::milliseconds(100));
       if (items[0].revents & ZMQ_POLLIN) on_controller_message();
+      if (waiting_for_plugin_) obtain_plugin();
       auto now = Clock::now();
       if (now >= next_heartbeat) {
         protocol::send(dealer_, protocol::Heartbeat{now_ms()});
@@ -130,18 +126,41 @@ class Worker {
       silence_limit_ = std::chrono::milliseconds(assign.heartbeat_timeout_ms);
     }
     export_torchrun_environment(assign);
-    if (auto cached = find_cached_plugin(options_.cache_dir, assign.plugin_sha256)) {
-      start_training(*cached);
-      return;
-    }
+    obtain_plugin();
+  }
+
+  // The plugin from the host's cache, or downloaded into it by whichever
+  // worker of the host holds the download claim; the others look again on
+  // every pass until it is there (or take over the claim of one that died).
+  void obtain_plugin() {
+    const auto& sha256 = assign_->plugin_sha256;
+    waiting_for_plugin_ = false;
     try {
-      download_ = std::make_unique<PluginDownload>(options_.cache_dir, assign.plugin_sha256,
-                                                   assign.plugin_size);
+      auto cached = find_cached_plugin(options_.cache_dir, sha256);
+      if (!cached) {
+        auto claim = DownloadClaim::try_take(options_.cache_dir, sha256);
+        if (!claim) {
+          waiting_for_plugin_ = true;
+          return;
+        }
+        // Another worker may have finished between the look and the claim.
+        cached = find_cached_plugin(options_.cache_dir, sha256);
+        if (!cached) {
+          claim_.emplace(std::move(*claim));
+          download_ = std::make_unique<PluginDownload>(options_.cache_dir, sha256,
+                                                       assign_->plugin_size);
+        }
+      }
+      if (cached) {
+        start_training(*cached);
+        return;
+      }
     } catch (const Error& e) {
+      claim_.reset();
       fail_setup(e.what());
       return;
     }
-    fetcher_.emplace(protocol::kPluginSource, std::vector<uint64_t>{assign.plugin_size});
+    fetcher_.emplace(protocol::kPluginSource, std::vector<uint64_t>{assign_->plugin_size});
     request_chunks();
   }
 
@@ -161,10 +180,12 @@ class Worker {
       if (fetcher_->complete()) {
         auto path = download_->commit();
         download_.reset();
+        claim_.reset();
         start_training(path);
       }
     } catch (const Error& e) {
       download_.reset();
+      claim_.reset();
       fail_setup(std::string("plugin download failed: ") + e.what());
     }
   }
@@ -184,6 +205,8 @@ class Worker {
   zmq::context_t context_;
   zmq::socket_t dealer_;
   std::optional<protocol::Assign> assign_;
+  std::optional<DownloadClaim> claim_;  // held while this worker downloads the plugin
+  bool waiting_for_plugin_ = false;     // for another worker of this host to download it
   std::unique_ptr<PluginDownload> download_;
   std::optional<ChunkFetcher> fetcher_;
   std::thread train_thread_;

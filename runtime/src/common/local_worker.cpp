@@ -1,4 +1,4 @@
-#include "controller/local_worker.h"
+#include "common/local_worker.h"
 
 #include <trainrun/error.h>
 

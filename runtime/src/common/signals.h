@@ -7,6 +7,7 @@
 // for a second); the previous handlers and mask are restored on destruction.
 
 #include <csignal>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,8 @@ class SignalPipe {
 
 /// "SIGSEGV (Segmentation fault)".
 std::string signal_description(int signal);
+/// How a process ended: "exited with code 3" (a code), or "was killed by
+/// SIGSEGV (Segmentation fault)" (no code: the signal).
+std::string exit_description(std::optional<int> code, int signal);
 
 }  // namespace trainrun

@@ -1,4 +1,4 @@
-#include "controller/signals.h"
+#include "common/signals.h"
 
 #include <trainrun/error.h>
 
@@ -80,6 +80,11 @@ std::string signal_description(int signal) {
       abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
   const char* text = ::sigdescr_np(signal);
   return text != nullptr ? name + " (" + text + ")" : name;
+}
+
+std::string exit_description(std::optional<int> code, int signal) {
+  return code ? "exited with code " + std::to_string(*code)
+              : "was killed by " + signal_description(signal);
 }
 
 }  // namespace trainrun

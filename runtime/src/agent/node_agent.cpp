@@ -1,0 +1,377 @@
+#include "agent/node_agent.h"
+
+#include <trainrun/error.h>
+#include <trainrun/options.h>
+
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/constants.h"
+#include "common/local_worker.h"
+#include "common/network.h"
+#include "common/signals.h"
+#include "protocol/message.h"
+#include "protocol/messages.h"
+
+namespace trainrun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// The most bytes of a worker's output one OUTPUT carries.
+constexpr size_t kOutputChunk = 64 * 1024;
+
+struct Child {
+  LocalWorker process;
+  bool exited = false;
+  int fds[2] = {-1, -1};  // stdout, stderr; -1 once closed
+};
+
+/// A message for the controller, with its blob if it has one.
+struct Outgoing {
+  std::string type;
+  zmq::message_t body;
+  std::optional<zmq::message_t> blob;
+};
+
+template <typename T>
+Outgoing outgoing(const T& payload, std::optional<zmq::message_t> blob = std::nullopt) {
+  return Outgoing{T::kType, protocol::pack_body(payload), std::move(blob)};
+}
+
+class Agent {
+ public:
+  explicit Agent(const AgentOptions& options)
+      : options_(options), dealer_(context_, zmq::socket_type::dealer) {
+    dealer_.set(zmq::sockopt::linger, 2000);
+    if (options_.keys) make_curve_client(dealer_, *options_.keys);
+    dealer_.connect(options_.connect);
+    silence_limit_ = options_.startup_timeout.count() > 0 ? options_.startup_timeout
+                                                          : kDefaultStartupTimeout;
+  }
+
+  ~Agent() {
+    for (auto& child : children_) {
+      for (int& fd : child.fds) close_fd(fd);
+    }
+  }
+
+  int run() {
+    try {
+      spawn();
+    } catch (const IoError& e) {
+      spdlog::error("{}", e.what());
+      begin_stop(Clock::duration::zero());
+      exit_code_ = 1;
+    }
+    std::vector<int64_t> pids;
+    for (const auto& child : children_) pids.push_back(child.process.pid);
+    const auto& secret = options_.keys ? options_.keys->hello_secret : std::string();
+    if (!children_.empty()) queue_.push_back(outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids}));
+    last_heard_ = Clock::now();
+    auto next_heartbeat = Clock::now() + kHeartbeatInterval;
+    auto next_reap = Clock::now();
+    while (!all_exited()) {
+      poll_once();
+      auto now = Clock::now();
+      if (child_exited_ || now >= next_reap) {
+        child_exited_ = false;
+        reap();
+        next_reap = now + std::chrono::seconds(1);
+      }
+      if (now >= next_heartbeat) {
+        if (queue_.empty()) queue_.push_back(outgoing(protocol::Heartbeat{}));
+        next_heartbeat = now + kHeartbeatInterval;
+      }
+      if (!stop_at_ && now - last_heard_ > silence_limit_) {
+        spdlog::error("lost the controller at {}: nothing heard for {} ms; ending the workers",
+                      options_.connect,
+                      std::chrono::duration_cast<std::chrono::milliseconds>(silence_limit_).count());
+        exit_code_ = 1;
+        begin_stop(Clock::duration::zero());
+      }
+      if (!escalate()) {
+        spdlog::error("workers still running after SIGKILL: giving up on them");
+        return 1;
+      }
+    }
+    // The last lines and exits, while the controller still listens.
+    auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (!queue_.empty() && Clock::now() < deadline) poll_once();
+    return exit_code_ < 0 ? 0 : exit_code_;
+  }
+
+ private:
+  void spawn() {
+    std::vector<std::string> args{"--connect", options_.connect, "--cache-dir",
+                                  options_.cache_dir.string(), "--startup-timeout-ms",
+                                  std::to_string(options_.startup_timeout.count())};
+    if (!options_.key_file.empty()) {
+      args.insert(args.end(), {"--auth-key", std::filesystem::absolute(options_.key_file).string()});
+    }
+    if (!options_.interface.empty()) args.insert(args.end(), {"--interface", options_.interface});
+    // The node's cores, shared: N workers with a thread per core each would
+    // oversubscribe it N times (a run that names --cpus-per-worker overrides this).
+    std::vector<std::string> env;
+    if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+      auto threads = std::to_string(
+          std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(options_.nproc)));
+      env = {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads};
+    }
+    children_.reserve(static_cast<size_t>(options_.nproc));
+    for (int i = 0; i < options_.nproc; ++i) {
+      auto& child = children_.emplace_back();
+      child.process = spawn_local_worker(options_.worker_executable, args, env);
+      child.fds[0] = child.process.stdout_fd;
+      child.fds[1] = child.process.stderr_fd;
+    }
+    spdlog::info("started {} workers for {}", children_.size(), options_.connect);
+  }
+
+  bool all_exited() const {
+    return std::all_of(children_.begin(), children_.end(),
+                       [](const Child& child) { return child.exited; });
+  }
+
+  // One pass: the controller's socket, signals, and the workers' output, the
+  // last only while nothing waits to be sent (the socket's backpressure reaches
+  // the workers through their pipes).
+  void poll_once() {
+    std::vector<zmq::pollitem_t> items;
+    short dealer_events = ZMQ_POLLIN | (queue_.empty() ? 0 : ZMQ_POLLOUT);
+    items.push_back({dealer_.handle(), 0, dealer_events, 0});
+    items.push_back({nullptr, signals_.fd(), ZMQ_POLLIN, 0});
+    std::vector<std::pair<Child*, int>> watched;
+    if (queue_.empty()) {
+      for (auto& child : children_) {
+        for (int stream = 0; stream < 2; ++stream) {
+          if (child.fds[stream] < 0) continue;
+          items.push_back({nullptr, child.fds[stream], ZMQ_POLLIN, 0});
+          watched.emplace_back(&child, stream);
+        }
+      }
+    }
+    protocol::poll(items.data(), items.size(), std::chrono::milliseconds(100));
+    if (items[0].revents & ZMQ_POLLIN) {
+      for (auto frames = protocol::recv_frames(dealer_, true); !frames.empty();
+           frames = protocol::recv_frames(dealer_, true)) {
+        on_controller_message(std::move(frames));
+      }
+    }
+    flush();
+    if (items[1].revents & ZMQ_POLLIN) on_signals();
+    for (size_t i = 0; i < watched.size(); ++i) {
+      if (items[i + 2].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) read_output(*watched[i].first, watched[i].second);
+    }
+  }
+
+  // Sends what is queued while the socket takes it.
+  void flush() {
+    while (!queue_.empty()) {
+      auto& next = queue_.front();
+      bool more = next.blob.has_value();
+      if (!dealer_.send(zmq::buffer(next.type), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        return;  // the first frame decides: the rest of a message always follows
+      }
+      dealer_.send(next.body, more ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      if (more) dealer_.send(*next.blob, zmq::send_flags::none);
+      queue_.pop_front();
+    }
+  }
+
+  void on_controller_message(std::vector<zmq::message_t> frames) {
+    last_heard_ = Clock::now();
+    try {
+      auto message = protocol::Incoming::parse(std::move(frames));
+      const auto& type = message.type();
+      if (type == protocol::AgentAccepted::kType) {
+        auto accepted = message.as<protocol::AgentAccepted>();
+        if (accepted.heartbeat_timeout_ms > 0) {
+          silence_limit_ = std::chrono::milliseconds(accepted.heartbeat_timeout_ms);
+        }
+      } else if (type == protocol::Shutdown::kType) {
+        // The workers have their own SHUTDOWN: a grace period to take it.
+        if (!stop_at_) begin_stop(kTerminateGrace);
+      } else if (type == protocol::Refused::kType) {
+        spdlog::error("the controller refused this agent: {}",
+                      message.as<protocol::Refused>().reason);
+        exit_code_ = 2;
+        begin_stop(Clock::duration::zero());
+      } else if (type != protocol::Heartbeat::kType) {
+        spdlog::warn("dropped a message of unknown type {} from the controller", type);
+      }
+    } catch (const ProtocolError& e) {
+      spdlog::warn("dropped a message from the controller: {}", e.what());
+    }
+  }
+
+  void on_signals() {
+    for (int sig : signals_.drain()) {
+      if (sig == SIGCHLD) {
+        child_exited_ = true;
+      } else {
+        spdlog::warn("{}: ending the workers", signal_description(sig));
+        if (exit_code_ < 0) exit_code_ = 1;
+        begin_stop(Clock::duration::zero());
+      }
+    }
+  }
+
+  void read_output(Child& child, int stream) {
+    int& fd = child.fds[stream];
+    ssize_t n = ::read(fd, buffer_.data(), buffer_.size());
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {  // EOF: the worker and whatever it started closed it
+      close_fd(fd);
+      return;
+    }
+    queue_.push_back(outgoing(protocol::Output{child.process.pid, stream},
+                              zmq::message_t(buffer_.data(), static_cast<size_t>(n))));
+  }
+
+  void reap() {
+    for (auto& child : children_) {
+      if (child.exited) continue;
+      int status = 0;
+      pid_t got = ::waitpid(child.process.pid, &status, WNOHANG);
+      if (got != child.process.pid) continue;
+      child.exited = true;
+      // Its last lines first; then what it started ends with it, as on the
+      // controller's host.
+      for (int stream = 0; stream < 2; ++stream) drain(child, stream);
+      ::kill(-child.process.pid, SIGKILL);
+      protocol::Exited exited{child.process.pid, 0, 0};
+      if (WIFSIGNALED(status)) {
+        exited.signal = WTERMSIG(status);
+      } else {
+        exited.code = WEXITSTATUS(status);
+      }
+      std::optional<int> code;
+      if (exited.signal == 0) code = exited.code;
+      if (exited.code != 0 || exited.signal != 0) {
+        spdlog::warn("worker pid {} {}", child.process.pid, exit_description(code, exited.signal));
+        if (exit_code_ < 0) exit_code_ = 1;
+      }
+      queue_.push_back(outgoing(exited));
+    }
+  }
+
+  // What a worker that exited left in its pipes, without waiting for EOF: a
+  // process it started may hold them open.
+  void drain(Child& child, int stream) {
+    for (int i = 0; i < 64 && child.fds[stream] >= 0; ++i) {
+      size_t before = queue_.size();
+      read_output(child, stream);
+      if (queue_.size() == before) break;
+    }
+    close_fd(child.fds[stream]);
+  }
+
+  // SIGTERM to every worker's group after `grace` (they may be exiting on
+  // their own), SIGKILL a grace period later; a later, shorter stop wins.
+  void begin_stop(Clock::duration grace) {
+    auto at = Clock::now() + grace;
+    if (!stop_at_ || at < *stop_at_) stop_at_ = at;
+  }
+
+  // False once even SIGKILL has had its grace period: a process stuck in the
+  // kernel (an uninterruptible wait on a dead device) is given up on.
+  bool escalate() {
+    if (!stop_at_) return true;
+    auto now = Clock::now();
+    if (now >= *stop_at_ + 2 * kTerminateGrace) return false;
+    if (!terminated_ && now >= *stop_at_) {
+      signal_all(SIGTERM);
+      terminated_ = true;
+    } else if (!killed_ && now >= *stop_at_ + kTerminateGrace) {
+      signal_all(SIGKILL);
+      killed_ = true;
+    }
+    return true;
+  }
+
+  void signal_all(int signal) {
+    for (const auto& child : children_) {
+      if (!child.exited) ::kill(-child.process.pid, signal);
+    }
+  }
+
+  static void close_fd(int& fd) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+
+  AgentOptions options_;
+  SignalPipe signals_;
+  zmq::context_t context_;
+  zmq::socket_t dealer_;
+  std::vector<Child> children_;
+  std::deque<Outgoing> queue_;
+  std::vector<char> buffer_ = std::vector<char>(kOutputChunk);
+  Clock::time_point last_heard_;
+  std::chrono::milliseconds silence_limit_{0};
+  std::optional<Clock::time_point> stop_at_;
+  bool terminated_ = false;
+  bool killed_ = false;
+  bool child_exited_ = false;
+  int exit_code_ = -1;
+};
+
+}  // namespace
+
+int run_agent(const AgentOptions& options) {
+  spdlog::set_pattern("[trainrun agent on " + host_name() + "] %^%l%$: %v");
+  try {
+    Agent agent(options);
+    return agent.run();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}
+
+namespace {
+
+// A Slurm count: "2", or the first count of a list like "2(x3),1".
+int slurm_count(const char* name, const char* value) {
+  std::string text(value);
+  size_t used = 0;
+  int count = 0;
+  try {
+    count = std::stoi(text, &used);
+  } catch (const std::exception&) {
+  }
+  if (count < 1 || (used < text.size() && text[used] != '(' && text[used] != ',')) {
+    throw UsageError(std::string(name) + "=" + text.substr(0, 64) + " is not a task count");
+  }
+  return count;
+}
+
+}  // namespace
+
+std::optional<int> slurm_workers_per_node() {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* per_node = std::getenv("SLURM_NTASKS_PER_NODE");
+  const char* step_tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  const char* step_nodes = std::getenv("SLURM_STEP_NUM_NODES");
+  if (job == nullptr || per_node == nullptr) return std::nullopt;
+  // A step of one task per worker (`srun -n 8 trainrun worker`): each task is a worker.
+  if (step_tasks != nullptr && step_nodes != nullptr &&
+      slurm_count("SLURM_STEP_NUM_TASKS", step_tasks) != slurm_count("SLURM_STEP_NUM_NODES", step_nodes)) {
+    return std::nullopt;
+  }
+  return slurm_count("SLURM_NTASKS_PER_NODE", per_node);
+}
+
+}  // namespace trainrun

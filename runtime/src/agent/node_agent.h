@@ -1,0 +1,42 @@
+#pragma once
+
+// A node agent: `trainrun worker --connect ENDPOINT --nproc N` on each machine
+// starts N worker processes there and supervises them, as torchrun's per-node
+// agent does. On a connection of its own it tells the controller which
+// workers it started (AGENT), forwards what they write (OUTPUT) and how each
+// ended (EXITED), so the controller's logs and root cause are the same as for
+// local workers. It ends its workers when the controller says SHUTDOWN or goes
+// silent, and when the agent itself is told to stop (SIGTERM, SIGINT, SIGHUP:
+// what Slurm's scancel sends); a killed agent takes them with it (each asks
+// for a signal on its parent's death). It exits once all of them have.
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "common/run_key.h"
+
+namespace trainrun {
+
+struct AgentOptions {
+  int nproc = 1;  // workers to start
+  std::string connect;  // the controller's endpoint
+  std::filesystem::path worker_executable;
+  std::filesystem::path cache_dir;  // shared by the workers: one plugin download per host
+  std::chrono::milliseconds startup_timeout{0};  // theirs, and the agent's for AGENT_ACCEPTED
+  std::filesystem::path key_file;  // the run key, given to each worker
+  std::optional<RunKeys> keys;     // derived from it: the agent's own CURVE
+  std::string interface;           // each worker's --interface
+};
+
+/// Runs the agent; returns the process exit code: 0 when every worker exited
+/// with 0, 1 otherwise, 2 when the controller refused the agent.
+int run_agent(const AgentOptions& options);
+
+/// The number of workers a Slurm step's agent starts on its node, from the
+/// job's environment, or nothing when the process is not an agent of a Slurm
+/// job (one task per node). Throws UsageError on a malformed value.
+std::optional<int> slurm_workers_per_node();
+
+}  // namespace trainrun

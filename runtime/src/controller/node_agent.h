@@ -1,0 +1,39 @@
+#pragma once
+
+// What the controller knows of one node agent (`trainrun worker --nproc N`):
+// the host it runs on and the workers it started there. Its word about a
+// worker (output, exit) counts only for a worker it named in its AGENT, on its
+// own host: an agent cannot speak for another host's workers, nor for a
+// process it did not start. Output of a worker whose HELLO has not arrived yet
+// waits here, bounded, for the worker's slot.
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace trainrun {
+
+struct NodeAgent {
+  /// At most this much output an agent's workers wrote before they connected
+  /// is kept; the rest is counted and dropped.
+  static constexpr size_t kMaxEarlyOutput = 256 * 1024;
+
+  std::string host;
+  int64_t pid = 0;
+  std::unordered_set<int64_t> workers;  // still running, as far as it said
+  std::unordered_map<int64_t, std::array<std::string, 2>> early_output;  // by pid: stdout, stderr
+  size_t early_bytes = 0;
+  size_t dropped_bytes = 0;
+  std::chrono::steady_clock::time_point last_heard;
+
+  /// "the node agent on host (pid 7)".
+  std::string describe() const {
+    return "the node agent on " + host + " (pid " + std::to_string(pid) + ")";
+  }
+};
+
+}  // namespace trainrun

@@ -1,0 +1,171 @@
+// Node agents (`trainrun worker --nproc N`) on loopback: each starts and
+// supervises its host's workers, forwards their output to the controller, and
+// reports how each ended; the controller names the cause as for local workers.
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <regex>
+#include <thread>
+
+#include "run_helpers.h"
+
+namespace {
+
+const std::string kTestPlugin = std::string("--plugin '") + TEST_PLUGIN + "'";
+
+struct AgentRun {
+  pid_t controller = -1;
+  std::vector<pid_t> agents;
+};
+
+// A run of `workers` workers on loopback with the run key, and `agents` node
+// agents of `workers / agents` workers each.
+AgentRun start_agent_run(const Sandbox& box, const std::string& args, int workers, int agents) {
+  auto key = (box.root() / "run.key").string();
+  REQUIRE(box.run("keygen '" + key + "'").exit_code == 0);
+  AgentRun run;
+  run.controller = box.start(kTestPlugin + " -n " + std::to_string(workers) +
+                             " --listen tcp://127.0.0.1:0 --startup-timeout 60 --auth-key '" +
+                             key + "' " + args);
+  std::regex listening("remote workers connect to (tcp://[0-9.]+:[0-9]+)");
+  std::smatch match;
+  for (int i = 0; i < 400; ++i) {
+    auto out = box.output_so_far();
+    if (std::regex_search(out, match, listening)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(match.size() == 2);
+  for (int i = 0; i < agents; ++i) {
+    run.agents.push_back(box.start_worker("--connect " + match[1].str() + " --auth-key '" + key +
+                                              "' --nproc " + std::to_string(workers / agents),
+                                          "agent-" + std::to_string(i) + ".txt"));
+  }
+  return run;
+}
+
+// Waits until the controller's output holds `count` lines matching `pattern`.
+bool wait_for_lines(const Sandbox& box, const std::string& pattern, size_t count) {
+  std::regex line(pattern);
+  for (int i = 0; i < 1200; ++i) {
+    auto out = box.output_so_far();
+    auto found = std::distance(std::sregex_iterator(out.begin(), out.end(), line),
+                               std::sregex_iterator());
+    if (static_cast<size_t>(found) >= count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// The processes the train functions started ("child <pid>" lines), once each
+// is gone or a zombie; false if one is still running after 5 s.
+bool children_end(const Sandbox& box) {
+  std::vector<pid_t> children;
+  std::regex child_line("child ([0-9]+)");
+  auto out = box.output_so_far();
+  for (std::sregex_iterator it(out.begin(), out.end(), child_line), end; it != end; ++it) {
+    children.push_back(std::stoi((*it)[1]));
+  }
+  auto alive = [&] {
+    for (pid_t child : children) {
+      auto status = read_text("/proc/" + std::to_string(child) + "/stat");
+      auto state = status.find(") ");
+      if (state != std::string::npos && status[state + 2] != 'Z') return true;
+    }
+    return box.any_worker_alive();
+  };
+  for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return !alive();
+}
+
+}  // namespace
+
+TEST_CASE("node agents start their workers, forward their output by rank, and fetch the plugin once a host") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry context --name agents", 4, 2);
+  CHECK(Sandbox::wait(run.controller) == 0);
+  for (pid_t agent : run.agents) CHECK(Sandbox::wait(agent) == 0);
+  auto out = box.output_so_far();
+  INFO(out);
+  CHECK(out.find("started 2 workers") != std::string::npos);
+  CHECK(std::regex_search(out, std::regex("node 0 \\([^)]+\\): ranks 0-3")));
+  // Each rank's line, on the controller's terminal and in its log by rank.
+  for (int rank = 0; rank < 4; ++rank) {
+    auto r = std::to_string(rank);
+    CHECK(std::regex_search(out, std::regex("\\[rank " + r + " \\([^)]+\\)\\] context world_rank=" + r)));
+    CHECK(read_text(box.run_dir("agents") / "logs" / ("worker-" + r + ".log"))
+              .find("world_rank=" + r + " ") != std::string::npos);
+  }
+  // Four workers, one host, one cache: one download, nothing partial left.
+  int plugins = 0, partial = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(box.root() / "remote-cache")) {
+    auto name = entry.path().filename().string();
+    plugins += name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0;
+    partial += name.find(".part.") != std::string::npos;
+  }
+  CHECK(plugins == 1);
+  CHECK(partial == 0);
+  CHECK(read_text(box.run_dir("agents") / "logs" / "controller.log")
+            .find("the plugin was downloaded by 1 of 4 workers") != std::string::npos);
+}
+
+TEST_CASE("a worker's crash under a node agent is named at once, with its signal") {
+  Sandbox box;
+  auto started = std::chrono::steady_clock::now();
+  auto run = start_agent_run(
+      box, "--entry crash --config how=segv --name crash --heartbeat-timeout 60", 2, 1);
+  CHECK(Sandbox::wait(run.controller) == 1);
+  CHECK(Sandbox::wait(run.agents[0]) == 1);  // a worker of its failed
+  // Not the heartbeat timeout: the agent saw the exit.
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(50));
+  auto error = read_json(box.run_dir("crash") / "error.json");
+  INFO(error.dump());
+  CHECK(error["kind"] == "signal");
+  CHECK(error["rank"] == 1);
+  CHECK(error["message"].get<std::string>().find("SIGSEGV") != std::string::npos);
+  CHECK_FALSE(error["host"].get<std::string>().empty());
+  CHECK(box.output_so_far().find("rank 1 is about to crash") != std::string::npos);
+}
+
+TEST_CASE("a killed node agent fails the run after the heartbeat timeout, naming its workers' host") {
+  Sandbox box;
+  auto run = start_agent_run(
+      box, "--entry sleeps --config child=true --name lost --heartbeat-timeout 3", 4, 2);
+  REQUIRE(wait_for_lines(box, "\\] sleeping", 4));
+  ::kill(run.agents[1], SIGKILL);
+  CHECK(Sandbox::wait(run.controller) == 1);
+  Sandbox::wait(run.agents[1]);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);  // its workers were told SHUTDOWN
+  auto error = read_json(box.run_dir("lost") / "error.json");
+  INFO(error.dump());
+  CHECK(error["kind"] == "lost");
+  CHECK_FALSE(error["host"].get<std::string>().empty());
+  CHECK(children_end(box));  // the killed agent's workers took their children with them
+}
+
+TEST_CASE("SIGTERM to a node agent, as scancel sends, ends its workers and names the signal") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry sleeps --config child=true --name term", 2, 1);
+  REQUIRE(wait_for_lines(box, "\\] sleeping", 2));
+  ::kill(run.agents[0], SIGTERM);
+  CHECK(Sandbox::wait(run.agents[0]) == 1);
+  CHECK(Sandbox::wait(run.controller) == 1);
+  auto error = read_json(box.run_dir("term") / "error.json");
+  INFO(error.dump());
+  CHECK(error["kind"] == "signal");
+  CHECK(error["message"].get<std::string>().find("SIGTERM") != std::string::npos);
+  CHECK(children_end(box));
+}
+
+TEST_CASE("node agents end their workers when the controller is killed") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry sleeps --config child=true --name orphan "
+                                  "--heartbeat-timeout 2", 2, 1);
+  REQUIRE(wait_for_lines(box, "\\] sleeping", 2));
+  ::kill(run.controller, SIGKILL);
+  Sandbox::wait(run.controller);
+  CHECK(Sandbox::wait(run.agents[0]) == 1);
+  CHECK(read_text(box.root() / "agent-0.txt").find("lost the controller") != std::string::npos);
+  CHECK(children_end(box));
+}

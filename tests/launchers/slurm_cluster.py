@@ -1,0 +1,249 @@
+"""A throwaway single-node Slurm cluster for tests.
+
+SlurmCluster starts its own munged, slurmctld and slurmd as root, with every
+file (munge key and socket, slurm.conf, state, spool, pid files, logs) in a
+fresh temporary directory and the daemons' ports chosen free on loopback, so it
+neither reads nor disturbs a system-wide Slurm or munge, and a run that was
+killed midway leaves nothing that the next one trips over. Clients (sbatch,
+srun, squeue...) reach it through `cluster.env`, which sets SLURM_CONF.
+
+    with SlurmCluster() as cluster:
+        subprocess.run(["sbatch", "--wait", "job.sh"], env=cluster.env)
+
+Teardown cancels the jobs, stops the daemons and removes the directory; it
+runs on leaving the `with` block, at interpreter exit and on SIGTERM/SIGHUP.
+The daemons also get SIGTERM from the kernel if the process that started them
+dies (even by SIGKILL), so none outlives a killed test.
+"""
+
+import atexit
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+START_TIMEOUT_S = 30
+STOP_TIMEOUT_S = 15
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    """preexec_fn: the kernel sends SIGTERM to the daemon when its parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def free_loopback_port():
+    """A TCP port nothing listens on now (the kernel's pick, on 127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_until(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} within {timeout_s} s")
+
+
+class SlurmCluster:
+    """munged + slurmctld + one slurmd: this host as the only node, `cpus` CPUs."""
+
+    def __init__(self, cpus=None):
+        self.cpus = cpus or len(os.sched_getaffinity(0))
+        self.node = socket.gethostname().split(".")[0]
+        self.root = None
+        self.env = None
+        self._daemons = []  # (name, Popen), in start order
+        self._previous_signal_handlers = {}
+
+    # --- lifecycle -------------------------------------------------------
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        self.root = tempfile.mkdtemp(prefix="trainrun-slurm-")
+        # munged requires every directory above its socket to be searchable by all.
+        os.chmod(self.root, 0o755)
+        atexit.register(self.stop)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            self._previous_signal_handlers[signum] = signal.signal(signum, self._on_signal)
+        try:
+            self._start_munged()
+            conf = self._write_slurm_conf()
+            self.env = self._client_env(conf)
+            self._spawn("slurmctld", ["slurmctld", "-D", "-f", conf])
+            self._spawn("slurmd", ["slurmd", "-D", "-f", conf, "-N", self.node])
+            _wait_until(self._node_idle, START_TIMEOUT_S, f"node {self.node} not idle")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self):
+        """Idempotent: cancels jobs, stops the daemons, removes the directory."""
+        if self.root is None:
+            return
+        if self._running("slurmctld"):
+            try:
+                self.cancel_jobs()
+                # slurmd ends the jobs' processes; give it the time to.
+                _wait_until(lambda: not self.squeue(), STOP_TIMEOUT_S, "jobs still queued")
+            except (TimeoutError, subprocess.SubprocessError):
+                pass
+        for _, process in reversed(self._daemons):
+            if process.poll() is None:
+                process.terminate()
+        for _, process in reversed(self._daemons):
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._daemons.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None
+        atexit.unregister(self.stop)
+        for signum, handler in self._previous_signal_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_signal_handlers.clear()
+
+    def _on_signal(self, signum, _frame):
+        # Unwinds through `with` blocks and finally clauses, which call stop().
+        sys.exit(128 + signum)
+
+    # --- queries ------------------------------------------------------------
+
+    def cancel_jobs(self):
+        """Cancels every job in this cluster (they are all root's)."""
+        subprocess.run(["scancel", "--full", "--user", "root"], env=self.env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=STOP_TIMEOUT_S, check=False)
+
+    def squeue(self):
+        """The ids of the jobs in the queue."""
+        out = subprocess.run(["squeue", "--noheader", "--format=%i"], env=self.env,
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return out.split()
+
+    def log_tail(self, lines=20):
+        """The last lines of each daemon's log, for a failure message."""
+        parts = []
+        for name in ("munged", "slurmctld", "slurmd"):
+            path = os.path.join(self.root, "log", f"{name}.log")
+            try:
+                with open(path, errors="replace") as log:
+                    tail = log.readlines()[-lines:]
+            except OSError:
+                continue
+            parts.append(f"--- {path}\n" + "".join(tail))
+        return "\n".join(parts)
+
+    def _running(self, name):
+        return any(n == name and p.poll() is None for n, p in self._daemons)
+
+    def _node_idle(self):
+        for name, process in self._daemons:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}\n{self.log_tail()}")
+        result = subprocess.run(["sinfo", "--noheader", "--nodes", self.node, "--format=%T"],
+                                env=self.env, capture_output=True, text=True, timeout=10,
+                                check=False)
+        return result.stdout.strip() == "idle"
+
+    # --- setup ----------------------------------------------------------------
+
+    def _path(self, *parts, mode=None):
+        path = os.path.join(self.root, *parts)
+        if mode is not None:
+            os.makedirs(path, mode=mode, exist_ok=True)
+            os.chmod(path, mode)  # makedirs' mode is filtered by the umask
+        return path
+
+    def _spawn(self, name, argv):
+        log = open(os.path.join(self._path("log", mode=0o755), f"{name}.out"), "wb")
+        with log:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, env=self.env,
+                                       preexec_fn=_die_with_parent)
+        self._daemons.append((name, process))
+
+    def _start_munged(self):
+        key_dir = self._path("munge", mode=0o700)
+        self.munge_socket = os.path.join(self._path("run", mode=0o755), "munge.socket")
+        key = os.path.join(key_dir, "munge.key")
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+            out.write(os.urandom(128))
+        self._spawn("munged", [
+            "munged", "--foreground", f"--key-file={key}", f"--socket={self.munge_socket}",
+            f"--pid-file={os.path.join(key_dir, 'munged.pid')}",
+            f"--seed-file={os.path.join(key_dir, 'munged.seed')}",
+            f"--log-file={os.path.join(self._path('log', mode=0o755), 'munged.log')}",
+        ])
+        _wait_until(lambda: os.path.exists(self.munge_socket), START_TIMEOUT_S,
+                    "munged did not create its socket")
+
+    def _write_slurm_conf(self):
+        state = self._path("state", mode=0o700)
+        spool = self._path("spool", mode=0o755)
+        run = self._path("run", mode=0o755)
+        log = self._path("log", mode=0o755)
+        plugstack = self._path("plugstack.conf")
+        open(plugstack, "w").close()  # no SPANK plugins, whatever /etc/slurm has
+        conf = self._path("slurm.conf")
+        with open(conf, "w") as out:
+            out.write(f"""\
+ClusterName=trainrun-test
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+CredType=cred/munge
+SlurmctldPort={free_loopback_port()}
+SlurmdPort={free_loopback_port()}
+StateSaveLocation={state}
+SlurmdSpoolDir={spool}/%n
+SlurmctldPidFile={run}/slurmctld.pid
+SlurmdPidFile={run}/slurmd-%n.pid
+SlurmctldLogFile={log}/slurmctld.log
+SlurmdLogFile={log}/slurmd.log
+PlugStackConfig={plugstack}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+SwitchType=switch/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+ReturnToService=2
+KillWait=5
+# The node as configured here, even if this host has fewer cores.
+SlurmdParameters=config_overrides
+NodeName={self.node} NodeHostname={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1024 State=UNKNOWN
+PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+""")
+        return conf
+
+    @staticmethod
+    def _client_env(conf):
+        # A test started inside a Slurm job must not hand that job's settings to sbatch.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env["SLURM_CONF"] = conf
+        return env
