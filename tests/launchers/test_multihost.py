@@ -39,7 +39,7 @@ WHOLE_TEST_S = 220  # a watchdog well inside ctest's budget
 RUN_TIMEOUT_S = 90  # any one trainrun run
 POLL_S = 0.02
 TINY = ["max_steps=5", "epochs=1", "eval_steps=1", "batch_size=32", "log_every=1"]
-STEP_LINE = re.compile(r"epoch \d+ step \d+/")
+STEP_LINE = r"epoch \d+ step \d+/"  # rank 0 prints one per step with log_every=1
 
 
 class TestFailure(Exception):
@@ -169,6 +169,7 @@ def read_jsonl(path):
 
 
 def start_run(cluster, name, plugin, key, config, stagger_s=0.0, extra=()):
+    """A 4-worker run: the controller, then node1 and node2 with 2 workers each."""
     controller = cluster.controller(name, plugin, key, 4, config, extra)
     cluster.wait_listening(controller)
     nodes = [cluster.node("node1", key, 2, stagger_s=stagger_s)]
@@ -179,12 +180,23 @@ def start_run(cluster, name, plugin, key, config, stagger_s=0.0, extra=()):
 
 def scenario_run_and_resume(cluster, fashion, key):
     """(a) A run across both nodes checkpoints through the controller; a rerun resumes."""
-    controller, nodes = start_run(cluster, "mnist", fashion, key, TINY)
+    # The namespaces share one filesystem, which --checkpoint-upload auto would detect and
+    # copy into directly; real hosts stream their checkpoints through the controller.
+    stream = ["--checkpoint-upload", "stream"]
+    controller, nodes = start_run(cluster, "mnist", fashion, key, TINY, extra=stream)
     finish(controller, nodes)
     out = controller.text()
+    check("shares the run directory's filesystem" not in out,
+          f"a worker copied its checkpoint instead of streaming it:\n{tail(out, 30)}")
     for host in ("node1", "node2"):
         connected = re.findall(rf"a worker on {host} \(pid \d+\) connected", out)
         check(len(connected) == 2, f"expected 2 workers on {host}, the controller says:\n{out}")
+    # Where the ranks run, a line per node: each node has 2 consecutive ranks.
+    placement = re.findall(r"node (\d+) \((\S+)\): ranks (\d+)-(\d+)", out)
+    check(sorted(host for _, host, _, _ in placement) == ["node1", "node2"] and
+          all(int(first) == 2 * int(node) and int(last) == int(first) + 1
+              for node, _, first, last in placement),
+          f"the controller's rank placement: {placement}\n{tail(out, 30)}")
     if cluster.mode == "agent":
         # The agent forwards its workers' output to the controller, rank-prefixed.
         check(re.search(r"\[rank 0 \(node[12], pid \d+\)\] FashionMNIST", out),
@@ -201,7 +213,7 @@ def scenario_run_and_resume(cluster, fashion, key):
               f"checkpoint_000000/{name} missing")
 
     config = [c for c in TINY if not c.startswith("epochs=")] + ["epochs=2"]
-    controller, nodes = start_run(cluster, "mnist", fashion, key, config)
+    controller, nodes = start_run(cluster, "mnist", fashion, key, config, extra=stream)
     finish(controller, nodes)
     resumed = wait_for(r"resuming after epoch 0 from (\S+)", [controller, *nodes], 1)
     # Rank 0 reads a copy fetched through the controller, not the storage itself.
@@ -246,20 +258,21 @@ def scenario_wrong_key(cluster, fashion, key):
     other = cluster.keygen("other.key")
     controller = cluster.controller("wrongkey", fashion, key, 4, TINY)
     cluster.wait_listening(controller)
-    stranger_argv = [*cluster.worker_argv(other, "cache-stranger"), "--startup-timeout-ms", "10000"]
-    stranger = cluster.start("node2", "stranger", stranger_argv)
+    stranger = cluster.start("node2", "stranger", [*cluster.worker_argv(other, "cache-stranger"),
+                                                   "--startup-timeout-ms", "10000"])
     wait_for(r"refused a peer", [controller], 20)
     nodes = [cluster.node("node1", key, 2), cluster.node("node2", key, 2)]
     finish(controller, nodes)
     code = stranger.wait(25)
     check(code != 0, f"the stranger exited 0:\n{stranger.text()}")
-    check(not STEP_LINE.search(stranger.text()) and "FashionMNIST" not in stranger.text(),
-          f"the stranger got work:\n{stranger.text()}")
+    # It never said HELLO (4 workers connected, all of the right nodes) nor fetched the plugin.
+    connected = re.findall(r"a worker on \S+ \(pid (\d+)\) connected", controller.text())
+    check(len(connected) == 4, f"{len(connected)} workers connected:\n{controller.text()}")
     cached = [f for _, _, files in os.walk(os.path.join(cluster.workdir, "cache-stranger"))
               for f in files]
     check(not cached, f"the stranger fetched the plugin: {cached}")
     with open(os.path.join(cluster.run_dir("wrongkey"), "logs", "controller.log")) as f:
-        refused = [l for l in f if "refused a peer" in l]
+        refused = [line for line in f if "refused a peer" in line]
     check(len(refused) == 1, f"expected one 'refused a peer' line: {refused}")
     return f"stranger exit {code}: {tail(stranger.text(), 1)!r}; controller: {refused[0].strip()!r}"
 
@@ -268,7 +281,7 @@ def scenario_lost_node(cluster, fashion, key):
     """(c) kill -9 of node2's agent fails the run within the heartbeat timeout, naming node2."""
     config = ["max_steps=100000", "epochs=1", "eval=false", "batch_size=32", "log_every=1"]
     controller, nodes = start_run(cluster, "lost", fashion, key, config)
-    wait_for(STEP_LINE.pattern, [controller, *nodes], 60)
+    wait_for(STEP_LINE, [controller, *nodes], 60)
     killed_at = time.monotonic()
     cluster.kill_agent(nodes[1])
     code = controller.wait(HEARTBEAT_S + FAILURE_SLACK_S + 30)
@@ -288,6 +301,9 @@ def scenario_lost_node(cluster, fashion, key):
         problems.append("the run did not fail")
     if error.get("host") != "node2":
         problems.append("error.json does not name node2")
+    failed = re.search(r"run failed: .*", controller.text())
+    if not failed or "node2" not in failed.group(0):
+        problems.append("the controller's failure line does not name node2")
     if took > HEARTBEAT_S + FAILURE_SLACK_S:
         problems.append(f"the run failed {took:.1f} s after the kill "
                         f"(limit {HEARTBEAT_S + FAILURE_SLACK_S} s)")

@@ -154,6 +154,7 @@ def run_test(build, launch):
             "TRAINRUN_LAUNCH": launch,
             "TRAINRUN_CACHE_DIR": str(work / "cache"),  # workers' plugin cache
             "TRAINRUN_ARGS": "--startup-timeout 60 --heartbeat-timeout 15",
+            "TRAINRUN_GRACE_S": "20",  # past the heartbeat timeout
         }
 
         fashion = dict(common, PLUGIN=str(build / "plugins/fashion_mnist/libfashion_mnist.so"),

@@ -66,6 +66,7 @@ RunOutcome Controller::run() {
       log_.error("{}", message);
     }
   }
+  if (!listening_.empty() && !checkpoints_.streams()) write_storage_probe();
   LaunchOptions launch;
   launch.executable = setup_.options.worker_executable;
   launch.endpoint = dir_.endpoint();
@@ -354,6 +355,20 @@ void Controller::stop_workers(bool graceful) {
   // group) ends with them, on success too.
   pool_.end_groups();
   pool_.drain_output();  // the last lines before each exit
+  if (!storage_probe_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove(storage_probe_, ec);
+  }
+}
+
+void Controller::write_storage_probe() {
+  auto path = storage_.dir() / ".storage-probe";
+  try {
+    write_file_atomic(path, storage_token_);
+    storage_probe_ = path;
+  } catch (const IoError& e) {
+    log_.warn("remote workers will stream their checkpoints: {}", e.what());
+  }
 }
 
 void Controller::fail(WorkerSlot& worker, FailureKind kind, const std::string& message) {

@@ -81,6 +81,8 @@ class Controller {
   /// handler when there is a run key.
   void listen();
   void check_startup();
+  /// Writes the storage probe; without it remote workers stream.
+  void write_storage_probe();
   void on_refused_peer(const std::string& where, const char* why);
 
   int world_size() const { return setup_.options.scaling.num_workers; }
@@ -149,6 +151,10 @@ class Controller {
   std::optional<ZapHandler> zap_;  // bound before the router, which it guards
   zmq::socket_t router_{context_, zmq::socket_type::router};
   std::string listening_;  // the bound TCP endpoint, once listening
+  // With --checkpoint-upload auto, a file in the run directory that remote
+  // workers look for: those that find storage_token_ in it share the storage.
+  std::filesystem::path storage_probe_;
+  std::string storage_token_ = make_secret();
   // The router's failed handshakes (peers without the run key), once listening.
   std::optional<zmq::socket_t> monitor_;
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines

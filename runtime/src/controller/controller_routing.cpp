@@ -301,6 +301,8 @@ void Controller::assign_ranks() {
     assign.fetch_checkpoint = checkpoints_.streams() || worker.remote;
     if (worker.remote) worker.attach_secret = make_secret();
     assign.attach_secret = worker.attach_secret;
+    assign.storage_probe = worker.remote ? storage_probe_.string() : "";
+    assign.storage_token = worker.remote ? storage_token_ : "";
     const Placement& place = placements[static_cast<size_t>(worker.index)];
     assign.world_rank = place.world_rank;
     assign.local_rank = place.local_rank;
@@ -345,6 +347,11 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
     on_fetch_chunk(worker, message.as<protocol::FetchChunk>());
   } else if (type == protocol::Started::kType) {
     worker.started = true;
+    worker.shares_storage = message.as<protocol::Started>().shares_storage;
+    if (worker.remote && worker.shares_storage) {
+      log_.info("{} shares the run directory's filesystem: it copies its checkpoints there",
+                worker.describe());
+    }
   } else if (type == protocol::Done::kType) {
     on_done(worker);
   } else if (type == protocol::Failed::kType) {
@@ -390,7 +397,7 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   if (report.checkpoint) {
     try {
       to_train(worker, checkpoints_.begin_upload(worker.rank, report.iteration, report.files,
-                                                 /*stream=*/worker.remote));
+                                                 /*stream=*/worker.remote && !worker.shares_storage));
     } catch (const UsageError& e) {
       fail(worker, FailureKind::kUsage, e.what());
       return;

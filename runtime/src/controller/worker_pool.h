@@ -39,6 +39,7 @@ struct WorkerSlot {
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
   int rank = -1;  // once assigned
   bool started = false;  // its train function was called (STARTED)
+  bool shares_storage = false;  // a remote worker that sees the run directory (STARTED)
   bool done = false;
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;

@@ -134,7 +134,8 @@ struct StoreRequest {
 struct Started {  // the train thread is about to call the entry: the plugin loaded, the group formed
   static constexpr const char* kType = "STARTED";
   int32_t rank = 0;
-  MSGPACK_DEFINE_MAP(rank);
+  bool shares_storage = false;  // it read ASSIGN's storage probe: it copies its checkpoints itself
+  MSGPACK_DEFINE_MAP(rank, shares_storage);
 };
 
 struct Done {
@@ -208,11 +209,16 @@ struct Assign {
   std::string checkpoint_dir;     // the checkpoint to resume from, or empty
   bool fetch_checkpoint = false;  // checkpoint_dir is not visible here: FETCH_CHECKPOINT it
   std::string attach_secret;  // what this worker's ATTACHes carry; empty = the run's worker secret
+  // A file in the run directory holding storage_token, for a remote worker to
+  // find out whether it shares the controller's filesystem (empty: it streams).
+  std::string storage_probe;
+  std::string storage_token;
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size,
                      store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms,
                      heartbeat_interval_ms,
-                     checkpoint_dir, fetch_checkpoint, attach_secret);
+                     checkpoint_dir, fetch_checkpoint, attach_secret, storage_probe,
+                     storage_token);
 };
 
 struct AgentAccepted {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 
 #include "common/network.h"
 #include "common/paths.h"
@@ -156,6 +157,17 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
                                                      gloo);
 }
 
+// Whether the probe file ASSIGN names holds its token here: the same
+// filesystem as the controller's run directory, at the same path.
+bool sees_storage_probe(const protocol::Assign& assign) {
+  if (assign.storage_probe.empty() || assign.storage_token.empty()) return false;
+  std::ifstream probe(assign.storage_probe, std::ios::binary);
+  std::string content(assign.storage_token.size() + 1, '\0');
+  probe.read(content.data(), static_cast<std::streamsize>(content.size()));
+  content.resize(static_cast<size_t>(probe.gcount()));
+  return content == assign.storage_token;
+}
+
 }  // namespace
 
 void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
@@ -190,7 +202,9 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     state.controller = &controller;
     state.world_rank = assign.world_rank;
     state.checkpoint_dir = assign.checkpoint_dir;
-    state.fetch_checkpoint = assign.fetch_checkpoint;
+    // A remote worker that sees the storage reads and copies checkpoints there.
+    const bool shares_storage = sees_storage_probe(assign);
+    state.fetch_checkpoint = assign.fetch_checkpoint && !shares_storage;
     train_host_v1_t host{};
     host.abi_version = TRAIN_PLUGIN_ABI_VERSION;
     host.struct_size = sizeof(host);
@@ -210,7 +224,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.get_checkpoint = &host_get_checkpoint;
 
     failed_kind = FailureKind::kException;
-    protocol::send(controller, protocol::Started{assign.world_rank});
+    protocol::send(controller, protocol::Started{assign.world_rank, shares_storage});
     std::vector<char> error(16 * 1024, '\0');
     int rc = entry(&host, error.data(), error.size());
     state.remove_downloads();
