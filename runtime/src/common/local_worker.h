@@ -1,10 +1,11 @@
 #pragma once
 
-// A worker process started on this host: posix_spawn of `trainrun-worker ...`,
-// its stdout and stderr on pipes the controller reads, in its own process group
-// (so a terminal's Ctrl-C reaches only the controller, which stops workers in
-// order), and told the controller's pid so that it sets PR_SET_PDEATHSIG
-// itself (common/parent.h: a killed controller leaves no orphan).
+// A worker process started on this host, by the controller or a node agent:
+// posix_spawn of `trainrun-worker ...`, its stdout and stderr on pipes its
+// parent reads, in its own process group (so a terminal's Ctrl-C reaches only
+// the parent, which stops workers in order), and told its parent's pid so that
+// it sets PR_SET_PDEATHSIG itself (common/parent.h: a killed parent leaves no
+// orphan).
 
 #include <sys/types.h>
 
