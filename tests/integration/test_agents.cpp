@@ -169,3 +169,14 @@ TEST_CASE("node agents end their workers when the controller is killed") {
   CHECK(read_text(box.root() / "agent-0.txt").find("lost the controller") != std::string::npos);
   CHECK(children_end(box));
 }
+
+TEST_CASE("Ctrl-C on the controller stops the node agents' workers too") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry sleeps --config child=true --name interrupted", 2, 1);
+  REQUIRE(wait_for_lines(box, "\\] sleeping", 2));
+  ::kill(run.controller, SIGINT);
+  CHECK(Sandbox::wait(run.controller) == 130);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);  // its workers left on SHUTDOWN
+  CHECK(read_json(box.run_dir("interrupted") / "error.json")["kind"] == "interrupted");
+  CHECK(children_end(box));
+}
