@@ -10,6 +10,8 @@ packages=(
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev pkg-config doctest-dev
   zlib1g-dev dataset-fashion-mnist
+  # The launcher tests: a one-node Slurm cluster, network namespaces.
+  slurm-wlm munge iproute2 util-linux
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch python3-torchvision)

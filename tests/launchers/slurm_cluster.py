@@ -3,17 +3,26 @@
 SlurmCluster starts its own munged, slurmctld and slurmd as root, with every
 file (munge key and socket, slurm.conf, state, spool, pid files, logs) in a
 fresh temporary directory and the daemons' ports chosen free on loopback, so it
-neither reads nor disturbs a system-wide Slurm or munge, and a run that was
-killed midway leaves nothing that the next one trips over. Clients (sbatch,
-srun, squeue...) reach it through `cluster.env`, which sets SLURM_CONF.
+neither reads nor disturbs a system-wide Slurm or munge, and stale pid files or
+ports of an earlier run cannot get in its way. Clients (sbatch, srun, squeue...)
+reach it through `cluster.env`, which sets SLURM_CONF.
 
     with SlurmCluster() as cluster:
         subprocess.run(["sbatch", "--wait", "job.sh"], env=cluster.env)
 
-Teardown cancels the jobs, stops the daemons and removes the directory; it
-runs on leaving the `with` block, at interpreter exit and on SIGTERM/SIGHUP.
-The daemons also get SIGTERM from the kernel if the process that started them
-dies (even by SIGKILL), so none outlives a killed test.
+Teardown cancels the jobs, stops the daemons, ends whatever of the jobs is left
+and removes the directory; it runs on leaving the `with` block, at interpreter
+exit and on SIGTERM/SIGHUP. A test killed outright (SIGKILL) takes the daemons
+with it (the kernel signals them when their parent dies), but not its jobs'
+processes: slurmstepd detaches from slurmd. The next cluster to start ends
+those, and removes their directory (a cluster that still has a daemon is
+someone's live cluster, and left alone).
+
+A test may keep its own files under `cluster.root`: they go with the cluster's.
+
+Every process of a cluster, the jobs' included, carries SLURM_CONF naming the
+cluster's slurm.conf in its environment (the daemons get it from here, the jobs
+from sbatch), which is how teardown finds them.
 """
 
 import atexit
@@ -29,6 +38,8 @@ import time
 
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 15
+DIR_PREFIX = "trainrun-slurm-"
+DAEMONS = {"munged", "slurmctld", "slurmd"}
 
 _PR_SET_PDEATHSIG = 1
 
@@ -55,6 +66,44 @@ def _wait_until(predicate, timeout_s, what):
     raise TimeoutError(f"{what} within {timeout_s} s")
 
 
+def _processes_by_conf():
+    """{slurm.conf path: [(pid, argv[0])]} for the processes of this module's clusters."""
+    owned = os.path.join(tempfile.gettempdir(), DIR_PREFIX)
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                variables = environ.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                argv0 = cmdline.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        for variable in variables:
+            if variable.startswith(b"SLURM_CONF="):
+                conf = variable.removeprefix(b"SLURM_CONF=").decode(errors="replace")
+                if conf.startswith(owned):
+                    found.setdefault(conf, []).append((int(entry), argv0))
+    return found
+
+
+def _kill(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def end_abandoned_clusters():
+    """Ends the jobs' processes of clusters whose daemons are all gone, removes their files."""
+    for conf, processes in _processes_by_conf().items():
+        if not any(os.path.basename(argv0) in DAEMONS for _, argv0 in processes):
+            _kill(pid for pid, _ in processes)
+            shutil.rmtree(os.path.dirname(conf), ignore_errors=True)
+
+
 class SlurmCluster:
     """munged + slurmctld + one slurmd: this host as the only node, `cpus` CPUs."""
 
@@ -62,6 +111,7 @@ class SlurmCluster:
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self.node = socket.gethostname().split(".")[0]
         self.root = None
+        self.conf = None
         self.env = None
         self._daemons = []  # (name, Popen), in start order
         self._previous_signal_handlers = {}
@@ -76,25 +126,27 @@ class SlurmCluster:
         self.stop()
 
     def start(self):
-        self.root = tempfile.mkdtemp(prefix="trainrun-slurm-")
+        end_abandoned_clusters()
+        self.root = tempfile.mkdtemp(prefix=DIR_PREFIX)
         # munged requires every directory above its socket to be searchable by all.
         os.chmod(self.root, 0o755)
+        self.conf = os.path.join(self.root, "slurm.conf")
+        self.env = self._client_env(self.conf)
         atexit.register(self.stop)
         for signum in (signal.SIGTERM, signal.SIGHUP):
             self._previous_signal_handlers[signum] = signal.signal(signum, self._on_signal)
         try:
             self._start_munged()
-            conf = self._write_slurm_conf()
-            self.env = self._client_env(conf)
-            self._spawn("slurmctld", ["slurmctld", "-D", "-f", conf])
-            self._spawn("slurmd", ["slurmd", "-D", "-f", conf, "-N", self.node])
+            self._write_slurm_conf()
+            self._spawn("slurmctld", ["slurmctld", "-D", "-f", self.conf])
+            self._spawn("slurmd", ["slurmd", "-D", "-f", self.conf, "-N", self.node])
             _wait_until(self._node_idle, START_TIMEOUT_S, f"node {self.node} not idle")
         except BaseException:
             self.stop()
             raise
 
     def stop(self):
-        """Idempotent: cancels jobs, stops the daemons, removes the directory."""
+        """Idempotent: cancels jobs, stops the daemons, ends leftovers, removes the files."""
         if self.root is None:
             return
         if self._running("slurmctld"):
@@ -114,6 +166,8 @@ class SlurmCluster:
                 process.kill()
                 process.wait()
         self._daemons.clear()
+        # A job that did not end in time, or a step slurmd lost track of.
+        _kill(pid for pid, _ in _processes_by_conf().get(self.conf, []))
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
         atexit.unregister(self.stop)
@@ -125,7 +179,7 @@ class SlurmCluster:
         # Unwinds through `with` blocks and finally clauses, which call stop().
         sys.exit(128 + signum)
 
-    # --- queries ------------------------------------------------------------
+    # --- jobs and diagnostics ------------------------------------------------
 
     def cancel_jobs(self):
         """Cancels every job in this cluster (they are all root's)."""
@@ -174,8 +228,7 @@ class SlurmCluster:
         return path
 
     def _spawn(self, name, argv):
-        log = open(os.path.join(self._path("log", mode=0o755), f"{name}.out"), "wb")
-        with log:
+        with open(os.path.join(self._path("log", mode=0o755), f"{name}.out"), "wb") as log:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, env=self.env,
                                        preexec_fn=_die_with_parent)
@@ -203,8 +256,7 @@ class SlurmCluster:
         log = self._path("log", mode=0o755)
         plugstack = self._path("plugstack.conf")
         open(plugstack, "w").close()  # no SPANK plugins, whatever /etc/slurm has
-        conf = self._path("slurm.conf")
-        with open(conf, "w") as out:
+        with open(self.conf, "w") as out:
             out.write(f"""\
 ClusterName=trainrun-test
 SlurmctldHost={self.node}(127.0.0.1)
@@ -236,10 +288,9 @@ ReturnToService=2
 KillWait=5
 # The node as configured here, even if this host has fewer cores.
 SlurmdParameters=config_overrides
-NodeName={self.node} NodeHostname={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1024 State=UNKNOWN
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1024 State=UNKNOWN
 PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)
-        return conf
 
     @staticmethod
     def _client_env(conf):

@@ -23,17 +23,17 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_cluster import SlurmCluster, free_loopback_port  # noqa: E402
 
 SKIP = 77
 REPO = Path(__file__).resolve().parents[2]
 SBATCH_SCRIPT = REPO / "examples" / "slurm" / "trainrun.sbatch"
-JOB_TIMEOUT_S = 150
+JOB_TIMEOUT_S = 120
 ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue",
@@ -56,8 +56,11 @@ def submit(cluster, work, job_env, name):
     command = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--job-name={name}",
                f"--chdir={work}", f"--output={output}", "--time=5", str(SBATCH_SCRIPT)]
     started = time.monotonic()
-    job_id = subprocess.run(command, env=dict(cluster.env, **job_env), capture_output=True,
-                            text=True, timeout=30, check=True).stdout.strip().split(";")[0]
+    sbatch = subprocess.run(command, env=dict(cluster.env, **job_env), cwd=work,
+                            capture_output=True, text=True, timeout=30)
+    if sbatch.returncode != 0:
+        raise Failure(f"sbatch refused job {name}: {sbatch.stderr.strip()}")
+    job_id = sbatch.stdout.strip().split(";")[0]
     # Polled here rather than with `sbatch --wait`, whose checks grow up to 32 s apart.
     deadline = started + JOB_TIMEOUT_S
     while (job := job_record(cluster, job_id))["JobState"] not in ENDED_STATES:
@@ -128,7 +131,7 @@ def check_fashion_mnist_run(build, run_dir):
     check((run_dir / "logs" / "controller.log").is_file(), "logs/controller.log written")
 
 
-def check_ranks(output):
+def check_ranks(output, run_dir, launch):
     """The test plugin's `context` line from each rank, as the job's output has it."""
     seen = re.findall(r"context world_rank=(\d+) local_rank=(\d+) node_rank=(\d+) "
                       r"world_size=(\d+) local_world_size=(\d+)", output)
@@ -140,12 +143,18 @@ def check_ranks(output):
     check(local_ranks == [0, 1], "local ranks 0 and 1")
     threads = re.findall(r"context world_rank=\d+ .* threads=(\d+)", output)
     check(threads == ["1", "1"], "1 intra-op thread per worker (2 CPUs / 2 tasks)")
+    if launch == "agent":
+        # The agent forwards its workers' output to the controller, which logs it by rank.
+        for rank in (0, 1):
+            log = run_dir / "logs" / f"worker-{rank}.log"
+            check(f"context world_rank={rank} " in read(log),
+                  f"logs/{log.name} has rank {rank}'s line")
 
 
 def run_test(build, launch):
-    with tempfile.TemporaryDirectory(prefix="trainrun-slurm-test-") as tmp, \
-            SlurmCluster(cpus=max(2, len(os.sched_getaffinity(0)))) as cluster:
-        work = Path(tmp)
+    with SlurmCluster(cpus=max(2, len(os.sched_getaffinity(0)))) as cluster:
+        work = Path(cluster.root) / "work"  # removed with the cluster's files
+        work.mkdir()
         print(f"slurm cluster up: node {cluster.node}, files in {cluster.root}; launch={launch}")
         common = {
             "TRAINRUN": str(build / "trainrun"),
@@ -170,7 +179,7 @@ def run_test(build, launch):
                        TRAINRUN_PORT=str(free_loopback_port()))
         output = submit(cluster, work, context, "context")
         with output_on_failure(output):
-            check_ranks(output)
+            check_ranks(output, work / "results" / "context", launch)
 
 
 def main():
@@ -197,7 +206,8 @@ def main():
     started = time.monotonic()
     try:
         run_test(build, launch)
-    except Failure as failure:
+    except (Failure, subprocess.SubprocessError, OSError, RuntimeError) as failure:
+        # RuntimeError covers a cluster that did not come up (TimeoutError is an OSError).
         print(f"FAIL: {failure}")
         return 1
     print(f"PASS in {time.monotonic() - started:.1f} s")

@@ -365,10 +365,12 @@ std::optional<int> slurm_workers_per_node() {
   const char* per_node = std::getenv("SLURM_NTASKS_PER_NODE");
   const char* step_tasks = std::getenv("SLURM_STEP_NUM_TASKS");
   const char* step_nodes = std::getenv("SLURM_STEP_NUM_NODES");
-  if (job == nullptr || per_node == nullptr) return std::nullopt;
+  if (job == nullptr || per_node == nullptr || step_tasks == nullptr || step_nodes == nullptr) {
+    return std::nullopt;
+  }
   // A step of one task per worker (`srun -n 8 trainrun worker`): each task is a worker.
-  if (step_tasks != nullptr && step_nodes != nullptr &&
-      slurm_count("SLURM_STEP_NUM_TASKS", step_tasks) != slurm_count("SLURM_STEP_NUM_NODES", step_nodes)) {
+  if (slurm_count("SLURM_STEP_NUM_TASKS", step_tasks) !=
+      slurm_count("SLURM_STEP_NUM_NODES", step_nodes)) {
     return std::nullopt;
   }
   return slurm_count("SLURM_NTASKS_PER_NODE", per_node);

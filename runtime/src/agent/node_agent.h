@@ -34,9 +34,12 @@ struct AgentOptions {
 /// with 0, 1 otherwise, 2 when the controller refused the agent.
 int run_agent(const AgentOptions& options);
 
-/// The number of workers a Slurm step's agent starts on its node, from the
-/// job's environment, or nothing when the process is not an agent of a Slurm
-/// job (one task per node). Throws UsageError on a malformed value.
+/// The number of workers a Slurm step's agent starts on its node: in a step of
+/// one task per node (SLURM_STEP_NUM_TASKS equal to SLURM_STEP_NUM_NODES), the
+/// job's tasks per node, SLURM_NTASKS_PER_NODE (which the step inherits from
+/// the batch script unless srun is given --ntasks-per-node). Nothing outside
+/// Slurm, in a step of several tasks per node (each task is a worker), or
+/// without SLURM_NTASKS_PER_NODE. Throws UsageError on a malformed value.
 std::optional<int> slurm_workers_per_node();
 
 }  // namespace trainrun

@@ -17,7 +17,9 @@
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
-  trainrun::die_with_parent();
+  // Started by a controller or a node agent: a worker, whatever a launcher's
+  // environment it inherited says.
+  const bool supervised = trainrun::die_with_parent();
   auto secret = trainrun::take_secret_from_environment();
   CLI::App app{"trainrun-worker: runs train functions for a trainrun controller"};
   trainrun::WorkerOptions options;
@@ -51,7 +53,7 @@ int main(int argc, char** argv) {
     if (!key_file.empty()) {
       options.keys = trainrun::RunKeys::derive(trainrun::read_run_key(key_file));
     }
-    if (nproc == 0 && options.index < 0) nproc = trainrun::slurm_workers_per_node().value_or(0);
+    if (nproc == 0 && !supervised) nproc = trainrun::slurm_workers_per_node().value_or(0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainrun worker: %s\n", e.what());
     return 2;

@@ -17,9 +17,9 @@ void end_process_group(int) { ::kill(0, SIGKILL); }
 
 }  // namespace
 
-void die_with_parent() {
+bool die_with_parent() {
   const char* parent = std::getenv(kParentPidVariable);
-  if (parent == nullptr) return;
+  if (parent == nullptr) return false;
   int death_signal = SIGKILL;
   if (::getpgrp() == ::getpid()) {
     struct sigaction action {};
@@ -31,11 +31,12 @@ void die_with_parent() {
   // The controller may have died before the prctl: then this process was
   // handed to another parent already, and no signal will come.
   if (std::to_string(::getppid()) != parent) {
-    const char message[] = "trainrun: the controller that started this worker is gone\n";
+    const char message[] = "trainrun: the process that started this worker is gone\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, message, sizeof(message) - 1);
     ::_exit(127);
   }
   ::unsetenv(kParentPidVariable);  // not for the train function's own children
+  return true;
 }
 
 }  // namespace trainrun
