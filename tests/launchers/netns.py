@@ -62,24 +62,23 @@ def _pid_alive(pid):
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, and another user's
     return True
 
 
 def _kill_namespace_processes(namespace):
-    """SIGKILLs every process in `namespace`, waiting (bounded) until none is left."""
+    """SIGKILLs every process in `namespace`, until none is left or KILL_WAIT_S passed."""
     deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline:
         pids = [int(p) for p in _ip("netns", "pids", namespace, check=False).stdout.split()]
         if not pids:
-            return True
+            return
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
-    return not _ip("netns", "pids", namespace, check=False).stdout.split()
 
 
 def _delete_namespace(namespace):
