@@ -109,7 +109,7 @@ RunOutcome Controller::run() {
       error = interrupted_;
       break;
     }
-    if (failures_.settled(Clock::now(), kFailureGrace)) {
+    if (failures_.settled(Clock::now(), kFailureGrace) && remote_workers_accounted()) {
       error = failures_.root_cause();
       break;
     }
@@ -268,6 +268,19 @@ void Controller::check_timers() {
                " ms: stopped responding");
     }
   }
+}
+
+// Whether every remote worker still running has been heard from since the
+// first failure. A remote process that died (its host lost, its agent killed)
+// is seen only when its heartbeats stop; until then its peers' collective
+// errors ("Connection closed by peer") would look like the cause. A live one
+// sends a heartbeat within a second; a dead one is declared lost at the
+// heartbeat timeout, which ends the wait.
+bool Controller::remote_workers_accounted() const {
+  auto since = failures_.first();
+  return std::all_of(pool_.workers().begin(), pool_.workers().end(), [&](const WorkerSlot& w) {
+    return !w.remote || w.failed || w.exited || w.done || w.last_heard > since;
+  });
 }
 
 // One line per ten seconds at most, however many strangers knock.

@@ -81,6 +81,7 @@ class Controller {
   /// handler when there is a run key.
   void listen();
   void check_startup();
+  bool remote_workers_accounted() const;
   /// Writes the storage probe; without it remote workers stream.
   void write_storage_probe();
   void on_refused_peer(const std::string& where, const char* why);

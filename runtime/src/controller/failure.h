@@ -22,6 +22,8 @@ class FailureCollector {
   bool any() const { return !errors_.empty(); }
   /// Whether the grace period after the first failure is over.
   bool settled(Clock::time_point now, Clock::duration grace) const;
+  /// When the first failure arrived; requires any().
+  Clock::time_point first() const { return errors_.front().when; }
   /// The root cause; requires any().
   RunError root_cause() const;
 

@@ -83,6 +83,7 @@ class WorkerPool {
   WorkerSlot* remote_worker(const std::string& host, int64_t pid);
 
   std::vector<WorkerSlot>& workers() { return workers_; }
+  const std::vector<WorkerSlot>& workers() const { return workers_; }
   int size() const { return static_cast<int>(workers_.size()); }
   /// The worker with this launch index, or null.
   WorkerSlot* at_index(int index);
