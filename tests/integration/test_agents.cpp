@@ -141,6 +141,7 @@ TEST_CASE("a killed node agent fails the run after the heartbeat timeout, naming
   INFO(error.dump());
   CHECK(error["kind"] == "lost");
   CHECK_FALSE(error["host"].get<std::string>().empty());
+  CHECK(error["message"].get<std::string>().find("nor did the node agent on") != std::string::npos);
   CHECK(children_end(box));  // the killed agent's workers took their children with them
 }
 

@@ -20,6 +20,7 @@ namespaces and deletes their links and the namespaces themselves. Needs root,
 import atexit
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -104,9 +105,12 @@ class Network:
     Hosts are named by their short names ("ctrl", "node1"); `namespace(host)`
     gives the real namespace name, `ip(host)` its address."""
 
-    def __init__(self, nodes=("node1", "node2")):
+    def __init__(self, nodes=("node1", "node2"), controller_only=()):
+        """`controller_only`: directories the nodes see empty (a tmpfs over each in
+        their own mount namespace), as another host does not see the controller's disk."""
         self.tag = f"{PREFIX}{os.getpid()}-"
         self.hosts = [CONTROLLER, *nodes]
+        self.controller_only = list(controller_only)
         # The subnet only exists inside these namespaces; varying it per run
         # keeps logs of concurrent runs apart.
         self.subnet = f"10.213.{os.getpid() % 250}"
@@ -167,9 +171,12 @@ class Network:
             _ip("-n", self.namespace(host), "link", "set", "eth0", "up")
 
     def command(self, host, argv):
-        """argv wrapped to run in `host`'s namespace under its own host name."""
-        return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', host, *argv]
+        """argv wrapped to run in `host`'s namespace under its own host name, and on a
+        node, in a mount namespace of its own without the controller's directories."""
+        hide = [] if host == CONTROLLER else self.controller_only
+        mounts = "".join(f"mount -t tmpfs trainrun-elsewhere {shlex.quote(d)} && " for d in hide)
+        return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "--mount", "sh",
+                "-c", f'hostname "$0" && {mounts}exec "$@"', host, *argv]
 
     def popen(self, host, argv, **kwargs):
         """Starts argv in `host` (its own session, so its process group can be killed); the

@@ -180,10 +180,9 @@ def start_run(cluster, name, plugin, key, config, stagger_s=0.0, extra=()):
 
 def scenario_run_and_resume(cluster, fashion, key):
     """(a) A run across both nodes checkpoints through the controller; a rerun resumes."""
-    # The namespaces share one filesystem, which --checkpoint-upload auto would detect and
-    # copy into directly; real hosts stream their checkpoints through the controller.
-    stream = ["--checkpoint-upload", "stream"]
-    controller, nodes = start_run(cluster, "mnist", fashion, key, TINY, extra=stream)
+    # The nodes do not see the storage (netns.Network's controller_only): --checkpoint-upload
+    # auto finds that out and streams their checkpoints through the controller.
+    controller, nodes = start_run(cluster, "mnist", fashion, key, TINY)
     finish(controller, nodes)
     out = controller.text()
     check("shares the run directory's filesystem" not in out,
@@ -213,7 +212,7 @@ def scenario_run_and_resume(cluster, fashion, key):
               f"checkpoint_000000/{name} missing")
 
     config = [c for c in TINY if not c.startswith("epochs=")] + ["epochs=2"]
-    controller, nodes = start_run(cluster, "mnist", fashion, key, config, extra=stream)
+    controller, nodes = start_run(cluster, "mnist", fashion, key, config)
     finish(controller, nodes)
     resumed = wait_for(r"resuming after epoch 0 from (\S+)", [controller, *nodes], 1)
     # Rank 0 reads a copy fetched through the controller, not the storage itself.
@@ -299,8 +298,10 @@ def scenario_lost_node(cluster, fashion, key):
     problems = []
     if code == 0:
         problems.append("the run did not fail")
-    if error.get("host") != "node2":
-        problems.append("error.json does not name node2")
+    if error.get("host") != "node2" or error.get("kind") != "lost":
+        problems.append("error.json does not name node2's lost worker")
+    if cluster.mode == "agent" and "nor did the node agent on node2" not in error.get("message", ""):
+        problems.append("error.json does not say node2's agent is silent too")
     failed = re.search(r"run failed: .*", controller.text())
     if not failed or "node2" not in failed.group(0):
         problems.append("the controller's failure line does not name node2")
@@ -335,7 +336,9 @@ def main():
     workdir = tempfile.mkdtemp(prefix="trainrun-multihost-")
     started = time.monotonic()
     try:
-        with netns.Network(["node1", "node2"]) as net:
+        storage = os.path.join(workdir, "results")  # the controller's disk alone
+        os.makedirs(storage)
+        with netns.Network(["node1", "node2"], controller_only=[storage]) as net:
             cluster = Cluster(net, build, workdir, mode)
             key = cluster.keygen("run.key")
             scenarios = [("a: run, checkpoint, resume", scenario_run_and_resume, fashion)]

@@ -80,7 +80,7 @@ class Agent {
     const auto& secret = options_.keys ? options_.keys->hello_secret : std::string();
     if (!children_.empty()) queue_.push_back(outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids}));
     last_heard_ = Clock::now();
-    auto next_heartbeat = Clock::now() + kHeartbeatInterval;
+    auto next_heartbeat = Clock::now() + heartbeat_interval_;
     auto next_reap = Clock::now();
     while (!all_exited()) {
       poll_once();
@@ -92,7 +92,7 @@ class Agent {
       }
       if (now >= next_heartbeat) {
         if (queue_.empty()) queue_.push_back(outgoing(protocol::Heartbeat{}));
-        next_heartbeat = now + kHeartbeatInterval;
+        next_heartbeat = now + heartbeat_interval_;
       }
       if (!stop_at_ && now - last_heard_ > silence_limit_) {
         spdlog::error("lost the controller at {}: nothing heard for {} ms; ending the workers",
@@ -199,6 +199,7 @@ class Agent {
         auto accepted = message.as<protocol::AgentAccepted>();
         if (accepted.heartbeat_timeout_ms > 0) {
           silence_limit_ = std::chrono::milliseconds(accepted.heartbeat_timeout_ms);
+          heartbeat_interval_ = heartbeat_interval(silence_limit_);
         }
       } else if (type == protocol::Shutdown::kType) {
         // The workers have their own SHUTDOWN: a grace period to take it.
@@ -321,6 +322,7 @@ class Agent {
   std::vector<char> buffer_ = std::vector<char>(kOutputChunk);
   Clock::time_point last_heard_;
   std::chrono::milliseconds silence_limit_{0};
+  std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;
   std::optional<Clock::time_point> stop_at_;
   bool terminated_ = false;
   bool killed_ = false;

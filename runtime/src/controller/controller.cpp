@@ -265,9 +265,21 @@ void Controller::check_timers() {
     } else if (worker.main_id && now - worker.last_heard > run.heartbeat_timeout) {
       fail(worker, FailureKind::kLost,
            "sent nothing for " + std::to_string(run.heartbeat_timeout.count()) +
-               " ms: stopped responding");
+               " ms: stopped responding" + silent_agent(worker, now));
     }
   }
+}
+
+// ", nor did its node agent: ..." when the worker's agent fell silent too
+// (it missed two of its heartbeats).
+std::string Controller::silent_agent(const WorkerSlot& worker, Clock::time_point now) const {
+  for (const auto& [id, agent] : agents_) {
+    if (agent.host == worker.host && agent.workers.count(worker.process.pid) &&
+        now - agent.last_heard > 2 * heartbeat_interval(setup_.options.run.heartbeat_timeout)) {
+      return ", nor did " + agent.describe() + ": the node or its agent is gone";
+    }
+  }
+  return "";
 }
 
 // Whether every remote worker still running has been heard from since the

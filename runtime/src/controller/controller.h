@@ -82,6 +82,7 @@ class Controller {
   void listen();
   void check_startup();
   bool remote_workers_accounted() const;
+  std::string silent_agent(const WorkerSlot& worker, Clock::time_point now) const;
   /// Writes the storage probe; without it remote workers stream.
   void write_storage_probe();
   void on_refused_peer(const std::string& where, const char* why);
