@@ -39,7 +39,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::Done::kType] = sample_body(p::Done{1});
     m[p::Failed::kType] = sample_body(p::Failed{"boom", "exception"});
     m[p::Heartbeat::kType] = sample_body(p::Heartbeat{1});
-    m[p::AgentHello::kType] = sample_body(p::AgentHello{"host", 1, "secret", {2, 3}});
+    m[p::AgentHello::kType] = sample_body(p::AgentHello{"host", 1, "secret", {2, 3}, ""});
     m[p::Output::kType] = sample_body(p::Output{2, p::kStderr});
     m[p::Exited::kType] = sample_body(p::Exited{2, 0, 9});
     m[p::AgentAccepted::kType] = sample_body(p::AgentAccepted{1000});
@@ -59,7 +59,9 @@ const std::map<std::string, std::string>& samples() {
   return bodies;
 }
 
-zmq::message_t frame(const std::string& bytes) { return zmq::message_t(bytes.data(), bytes.size()); }
+zmq::message_t frame(const std::string& bytes) {
+  return zmq::message_t(bytes.data(), bytes.size());
+}
 
 }  // namespace
 
@@ -92,18 +94,30 @@ std::vector<zmq::message_t> MessageMutator::next(const std::string& type) {
   // A value of any msgpack type, some of them hostile.
   auto any_value = [&]() -> json {
     switch (below(12)) {
-      case 0: return nullptr;
-      case 1: return below(2) == 1;
-      case 2: return std::numeric_limits<int64_t>::min();
-      case 3: return std::numeric_limits<uint64_t>::max();
-      case 4: return -static_cast<int64_t>(below(1000));
-      case 5: return std::numeric_limits<double>::quiet_NaN();
-      case 6: return random_bytes(40);  // text that is rarely UTF-8
-      case 7: return std::string(70000, 'x');
-      case 8: return json::binary(std::vector<uint8_t>(below(100), 0xc1));
-      case 9: return json::array({1, "two", json::object()});
-      case 10: return json{{"nested", json{{"deeper", 1}}}};
-      default: return static_cast<int64_t>(below(1u << 20));
+      case 0:
+        return nullptr;
+      case 1:
+        return below(2) == 1;
+      case 2:
+        return std::numeric_limits<int64_t>::min();
+      case 3:
+        return std::numeric_limits<uint64_t>::max();
+      case 4:
+        return -static_cast<int64_t>(below(1000));
+      case 5:
+        return std::numeric_limits<double>::quiet_NaN();
+      case 6:
+        return random_bytes(40);  // text that is rarely UTF-8
+      case 7:
+        return std::string(70000, 'x');
+      case 8:
+        return json::binary(std::vector<uint8_t>(below(100), 0xc1));
+      case 9:
+        return json::array({1, "two", json::object()});
+      case 10:
+        return json{{"nested", json{{"deeper", 1}}}};
+      default:
+        return static_cast<int64_t>(below(1u << 20));
     }
   };
   switch (below(12)) {

@@ -3,7 +3,6 @@
 // reports how each ended; the controller names the cause as for local workers.
 
 #include <doctest/doctest.h>
-
 #include <signal.h>
 
 #include <regex>
@@ -21,25 +20,31 @@ struct AgentRun {
 };
 
 // A run of `workers` workers on loopback with the run key, and `agents` node
-// agents of `workers / agents` workers each.
-AgentRun start_agent_run(const Sandbox& box, const std::string& args, int workers, int agents) {
+// agents of `nproc` workers each (default: workers / agents).
+AgentRun start_agent_run(const Sandbox& box, const std::string& args, int workers, int agents,
+                         int nproc = 0) {
+  if (nproc == 0) nproc = workers / agents;
   auto key = (box.root() / "run.key").string();
   REQUIRE(box.run("keygen '" + key + "'").exit_code == 0);
   AgentRun run;
   run.controller = box.start(kTestPlugin + " -n " + std::to_string(workers) +
-                             " --listen tcp://127.0.0.1:0 --startup-timeout 60 --auth-key '" +
-                             key + "' " + args);
+                             " --listen tcp://127.0.0.1:0 --startup-timeout 60 --auth-key '" + key +
+                             "' " + args);
   std::regex listening("remote workers connect to (tcp://[0-9.]+:[0-9]+)");
-  std::smatch match;
-  for (int i = 0; i < 400; ++i) {
+  std::string endpoint;
+  for (int i = 0; i < 400 && endpoint.empty(); ++i) {
     auto out = box.output_so_far();
-    if (std::regex_search(out, match, listening)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    std::smatch match;  // points into `out`: read before the next pass
+    if (std::regex_search(out, match, listening)) {
+      endpoint = match[1];
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
   }
-  REQUIRE(match.size() == 2);
+  REQUIRE_FALSE(endpoint.empty());
   for (int i = 0; i < agents; ++i) {
-    run.agents.push_back(box.start_worker("--connect " + match[1].str() + " --auth-key '" + key +
-                                              "' --nproc " + std::to_string(workers / agents),
+    run.agents.push_back(box.start_worker("--connect " + endpoint + " --auth-key '" + key +
+                                              "' --nproc " + std::to_string(nproc),
                                           "agent-" + std::to_string(i) + ".txt"));
   }
   return run;
@@ -50,8 +55,8 @@ bool wait_for_lines(const Sandbox& box, const std::string& pattern, size_t count
   std::regex line(pattern);
   for (int i = 0; i < 1200; ++i) {
     auto out = box.output_so_far();
-    auto found = std::distance(std::sregex_iterator(out.begin(), out.end(), line),
-                               std::sregex_iterator());
+    auto found =
+        std::distance(std::sregex_iterator(out.begin(), out.end(), line), std::sregex_iterator());
     if (static_cast<size_t>(found) >= count) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -75,25 +80,33 @@ bool children_end(const Sandbox& box) {
     }
     return box.any_worker_alive();
   };
-  for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 100 && alive(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   return !alive();
 }
 
 }  // namespace
 
-TEST_CASE("node agents start their workers, forward their output by rank, and fetch the plugin once a host") {
+TEST_CASE(
+    "node agents start their workers, forward their output by rank, and fetch the plugin once a "
+    "host") {
   Sandbox box;
   auto run = start_agent_run(box, "--entry context --name agents", 4, 2);
   CHECK(Sandbox::wait(run.controller) == 0);
   for (pid_t agent : run.agents) CHECK(Sandbox::wait(agent) == 0);
   auto out = box.output_so_far();
   INFO(out);
+  auto agents_out = read_text(box.root() / "agent-0.txt") + read_text(box.root() / "agent-1.txt");
+  INFO(agents_out);
+  auto controller_log = read_text(box.run_dir("agents") / "logs" / "controller.log");
+  INFO(controller_log);
   CHECK(out.find("started 2 workers") != std::string::npos);
   CHECK(std::regex_search(out, std::regex("node 0 \\([^)]+\\): ranks 0-3")));
   // Each rank's line, on the controller's terminal and in its log by rank.
   for (int rank = 0; rank < 4; ++rank) {
     auto r = std::to_string(rank);
-    CHECK(std::regex_search(out, std::regex("\\[rank " + r + " \\([^)]+\\)\\] context world_rank=" + r)));
+    CHECK(std::regex_search(
+        out, std::regex("\\[rank " + r + " \\([^)]+\\)\\] context world_rank=" + r)));
     CHECK(read_text(box.run_dir("agents") / "logs" / ("worker-" + r + ".log"))
               .find("world_rank=" + r + " ") != std::string::npos);
   }
@@ -128,7 +141,8 @@ TEST_CASE("a worker's crash under a node agent is named at once, with its signal
   CHECK(box.output_so_far().find("rank 1 is about to crash") != std::string::npos);
 }
 
-TEST_CASE("a killed node agent fails the run after the heartbeat timeout, naming its workers' host") {
+TEST_CASE(
+    "a killed node agent fails the run after the heartbeat timeout, naming its workers' host") {
   Sandbox box;
   auto run = start_agent_run(
       box, "--entry sleeps --config child=true --name lost --heartbeat-timeout 3", 4, 2);
@@ -161,8 +175,10 @@ TEST_CASE("SIGTERM to a node agent, as scancel sends, ends its workers and names
 
 TEST_CASE("node agents end their workers when the controller is killed") {
   Sandbox box;
-  auto run = start_agent_run(box, "--entry sleeps --config child=true --name orphan "
-                                  "--heartbeat-timeout 2", 2, 1);
+  auto run = start_agent_run(box,
+                             "--entry sleeps --config child=true --name orphan "
+                             "--heartbeat-timeout 2",
+                             2, 1);
   REQUIRE(wait_for_lines(box, "\\] sleeping", 2));
   ::kill(run.controller, SIGKILL);
   Sandbox::wait(run.controller);
@@ -179,5 +195,20 @@ TEST_CASE("Ctrl-C on the controller stops the node agents' workers too") {
   CHECK(Sandbox::wait(run.controller) == 130);
   CHECK(Sandbox::wait(run.agents[0]) == 0);  // its workers left on SHUTDOWN
   CHECK(read_json(box.run_dir("interrupted") / "error.json")["kind"] == "interrupted");
+  CHECK(children_end(box));
+}
+
+TEST_CASE("a node agent with more workers than the run has room for fails it at once, saying so") {
+  Sandbox box;
+  auto started = std::chrono::steady_clock::now();
+  auto run = start_agent_run(box, "--entry context --name crowded --heartbeat-timeout 60", 2, 1, 3);
+  CHECK(Sandbox::wait(run.controller) == 1);
+  CHECK(Sandbox::wait(run.agents[0]) == 2);                                      // refused
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(50));  // not a timeout
+  auto error = read_json(box.run_dir("crowded") / "error.json");
+  INFO(error.dump());
+  CHECK(error["kind"] == "setup");
+  CHECK(error["message"].get<std::string>().find(
+            "started 3 workers, but the run has room for 2 more") != std::string::npos);
   CHECK(children_end(box));
 }

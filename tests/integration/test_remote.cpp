@@ -3,7 +3,6 @@
 // does keeps working.
 
 #include <doctest/doctest.h>
-
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -48,9 +47,9 @@ TEST_CASE("remote workers with the run key join over CURVE; one with another key
   auto endpoint = wait_for_listening(box);
   REQUIRE_FALSE(endpoint.empty());
   // A worker with another run's key first: it must not take a place.
-  pid_t stranger = box.start_worker("--connect " + endpoint + " --auth-key '" + other +
-                                        "' --startup-timeout-ms 20000",
-                                    "stranger.txt");
+  pid_t stranger = box.start_worker(
+      "--connect " + endpoint + " --auth-key '" + other + "' --startup-timeout-ms 20000",
+      "stranger.txt");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   pid_t a = box.start_worker("--connect " + endpoint + " --auth-key '" + key + "'", "a.txt");
   pid_t b = box.start_worker("--connect " + endpoint + " --auth-key '" + key + "'", "b.txt");
@@ -81,10 +80,11 @@ std::string run_remote_checkpoints(Sandbox& box, const std::string& upload) {
   auto key = keygen(box, "run.key");
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::filesystem::remove(box.root() / "out.txt");  // the first run's endpoint is not this one's
-    pid_t controller = box.start(kTestPlugin +
-                                 " --entry checkpoints -n 2 --name ckpt --config reports=2"
-                                 " --checkpoint-upload " + upload +
-                                 " --startup-timeout 30 --listen tcp://127.0.0.1:0 --auth-key '" + key + "'");
+    pid_t controller = box.start(
+        kTestPlugin +
+        " --entry checkpoints -n 2 --name ckpt --config reports=2"
+        " --checkpoint-upload " +
+        upload + " --startup-timeout 30 --listen tcp://127.0.0.1:0 --auth-key '" + key + "'");
     auto endpoint = wait_for_listening(box);
     REQUIRE_FALSE(endpoint.empty());
     pid_t a = box.start_worker("--connect " + endpoint + " --auth-key '" + key + "'", "a.txt");
@@ -118,15 +118,16 @@ TEST_CASE("remote workers that see the run directory copy their checkpoints ther
   INFO(logs);
   CHECK(logs.find("rank 0 (") != std::string::npos);
   std::regex shares("rank [01] \\([^)]+\\) shares the run directory's filesystem");
-  auto found = std::distance(std::sregex_iterator(logs.begin(), logs.end(), shares),
-                             std::sregex_iterator());
+  auto found =
+      std::distance(std::sregex_iterator(logs.begin(), logs.end(), shares), std::sregex_iterator());
   CHECK(found == 4);  // both ranks, in both runs
 }
 
 TEST_CASE("a run whose remote workers do not come fails at the startup timeout, saying so") {
   Sandbox box;
-  auto out = box.run(kTestPlugin + " --entry context -n 2 --name lonely --local-workers 1"
-                                   " --listen tcp://127.0.0.1:0 --startup-timeout 5");
+  auto out = box.run(kTestPlugin +
+                     " --entry context -n 2 --name lonely --local-workers 1"
+                     " --listen tcp://127.0.0.1:0 --startup-timeout 5");
   CHECK(out.exit_code == 1);
   auto error = read_json(box.run_dir("lonely") / "error.json");
   INFO(error.dump());
@@ -148,7 +149,8 @@ TEST_CASE("listening is refused without a key off loopback, and with a key other
   CHECK(half.output.find("need --listen") != std::string::npos);
   auto key = keygen(box, "run.key");
   ::chmod(key.c_str(), 0644);
-  auto readable = box.run(kTestPlugin + " -n 1 --listen tcp://127.0.0.1:0 --auth-key '" + key + "'");
+  auto readable =
+      box.run(kTestPlugin + " -n 1 --listen tcp://127.0.0.1:0 --auth-key '" + key + "'");
   CHECK(readable.exit_code == 2);
   CHECK(readable.output.find("chmod 600") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(box.results()));  // nothing started, nothing written

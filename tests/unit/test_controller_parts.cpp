@@ -2,11 +2,11 @@
 
 #include <thread>
 
+#include "common/signals.h"
 #include "controller/failure.h"
 #include "controller/rank_assignment.h"
 #include "controller/report_barrier.h"
 #include "controller/report_coordinator.h"
-#include "common/signals.h"
 
 using namespace trainrun;
 

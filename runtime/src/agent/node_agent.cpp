@@ -3,19 +3,20 @@
 #include <trainrun/error.h>
 #include <trainrun/options.h>
 
+#include <sched.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.hpp>
 
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <deque>
+#include <regex>
 #include <thread>
 #include <vector>
-
-#include <zmq.hpp>
 
 #include "common/constants.h"
 #include "common/local_worker.h"
@@ -31,6 +32,21 @@ using Clock = std::chrono::steady_clock;
 
 /// The most bytes of a worker's output one OUTPUT carries.
 constexpr size_t kOutputChunk = 64 * 1024;
+/// How long the agent waits for each pass of its loop, and a reap between SIGCHLDs.
+constexpr std::chrono::milliseconds kPollInterval{100};
+constexpr std::chrono::seconds kReapInterval{1};
+/// How long the last messages get to reach the controller before the agent exits.
+constexpr std::chrono::seconds kFinalFlush{2};
+/// The exit code reported for a worker whose status another process collected.
+constexpr int kUnknownExit = 255;
+
+/// The cores this process may run on (its affinity: a Slurm step's or a
+/// container's share, not the whole machine).
+int usable_cores() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 struct Child {
   LocalWorker process;
@@ -57,8 +73,8 @@ class Agent {
     dealer_.set(zmq::sockopt::linger, 2000);
     if (options_.keys) make_curve_client(dealer_, *options_.keys);
     dealer_.connect(options_.connect);
-    silence_limit_ = options_.startup_timeout.count() > 0 ? options_.startup_timeout
-                                                          : kDefaultStartupTimeout;
+    silence_limit_ =
+        options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
   }
 
   ~Agent() {
@@ -68,17 +84,21 @@ class Agent {
   }
 
   int run() {
+    // The controller hears why the workers could not all start: the run
+    // cannot go on without them.
+    std::string error;
     try {
       spawn();
     } catch (const IoError& e) {
-      spdlog::error("{}", e.what());
+      error = e.what();
+      spdlog::error("{}", error);
       begin_stop(Clock::duration::zero());
       exit_code_ = 1;
     }
     std::vector<int64_t> pids;
     for (const auto& child : children_) pids.push_back(child.process.pid);
     const auto& secret = options_.keys ? options_.keys->hello_secret : std::string();
-    if (!children_.empty()) queue_.push_back(outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids}));
+    queue_.push_back(outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids, error}));
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
     auto next_reap = Clock::now();
@@ -88,53 +108,59 @@ class Agent {
       if (child_exited_ || now >= next_reap) {
         child_exited_ = false;
         reap();
-        next_reap = now + std::chrono::seconds(1);
+        next_reap = now + kReapInterval;
       }
       if (now >= next_heartbeat) {
         if (queue_.empty()) queue_.push_back(outgoing(protocol::Heartbeat{}));
         next_heartbeat = now + heartbeat_interval_;
       }
       if (!stop_at_ && now - last_heard_ > silence_limit_) {
-        spdlog::error("lost the controller at {}: nothing heard for {} ms; ending the workers",
-                      options_.connect,
-                      std::chrono::duration_cast<std::chrono::milliseconds>(silence_limit_).count());
+        spdlog::error(
+            "lost the controller at {}: nothing heard for {} ms; ending the workers",
+            options_.connect,
+            std::chrono::duration_cast<std::chrono::milliseconds>(silence_limit_).count());
         exit_code_ = 1;
         begin_stop(Clock::duration::zero());
       }
       if (!escalate()) {
         spdlog::error("workers still running after SIGKILL: giving up on them");
-        return 1;
+        exit_code_ = 1;
+        break;
       }
     }
     // The last lines and exits, while the controller still listens.
-    auto deadline = Clock::now() + std::chrono::seconds(2);
+    auto deadline = Clock::now() + kFinalFlush;
     while (!queue_.empty() && Clock::now() < deadline) poll_once();
     return exit_code_ < 0 ? 0 : exit_code_;
   }
 
  private:
   void spawn() {
-    std::vector<std::string> args{"--connect", options_.connect, "--cache-dir",
-                                  options_.cache_dir.string(), "--startup-timeout-ms",
+    std::vector<std::string> args{"--connect",
+                                  options_.connect,
+                                  "--cache-dir",
+                                  options_.cache_dir.string(),
+                                  "--startup-timeout-ms",
                                   std::to_string(options_.startup_timeout.count())};
     if (!options_.key_file.empty()) {
-      args.insert(args.end(), {"--auth-key", std::filesystem::absolute(options_.key_file).string()});
+      args.insert(args.end(),
+                  {"--auth-key", std::filesystem::absolute(options_.key_file).string()});
     }
     if (!options_.interface.empty()) args.insert(args.end(), {"--interface", options_.interface});
     // The node's cores, shared: N workers with a thread per core each would
     // oversubscribe it N times (a run that names --cpus-per-worker overrides this).
     std::vector<std::string> env;
     if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-      auto threads = std::to_string(
-          std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(options_.nproc)));
+      auto threads = std::to_string(std::max(1, usable_cores() / options_.nproc));
       env = {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads};
     }
     children_.reserve(static_cast<size_t>(options_.nproc));
     for (int i = 0; i < options_.nproc; ++i) {
-      auto& child = children_.emplace_back();
+      Child child;
       child.process = spawn_local_worker(options_.worker_executable, args, env);
       child.fds[0] = child.process.stdout_fd;
       child.fds[1] = child.process.stderr_fd;
+      children_.push_back(child);
     }
     spdlog::info("started {} workers for {}", children_.size(), options_.connect);
   }
@@ -162,7 +188,7 @@ class Agent {
         }
       }
     }
-    protocol::poll(items.data(), items.size(), std::chrono::milliseconds(100));
+    protocol::poll(items.data(), items.size(), std::min(kPollInterval, heartbeat_interval_));
     if (items[0].revents & ZMQ_POLLIN) {
       for (auto frames = protocol::recv_frames(dealer_, true); !frames.empty();
            frames = protocol::recv_frames(dealer_, true)) {
@@ -172,7 +198,8 @@ class Agent {
     flush();
     if (items[1].revents & ZMQ_POLLIN) on_signals();
     for (size_t i = 0; i < watched.size(); ++i) {
-      if (items[i + 2].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) read_output(*watched[i].first, watched[i].second);
+      if (items[i + 2].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
+        read_output(*watched[i].first, watched[i].second);
     }
   }
 
@@ -181,7 +208,8 @@ class Agent {
     while (!queue_.empty()) {
       auto& next = queue_.front();
       bool more = next.blob.has_value();
-      if (!dealer_.send(zmq::buffer(next.type), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+      if (!dealer_.send(zmq::buffer(next.type),
+                        zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
         return;  // the first frame decides: the rest of a message always follows
       }
       dealer_.send(next.body, more ? zmq::send_flags::sndmore : zmq::send_flags::none);
@@ -246,14 +274,18 @@ class Agent {
       if (child.exited) continue;
       int status = 0;
       pid_t got = ::waitpid(child.process.pid, &status, WNOHANG);
-      if (got != child.process.pid) continue;
+      // ECHILD: collected elsewhere (as PID 1's reaper in a container); gone all the same.
+      bool lost = got < 0 && errno == ECHILD;
+      if (got != child.process.pid && !lost) continue;
       child.exited = true;
       // Its last lines first; then what it started ends with it, as on the
       // controller's host.
       for (int stream = 0; stream < 2; ++stream) drain(child, stream);
       ::kill(-child.process.pid, SIGKILL);
       protocol::Exited exited{child.process.pid, 0, 0};
-      if (WIFSIGNALED(status)) {
+      if (lost) {
+        exited.code = kUnknownExit;
+      } else if (WIFSIGNALED(status)) {
         exited.signal = WTERMSIG(status);
       } else {
         exited.code = WEXITSTATUS(status);
@@ -345,19 +377,16 @@ int run_agent(const AgentOptions& options) {
 
 namespace {
 
-// A Slurm count: "2", or the first count of a list like "2(x3),1".
+// A Slurm count the same on every node: "2", or "2(x3)" (2 on each of 3
+// nodes). A list of different counts ("3,2") has no one answer for a node.
 int slurm_count(const char* name, const char* value) {
-  std::string text(value);
-  size_t used = 0;
-  int count = 0;
-  try {
-    count = std::stoi(text, &used);
-  } catch (const std::exception&) {
+  static const std::regex kCount("([0-9]{1,6})(\\(x[0-9]+\\))?");
+  std::cmatch match;
+  if (!std::regex_match(value, match, kCount) || std::stoi(match[1].str()) < 1) {
+    throw UsageError(std::string(name) + "=" + std::string(value).substr(0, 64) +
+                     " is not one task count for every node: give --nproc");
   }
-  if (count < 1 || (used < text.size() && text[used] != '(' && text[used] != ',')) {
-    throw UsageError(std::string(name) + "=" + text.substr(0, 64) + " is not a task count");
-  }
-  return count;
+  return std::stoi(match[1].str());
 }
 
 }  // namespace

@@ -20,14 +20,14 @@
 namespace trainrun {
 
 struct AgentOptions {
-  int nproc = 1;  // workers to start
+  int nproc = 1;        // workers to start
   std::string connect;  // the controller's endpoint
   std::filesystem::path worker_executable;
   std::filesystem::path cache_dir;  // shared by the workers: one plugin download per host
   std::chrono::milliseconds startup_timeout{0};  // theirs, and the agent's for AGENT_ACCEPTED
-  std::filesystem::path key_file;  // the run key, given to each worker
-  std::optional<RunKeys> keys;     // derived from it: the agent's own CURVE
-  std::string interface;           // each worker's --interface
+  std::filesystem::path key_file;                // the run key, given to each worker
+  std::optional<RunKeys> keys;                   // derived from it: the agent's own CURVE
+  std::string interface;                         // each worker's --interface
 };
 
 /// Runs the agent; returns the process exit code: 0 when every worker exited

@@ -62,7 +62,12 @@ int main(int argc, char** argv) {
     trainrun::AgentOptions agent;
     agent.nproc = nproc;
     agent.connect = options.connect;
-    agent.worker_executable = std::filesystem::read_symlink("/proc/self/exe");
+    // This executable; the link itself where its file is gone (replaced by an upgrade).
+    std::error_code ec;
+    agent.worker_executable = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec || !std::filesystem::exists(agent.worker_executable)) {
+      agent.worker_executable = "/proc/self/exe";
+    }
     agent.cache_dir = options.cache_dir;
     agent.startup_timeout = options.startup_timeout;
     agent.key_file = key_file;

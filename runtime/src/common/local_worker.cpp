@@ -48,8 +48,14 @@ LocalWorker spawn_local_worker(const std::filesystem::path& executable,
   auto envp = c_strings(env_strings);
 
   int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+  if (::pipe2(out, O_CLOEXEC) != 0) {
     throw IoError(std::string("cannot create worker pipes: ") + std::strerror(errno));
+  }
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    int error = errno;
+    ::close(out[0]);
+    ::close(out[1]);
+    throw IoError(std::string("cannot create worker pipes: ") + std::strerror(error));
   }
   // posix_spawn, not fork: the child shares the controller's memory until it
   // execs (clone with CLONE_VFORK), so spawning costs no copy of the page
@@ -68,8 +74,8 @@ LocalWorker spawn_local_worker(const std::filesystem::path& executable,
   ::posix_spawnattr_setsigmask(&attributes, &none);
   ::posix_spawnattr_setsigdefault(&attributes, &defaults);
   ::posix_spawnattr_setpgroup(&attributes, 0);  // its own process group
-  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                              POSIX_SPAWN_SETSIGDEF);
+  ::posix_spawnattr_setflags(
+      &attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
   int error = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
   ::posix_spawnattr_destroy(&attributes);

@@ -49,9 +49,10 @@ std::optional<std::string> local_address_towards(const std::string& endpoint) {
     if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
       char text[INET6_ADDRSTRLEN] = {0};
-      const void* raw = address.ss_family == AF_INET
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&address)->sin_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&address)->sin6_addr);
+      const void* raw =
+          address.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&address)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&address)->sin6_addr);
       if (::inet_ntop(address.ss_family, raw, text, sizeof(text)) != nullptr) local = text;
     }
     ::close(fd);

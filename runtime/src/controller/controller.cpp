@@ -101,7 +101,8 @@ RunOutcome Controller::run() {
     } catch (const std::exception& e) {
       // The last line of defence: whatever escaped a handler ends the run as
       // a failure with a final status and error.json, not as a crash.
-      error = RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
+      error =
+          RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
       log_.error("{}", error->message);
       break;
     }

@@ -22,10 +22,12 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/run_key.h"
 #include "common/secret.h"
+#include "common/signals.h"
 #include "controller/checkpoint_service.h"
 #include "controller/checkpoint_store.h"
 #include "controller/controller_dir.h"
@@ -35,7 +37,6 @@
 #include "controller/rendezvous_store.h"
 #include "controller/report_coordinator.h"
 #include "controller/run_storage.h"
-#include "common/signals.h"
 #include "controller/worker_pool.h"
 #include "controller/zap_handler.h"
 #include "protocol/message.h"
@@ -49,7 +50,7 @@ struct ControllerSetup {
   std::string entry;
   std::shared_ptr<const std::string> plugin_bytes;
   std::string plugin_sha256;
-  int cpus_per_worker = 1;  // for local workers
+  int cpus_per_worker = 1;      // for local workers
   std::optional<RunKeys> keys;  // from the run key: CURVE on the listening endpoint
   std::shared_ptr<spdlog::logger> log;
 };
@@ -147,7 +148,7 @@ class Controller {
   ControllerSetup setup_;
   RunStorage& storage_;
   spdlog::logger& log_;
-  ControllerDir dir_;  // outlives the socket and the workers, which live in it
+  ControllerDir dir_;                   // outlives the socket and the workers, which live in it
   std::string secret_ = make_secret();  // what local workers prove themselves with
   zmq::context_t context_;
   std::optional<ZapHandler> zap_;  // bound before the router, which it guards
@@ -163,6 +164,8 @@ class Controller {
   SignalPipe signals_;
   WorkerPool pool_;
   std::unordered_map<std::string, NodeAgent> agents_;  // by connection
+  std::unordered_set<std::string> claimed_;  // the workers agents said they started (process_key)
+  int agent_claims_ = 0;
   ReportCoordinator reports_;
   CheckpointService checkpoints_;
   FailureCollector failures_;
@@ -174,7 +177,7 @@ class Controller {
   bool assigned_ = false;
   bool stopping_ = false;  // the run is over: exits are no longer failures
   int hellos_ = 0;
-  int plugin_downloads_ = 0;  // workers that fetched the plugin (the rest had it cached)
+  int plugin_downloads_ = 0;   // workers that fetched the plugin (the rest had it cached)
   bool child_exited_ = false;  // SIGCHLD seen since the last reap
   Clock::time_point next_reap_ = start_;
   Clock::time_point next_drop_summary_ = start_;

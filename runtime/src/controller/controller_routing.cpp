@@ -29,8 +29,7 @@ FailureKind worker_failure_kind(const std::string& name, FailureKind otherwise) 
 }
 
 double unix_time() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -71,7 +70,9 @@ bool Controller::on_router_readable() {
     }
     if (dropped_.allow(Clock::now())) {
       log_.warn("dropped a message from {}: {}",
-                worker ? worker->describe() : agent ? agent->describe() : "an unknown peer",
+                worker  ? worker->describe()
+                : agent ? agent->describe()
+                        : "an unknown peer",
                 e.what());
     }
   }
@@ -114,7 +115,8 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
 // handshake and carries the HELLO secret derived from the key; without one
 // (loopback, or --insecure) anyone who reaches the port may join.
 void Controller::on_remote_hello(const std::string& id, const protocol::Hello& hello) {
-  if (listening_.empty()) throw ProtocolError("HELLO of a remote worker, but this run does not listen");
+  if (listening_.empty())
+    throw ProtocolError("HELLO of a remote worker, but this run does not listen");
   if (setup_.keys && !secret_matches(hello.secret, setup_.keys->hello_secret)) {
     throw ProtocolError("HELLO without this run's key (a remote worker on " +
                         hello.host.substr(0, 64) + ")");
@@ -140,27 +142,49 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
   if (++hellos_ == world_size()) assign_ranks();
 }
 
-// A node agent: it proves itself as a remote worker does, and may speak for
-// at most the run's workers.
+// A node agent: it proves itself as a remote worker does. It comes before the
+// ranks are assigned (it sends AGENT as soon as its workers are started, a
+// second before they connect) and claims no more workers than the run has
+// room for, none claimed already.
 void Controller::on_agent_hello(const std::string& id, const protocol::AgentHello& hello) {
   if (listening_.empty()) throw ProtocolError("AGENT, but this run does not listen");
   if (setup_.keys && !secret_matches(hello.secret, setup_.keys->hello_secret)) {
     throw ProtocolError("AGENT without this run's key (on " + hello.host.substr(0, 64) + ")");
   }
-  if (hello.workers.empty() || hello.workers.size() > static_cast<size_t>(world_size()) ||
-      agents_.size() >= static_cast<size_t>(world_size())) {
-    throw ProtocolError("AGENT for " + std::to_string(hello.workers.size()) +
-                        " workers, in a run of " + std::to_string(world_size()));
+  if (assigned_ || stopping_ || agents_.size() >= static_cast<size_t>(world_size())) {
+    throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
   }
+  if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
   NodeAgent agent;
   agent.host = hello.host.substr(0, 255);
   agent.pid = hello.pid;
-  agent.workers.insert(hello.workers.begin(), hello.workers.end());
+  const int room = world_size() - setup_.options.scaling.local_workers - agent_claims_;
+  if (hello.workers.size() > static_cast<size_t>(room)) {
+    auto message = agent.describe() + " started " + std::to_string(hello.workers.size()) +
+                   " workers, but the run has room for " + std::to_string(room) +
+                   " more (--num-workers " + std::to_string(world_size()) + ")";
+    failures_.add(RunError{FailureKind::kSetup, message, -1, agent.host, agent.pid});
+    log_.error("{}", message);
+    throw ProtocolError(message);
+  }
+  for (int64_t pid : hello.workers) {
+    if (!agent.workers.insert(pid).second || claimed_.count(process_key(agent.host, pid))) {
+      throw ProtocolError("AGENT claims pid " + std::to_string(pid) + " twice");
+    }
+  }
+  for (int64_t pid : hello.workers) claimed_.insert(process_key(agent.host, pid));
+  agent_claims_ += static_cast<int>(hello.workers.size());
   agent.last_heard = Clock::now();
   log_.info("{} started {} workers", agent.describe(), agent.workers.size());
+  if (!hello.error.empty()) {
+    auto message =
+        agent.describe() + " could not start its workers: " + hello.error.substr(0, 1024);
+    failures_.add(RunError{FailureKind::kSetup, message, -1, agent.host, agent.pid});
+    log_.error("{}", message);
+  }
   agents_.emplace(id, std::move(agent));
-  protocol::send(router_,
-                 protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {}, id);
+  protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {},
+                 id);
 }
 
 void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
@@ -196,6 +220,10 @@ void Controller::on_agent_output(NodeAgent& agent, protocol::Incoming& message) 
     return;
   }
   if (agent.early_bytes + bytes.size() > NodeAgent::kMaxEarlyOutput) {
+    if (agent.dropped_bytes == 0) {
+      log_.warn("{}: its workers wrote more than {} KiB before connecting; the rest is dropped",
+                agent.describe(), NodeAgent::kMaxEarlyOutput / 1024);
+    }
     agent.dropped_bytes += bytes.size();
     return;
   }
@@ -214,10 +242,13 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
     if (!worker->exited) on_worker_exit(*worker, code, exited.signal);
     return;
   }
-  // It never connected: what it wrote says why, and the run cannot start without it.
+  // It never connected: what it wrote says why. Before the ranks are assigned
+  // the run cannot start without it; after, it was one too many.
   auto early = agent.early_output.find(exited.pid);
   if (early != agent.early_output.end()) {
-    WorkerOutput output(-1, -1, "[a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ")]", {}, true);
+    WorkerOutput output(
+        -1, -1, "[a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ")]",
+        storage_.logs_dir() / ("worker-pid-" + std::to_string(exited.pid) + ".log"), true);
     for (int stream : {protocol::kStdout, protocol::kStderr}) {
       const auto& bytes = early->second[static_cast<size_t>(stream)];
       output.feed(stream, bytes.data(), bytes.size());
@@ -225,9 +256,12 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
     }
     agent.early_output.erase(early);
   }
-  if (stopping_) return;
   auto message = "a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ") " +
                  exit_description(code, exited.signal) + " before connecting to the controller";
+  if (stopping_ || assigned_) {
+    log_.info("{}", message);
+    return;
+  }
   failures_.add(RunError{code ? FailureKind::kExit : FailureKind::kSignal, message, -1, agent.host,
                          exited.pid});
   log_.error("{}", message);
@@ -297,7 +331,8 @@ void Controller::assign_ranks() {
   assign.checkpoint_dir = checkpoints_.resume_dir().string();
   for (auto& worker : pool_.workers()) {
     // A remote worker's own default unless the run names a thread count.
-    assign.num_threads = worker.remote ? setup_.options.scaling.cpus_per_worker : setup_.cpus_per_worker;
+    assign.num_threads =
+        worker.remote ? setup_.options.scaling.cpus_per_worker : setup_.cpus_per_worker;
     assign.fetch_checkpoint = checkpoints_.streams() || worker.remote;
     if (worker.remote) worker.attach_secret = make_secret();
     assign.attach_secret = worker.attach_secret;
@@ -396,8 +431,9 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   }
   if (report.checkpoint) {
     try {
-      to_train(worker, checkpoints_.begin_upload(worker.rank, report.iteration, report.files,
-                                                 /*stream=*/worker.remote && !worker.shares_storage));
+      to_train(worker,
+               checkpoints_.begin_upload(worker.rank, report.iteration, report.files,
+                                         /*stream=*/worker.remote && !worker.shares_storage));
     } catch (const UsageError& e) {
       fail(worker, FailureKind::kUsage, e.what());
       return;

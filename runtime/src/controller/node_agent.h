@@ -2,10 +2,11 @@
 
 // What the controller knows of one node agent (`trainrun worker --nproc N`):
 // the host it runs on and the workers it started there. Its word about a
-// worker (output, exit) counts only for a worker it named in its AGENT, on its
-// own host: an agent cannot speak for another host's workers, nor for a
-// process it did not start. Output of a worker whose HELLO has not arrived yet
-// waits here, bounded, for the worker's slot.
+// worker (output, exit) counts only for the pids it named in its AGENT, on the
+// host it named, and no two agents may name the same process. The run key
+// authenticates agents as it does workers; without a key, anyone who reaches
+// the port may join, as a worker or as an agent. Output of a worker whose HELLO
+// has not arrived yet waits here, bounded, for the worker's slot.
 
 #include <array>
 #include <chrono>

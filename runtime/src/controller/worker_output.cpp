@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
 #include <utility>
 
 namespace trainrun {
@@ -73,11 +74,17 @@ void WorkerOutput::drain() {
 
 void WorkerOutput::move_log(const std::filesystem::path& path) {
   if (log_ != nullptr) {
+    // Appended, not renamed: a rerun's log of the same name continues.
+    std::fclose(log_);
+    log_ = nullptr;
+    std::ifstream from(log_path_, std::ios::binary);
+    std::ofstream to(path, std::ios::binary | std::ios::app);
+    to << from.rdbuf();
+    if (!to) return;  // it keeps its name; the terminal has the rank
     std::error_code ec;
-    std::filesystem::rename(log_path_, path, ec);  // the open file follows
-    if (ec) return;  // it keeps its name; the terminal has the rank
+    std::filesystem::remove(log_path_, ec);
   }
-  log_path_ = path;
+  log_path_ = path;  // opened with the next line
 }
 
 void WorkerOutput::emit(int stream, const std::string& line) {

@@ -30,7 +30,7 @@ class WorkerOutput {
   void drain();
   /// Changes the prefix once the worker's rank is known.
   void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
-  /// Writes the log to `path` from now on, moving what it has written there.
+  /// Writes the log to `path` from now on, appending what it has written to it.
   void move_log(const std::filesystem::path& path);
 
  private:

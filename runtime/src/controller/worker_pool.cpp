@@ -19,18 +19,21 @@ std::string WorkerSlot::describe() const {
   return describe_worker(display_rank(), host, process.pid);
 }
 
+std::string process_key(const std::string& host, int64_t pid) {
+  return host + "/" + std::to_string(pid);
+}
+
 namespace {
 
 // What a worker's output prefix says: "[rank 1 (host, pid 42)]".
 std::string output_prefix(const WorkerSlot& worker) { return "[" + worker.describe() + "]"; }
 
+// worker-<rank>.log; before the ranks are known, worker-<index>.starting.log.
 std::filesystem::path log_path(const std::filesystem::path& logs_dir, const std::string& name) {
   return logs_dir.empty() ? logs_dir : logs_dir / ("worker-" + name + ".log");
 }
 
-std::string process_key(const std::string& host, int64_t pid) {
-  return host + "/" + std::to_string(pid);
-}
+std::string starting(int index) { return std::to_string(index) + ".starting"; }
 
 // An epoll event's data: the worker's launch index and the stream.
 uint64_t stream_key(int index, int stream) { return static_cast<uint64_t>(index) * 2 + stream; }
@@ -67,9 +70,9 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
     worker.scratch = scratch;
     worker.last_heard = Clock::now();
     ++running_;
-    worker.output = std::make_unique<WorkerOutput>(
-        process.stdout_fd, process.stderr_fd, output_prefix(worker),
-        log_path(logs_dir_, std::to_string(i)), echo_);
+    worker.output =
+        std::make_unique<WorkerOutput>(process.stdout_fd, process.stderr_fd, output_prefix(worker),
+                                       log_path(logs_dir_, starting(i)), echo_);
     for (int stream = 0; stream < 2; ++stream) {
       epoll_event event{};
       event.events = EPOLLIN;
@@ -90,9 +93,8 @@ WorkerSlot* WorkerPool::add_remote(const std::string& host, pid_t pid) {
   worker.host = host;
   worker.process.pid = pid;
   worker.last_heard = Clock::now();
-  worker.output = std::make_unique<WorkerOutput>(-1, -1, output_prefix(worker),
-                                                 log_path(logs_dir_, std::to_string(worker.index)),
-                                                 echo_);
+  worker.output = std::make_unique<WorkerOutput>(
+      -1, -1, output_prefix(worker), log_path(logs_dir_, starting(worker.index)), echo_);
   remote_by_process_[process_key(host, pid)] = &worker;
   return &worker;
 }
@@ -107,9 +109,8 @@ WorkerSlot* WorkerPool::at_index(int index) {
 }
 
 WorkerSlot* WorkerPool::at_rank(int rank) {
-  return rank >= 0 && rank < static_cast<int>(by_rank_.size())
-             ? by_rank_[static_cast<size_t>(rank)]
-             : nullptr;
+  return rank >= 0 && rank < static_cast<int>(by_rank_.size()) ? by_rank_[static_cast<size_t>(rank)]
+                                                               : nullptr;
 }
 
 WorkerSlot* WorkerPool::by_connection(const std::string& routing_id) {
@@ -135,11 +136,6 @@ void WorkerPool::set_store_id(WorkerSlot& worker, const std::string& routing_id)
 void WorkerPool::assign(const std::vector<int>& ranks) {
   TRAINRUN_CHECK(ranks.size() == workers_.size(), "a rank for every worker");
   by_rank_.assign(workers_.size(), nullptr);
-  // Logs written before now are named by launch index: each moves aside
-  // first, so that no move lands on a name another worker still holds.
-  for (auto& worker : workers_) {
-    if (worker.output) worker.output->move_log(log_path(logs_dir_, "." + std::to_string(worker.index)));
-  }
   for (auto& worker : workers_) {
     worker.rank = ranks[static_cast<size_t>(worker.index)];
     by_rank_[static_cast<size_t>(worker.rank)] = &worker;

@@ -27,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 
 /// One worker process, from spawn to exit.
 struct WorkerSlot {
-  int index = 0;  // launch order, local workers first, then remote ones as they connect
+  int index = 0;        // launch order, local workers first, then remote ones as they connect
   bool remote = false;  // connected over the network: no process, output or scratch here
   LocalWorker process;  // for a remote worker only its pid (on its host)
   std::unique_ptr<WorkerOutput> output;
@@ -35,11 +35,11 @@ struct WorkerSlot {
   std::optional<std::string> train_id;  // its train thread's, set by ATTACH
   std::optional<std::string> store_id;  // its rendezvous store's, set by ATTACH
   std::string host;
-  std::string attach_secret;  // a remote worker's, sent in its ASSIGN; ATTACH carries it
+  std::string attach_secret;      // a remote worker's, sent in its ASSIGN; ATTACH carries it
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
-  int rank = -1;  // once assigned
-  bool started = false;  // its train function was called (STARTED)
-  bool shares_storage = false;  // a remote worker that sees the run directory (STARTED)
+  int rank = -1;                  // once assigned
+  bool started = false;           // its train function was called (STARTED)
+  bool shares_storage = false;    // a remote worker that sees the run directory (STARTED)
   bool done = false;
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;
@@ -51,13 +51,16 @@ struct WorkerSlot {
   std::string describe() const;
 };
 
+/// "host/pid": how a remote process is known.
+std::string process_key(const std::string& host, int64_t pid);
+
 /// How local workers are started.
 struct LaunchOptions {
   std::filesystem::path executable;
   std::string endpoint;  // the controller's ROUTER
   std::filesystem::path cache_dir;
   std::chrono::milliseconds startup_timeout{0};
-  int threads = 1;  // OMP_NUM_THREADS and MKL_NUM_THREADS
+  int threads = 1;                    // OMP_NUM_THREADS and MKL_NUM_THREADS
   std::filesystem::path scratch_dir;  // where each worker gets worker-<index>/, its TMPDIR
   std::string secret;                 // the run's worker secret, in each one's environment
   std::filesystem::path logs_dir;

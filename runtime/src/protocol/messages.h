@@ -131,7 +131,8 @@ struct StoreRequest {
   MSGPACK_DEFINE_MAP(id, op, keys, values, amount);
 };
 
-struct Started {  // the train thread is about to call the entry: the plugin loaded, the group formed
+struct Started {  // the train thread is about to call the entry: the plugin loaded, the group
+                  // formed
   static constexpr const char* kType = "STARTED";
   int32_t rank = 0;
   bool shares_storage = false;  // it read ASSIGN's storage probe: it copies its checkpoints itself
@@ -157,7 +158,8 @@ struct AgentHello {  // the first message on a node agent's connection
   int64_t pid = 0;
   std::string secret;            // as a remote worker's HELLO
   std::vector<int64_t> workers;  // the pids of the workers it started
-  MSGPACK_DEFINE_MAP(host, pid, secret, workers);
+  std::string error;             // why it could not start them all, or empty
+  MSGPACK_DEFINE_MAP(host, pid, secret, workers, error);
 };
 
 /// A worker's output streams, as OUTPUT names them.
@@ -206,19 +208,17 @@ struct Assign {
   std::string device;
   int64_t heartbeat_timeout_ms = 0;
   int64_t heartbeat_interval_ms = 0;  // how often to send them
-  std::string checkpoint_dir;     // the checkpoint to resume from, or empty
-  bool fetch_checkpoint = false;  // checkpoint_dir is not visible here: FETCH_CHECKPOINT it
+  std::string checkpoint_dir;         // the checkpoint to resume from, or empty
+  bool fetch_checkpoint = false;      // checkpoint_dir is not visible here: FETCH_CHECKPOINT it
   std::string attach_secret;  // what this worker's ATTACHes carry; empty = the run's worker secret
   // A file in the run directory holding storage_token, for a remote worker to
   // find out whether it shares the controller's filesystem (empty: it streams).
   std::string storage_probe;
   std::string storage_token;
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
-                     storage_path, entry, config, plugin_sha256, plugin_size,
-                     store_prefix, bind_host, num_threads, device, heartbeat_timeout_ms,
-                     heartbeat_interval_ms,
-                     checkpoint_dir, fetch_checkpoint, attach_secret, storage_probe,
-                     storage_token);
+                     storage_path, entry, config, plugin_sha256, plugin_size, store_prefix,
+                     bind_host, num_threads, device, heartbeat_timeout_ms, heartbeat_interval_ms,
+                     checkpoint_dir, fetch_checkpoint, attach_secret, storage_probe, storage_token);
 };
 
 struct AgentAccepted {
@@ -238,7 +238,7 @@ struct Chunk {  // the answer to FETCH_CHUNK, followed by one blob frame with th
 struct StoreReply {
   static constexpr const char* kType = "STORE_REPLY";
   uint64_t id = 0;
-  std::string error;  // why the operation was refused, or empty
+  std::string error;           // why the operation was refused, or empty
   std::vector<uint8_t> value;  // GET, COMPARE_SET
   int64_t number = 0;          // ADD, DELETE_KEY and CHECK (0 or 1), NUM_KEYS
   MSGPACK_DEFINE_MAP(id, error, value, number);

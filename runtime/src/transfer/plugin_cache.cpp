@@ -8,8 +8,9 @@
 
 #include <cerrno>
 #include <cstring>
-
 #include <utility>
+
+#include "common/network.h"
 
 namespace trainrun {
 
@@ -39,20 +40,22 @@ void create_cache(const std::filesystem::path& cache_dir) {
 }  // namespace
 
 std::optional<DownloadClaim> DownloadClaim::try_take(const std::filesystem::path& cache_dir,
-                                                     const std::string& sha256) {
+                                                     const std::string& sha256, Kind kind) {
   create_cache(cache_dir);
   auto lock_path = cache_dir / (sha256 + ".lock");
   int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) throw IoError("cannot open " + lock_path.string() + ": " + std::strerror(errno));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(fd, (kind == Kind::kShared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
     int error = errno;
     ::close(fd);
     if (error == EWOULDBLOCK) return std::nullopt;
-    throw IoError("cannot lock " + lock_path.string() + ": " + std::strerror(error));
+    return DownloadClaim(-1);  // no locks here (ENOLCK): each worker for itself
   }
-  // No other process is downloading this plugin: partial files are leftovers.
+  if (kind == Kind::kShared) return DownloadClaim(fd);
+  // No other process of this host is downloading the plugin: its partial
+  // files are leftovers. Another host's (a cache on NFS) are not touched.
   std::error_code ec;
-  auto prefix = sha256 + ".so.part.";
+  auto prefix = sha256 + ".so.part." + host_name() + ".";
   for (const auto& entry : std::filesystem::directory_iterator(cache_dir, ec)) {
     if (entry.path().filename().string().rfind(prefix, 0) == 0) {
       std::filesystem::remove(entry.path(), ec);
@@ -70,7 +73,7 @@ namespace {
 std::filesystem::path partial_path(const std::filesystem::path& cache_dir,
                                    const std::string& sha256) {
   create_cache(cache_dir);
-  return cache_dir / (sha256 + ".so.part." + std::to_string(::getpid()));
+  return cache_dir / (sha256 + ".so.part." + host_name() + "." + std::to_string(::getpid()));
 }
 
 }  // namespace

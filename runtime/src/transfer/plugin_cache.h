@@ -4,9 +4,12 @@
 // into a temporary file, hashed as it arrives, and renamed into place only when
 // its size and sha256 match what the controller announced, so a cached file is
 // always complete. The workers of a host that share a cache download each
-// plugin once: the one holding the download claim (a lock on <sha256>.lock)
-// fetches it, the others wait for it to appear. A claim ends with its process,
-// however that ends, and the next claimant clears what a killed one left.
+// plugin once: the one holding the download claim (an exclusive lock on
+// <sha256>.lock) fetches it; the others wait until they can take the lock
+// shared, which means no download is under way, and look again. A claim ends
+// with its process, however that ends, and the next claimant clears the
+// partial files this host's killed claimants left. Where the filesystem has no
+// locks (NFS without a lock manager), every worker downloads for itself.
 
 #include <filesystem>
 #include <optional>
@@ -22,13 +25,17 @@ std::optional<std::filesystem::path> find_cached_plugin(const std::filesystem::p
                                                         const std::string& sha256);
 
 /// The right to download one plugin into a cache, held by one process of the
-/// host at a time.
+/// host at a time (exclusive), or the knowledge that no download is under way
+/// (shared).
 class DownloadClaim {
  public:
-  /// The claim, or none while another process holds it. Removes partial
-  /// downloads of the plugin left behind by earlier claimants. Throws IoError.
+  enum class Kind { kShared, kExclusive };
+  /// The claim, or none while another process holds it exclusively (or, for an
+  /// exclusive claim, at all). An exclusive claim removes this host's partial
+  /// downloads of the plugin, left behind by earlier claimants. Where the
+  /// filesystem cannot lock, a claim that locks nothing. Throws IoError.
   static std::optional<DownloadClaim> try_take(const std::filesystem::path& cache_dir,
-                                               const std::string& sha256);
+                                               const std::string& sha256, Kind kind);
   ~DownloadClaim();
   DownloadClaim(DownloadClaim&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   DownloadClaim& operator=(DownloadClaim&&) = delete;

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -119,7 +120,7 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
 // "connected" to it sends nothing, but the kernel picks the route), or the
 // interface the worker was told to use.
 std::shared_ptr<::gloo::transport::Device> gloo_device(const protocol::Assign& assign,
-                                                      const WorkerOptions& options) {
+                                                       const WorkerOptions& options) {
   if (!assign.bind_host.empty()) {
     return c10d::ProcessGroupGloo::createDeviceForHostname(assign.bind_host);
   }
@@ -157,15 +158,27 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
                                                      gloo);
 }
 
-// Whether the probe file ASSIGN names holds its token here: the same
-// filesystem as the controller's run directory, at the same path.
-bool sees_storage_probe(const protocol::Assign& assign) {
+// Whether this worker shares the controller's run directory: the probe file
+// ASSIGN names holds its token here (the same filesystem, at the same path),
+// and a file can be created beside it (not mounted read-only, nor squashed).
+bool shares_storage(const protocol::Assign& assign) {
   if (assign.storage_probe.empty() || assign.storage_token.empty()) return false;
   std::ifstream probe(assign.storage_probe, std::ios::binary);
   std::string content(assign.storage_token.size() + 1, '\0');
   probe.read(content.data(), static_cast<std::streamsize>(content.size()));
   content.resize(static_cast<size_t>(probe.gcount()));
-  return content == assign.storage_token;
+  if (content != assign.storage_token) return false;
+  auto written = assign.storage_probe + "." + std::to_string(::getpid());
+  int fd = ::open(written.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return ::unlink(written.c_str()) == 0;
+}
+
+// Whether `path` lies inside `dir` (both absolute, as the controller sends them).
+bool is_inside(const std::string& path, const std::string& dir) {
+  auto relative = std::filesystem::path(path).lexically_relative(dir);
+  return !relative.empty() && *relative.begin() != "..";
 }
 
 }  // namespace
@@ -202,9 +215,13 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     state.controller = &controller;
     state.world_rank = assign.world_rank;
     state.checkpoint_dir = assign.checkpoint_dir;
-    // A remote worker that sees the storage reads and copies checkpoints there.
-    const bool shares_storage = sees_storage_probe(assign);
-    state.fetch_checkpoint = assign.fetch_checkpoint && !shares_storage;
+    // A remote worker that sees the storage copies its checkpoints there, and
+    // reads the one to resume from in place when it is in the storage too
+    // (--resume-from may name one on the controller's own disk).
+    const bool sees_storage = shares_storage(assign);
+    state.fetch_checkpoint =
+        assign.fetch_checkpoint &&
+        !(sees_storage && is_inside(assign.checkpoint_dir, assign.storage_path));
     train_host_v1_t host{};
     host.abi_version = TRAIN_PLUGIN_ABI_VERSION;
     host.struct_size = sizeof(host);
@@ -224,7 +241,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.get_checkpoint = &host_get_checkpoint;
 
     failed_kind = FailureKind::kException;
-    protocol::send(controller, protocol::Started{assign.world_rank, shares_storage});
+    protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});
     std::vector<char> error(16 * 1024, '\0');
     int rc = entry(&host, error.data(), error.size());
     state.remove_downloads();

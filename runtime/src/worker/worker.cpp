@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <trainrun/error.h>
+#include <trainrun/options.h>
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -10,8 +11,6 @@
 #include <memory>
 #include <optional>
 #include <thread>
-
-#include <trainrun/options.h>
 
 #include "common/constants.h"
 #include "common/network.h"
@@ -65,9 +64,7 @@ class Worker {
         options_.index < 0 && options_.keys ? options_.keys->hello_secret : options_.secret;
     protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid(), secret});
     auto startup =
-        options_.startup_timeout.count() > 0
-            ? options_.startup_timeout
-            : kDefaultStartupTimeout;
+        options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
     silence_limit_ = startup;
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
@@ -130,15 +127,20 @@ class Worker {
   }
 
   // The plugin from the host's cache, or downloaded into it by whichever
-  // worker of the host holds the download claim; the others look again on
-  // every pass until it is there (or take over the claim of one that died).
+  // worker of the host holds the download claim. The others look again once
+  // they can take the claim shared (no download under way): a waiting worker
+  // hashes the cached file only then, not on every pass.
   void obtain_plugin() {
+    using Kind = DownloadClaim::Kind;
     const auto& sha256 = assign_->plugin_sha256;
     waiting_for_plugin_ = false;
     try {
-      auto cached = find_cached_plugin(options_.cache_dir, sha256);
+      std::optional<std::filesystem::path> cached;
+      if (auto settled = DownloadClaim::try_take(options_.cache_dir, sha256, Kind::kShared)) {
+        cached = find_cached_plugin(options_.cache_dir, sha256);
+      }
       if (!cached) {
-        auto claim = DownloadClaim::try_take(options_.cache_dir, sha256);
+        auto claim = DownloadClaim::try_take(options_.cache_dir, sha256, Kind::kExclusive);
         if (!claim) {
           waiting_for_plugin_ = true;
           return;
@@ -147,8 +149,8 @@ class Worker {
         cached = find_cached_plugin(options_.cache_dir, sha256);
         if (!cached) {
           claim_.emplace(std::move(*claim));
-          download_ = std::make_unique<PluginDownload>(options_.cache_dir, sha256,
-                                                       assign_->plugin_size);
+          download_ =
+              std::make_unique<PluginDownload>(options_.cache_dir, sha256, assign_->plugin_size);
         }
       }
       if (cached) {
