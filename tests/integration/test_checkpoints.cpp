@@ -7,6 +7,8 @@
 #include <set>
 #include <thread>
 
+#include <trainrun/result.h>
+
 #include "common/hash.h"
 #include "run_helpers.h"
 
@@ -67,6 +69,27 @@ TEST_CASE("a rerun of the same name resumes from the latest checkpoint and count
   CHECK_FALSE(std::filesystem::exists(box.run_dir("c") / ".staging-checkpoint_000003"));
   auto csv = read_text(box.run_dir("c") / "progress.csv");
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 6);  // header and all five reports
+}
+
+TEST_CASE("a rerun counts iterations and time on from the last report, not from its checkpoint") {
+  Sandbox box;
+  // Report 1 checkpoints, report 2 does not; then the run ends.
+  auto first = box.run(kCheckpoints + " --config reports=2 checkpoint_every=2");
+  REQUIRE(first.exit_code == 0);
+  auto rerun = box.run(kCheckpoints + " --config reports=1");
+  INFO(rerun.output);
+  REQUIRE(rerun.exit_code == 0);
+  CHECK(rerun.output.find("resuming from checkpoint_000000 (iteration 1)") != std::string::npos);
+  auto results = read_jsonl(box.run_dir("c") / "result.jsonl");
+  REQUIRE(results.size() == 3);
+  // The rerun repeats the work after iteration 1, and its report is iteration 3.
+  CHECK(results[1]["iteration"] == 2);
+  CHECK(results[2]["iteration"] == 3);
+  CHECK(results[2]["metrics"]["resumed"] == "report 0 of none");
+  CHECK(results[2]["time_total_s"].get<double>() > results[1]["time_total_s"].get<double>());
+  auto result = trainrun::load_result(box.run_dir("c"));
+  REQUIRE(result.history.size() == 3);
+  CHECK(result.history.back().iteration == 3);
 }
 
 TEST_CASE("retention keeps the best checkpoints by score, and always the latest") {

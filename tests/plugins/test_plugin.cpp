@@ -156,8 +156,13 @@ void checkpoints(const train::Config& config) {
     if (ctx.world_rank() == 0 && config.get<bool>("symlink", false)) {
       std::filesystem::create_symlink("/etc/passwd", dir.path() / "escape");
     }
-    train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}},
-                  train::Checkpoint::from_directory(dir.path()));
+    // Every report checkpoints, or every checkpoint_every-th (the others report metrics only).
+    if (i % config.get<int>("checkpoint_every", 1) == 0) {
+      train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}},
+                    train::Checkpoint::from_directory(dir.path()));
+    } else {
+      train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}});
+    }
   }
 }
 

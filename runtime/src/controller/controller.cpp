@@ -32,11 +32,15 @@ Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointSto
     : setup_(std::move(setup)),
       storage_(storage),
       log_(*setup_.log),
+      // A rerun counts on from the last report recorded, not from the
+      // checkpoint it resumes from: no iteration appears twice, and time_total_s
+      // never goes back (reports after that checkpoint stay in the record).
       reports_(setup_.options.scaling.num_workers,
-               checkpoints.latest() ? checkpoints.latest()->iteration : 0),
+               storage.last_result() ? storage.last_result()->iteration : 0),
       checkpoints_(checkpoints, setup_.options.run.resume_from,
                    setup_.options.checkpoint.always_stream),
       plugin_(ChunkSource::from_memory(protocol::kPluginSource, setup_.plugin_bytes)),
+      earlier_seconds_(storage.last_result() ? storage.last_result()->time_total_s : 0),
       store_(RendezvousStore::capacity_for(setup_.options.scaling.num_workers)) {}
 
 Controller::~Controller() = default;

@@ -173,6 +173,7 @@ class Controller {
   ChunkSource plugin_;
   std::optional<RunError> interrupted_;
   Clock::time_point start_ = Clock::now();
+  double earlier_seconds_ = 0;  // the time_total_s earlier runs of this name reached
   Clock::time_point next_timer_check_ = start_;
   bool assigned_ = false;
   bool stopping_ = false;  // the run is over: exits are no longer failures

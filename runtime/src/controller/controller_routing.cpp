@@ -516,7 +516,7 @@ void Controller::release_report() {
     return;
   }
   record.timestamp = unix_time();  // the report's time includes its commit
-  record.time_total_s = elapsed();
+  record.time_total_s = earlier_seconds_ + elapsed();
   // The ranks go on while the report is recorded: its checkpoint, if any, is
   // committed, and this loop records it before it reads another message.
   for (int rank = 0; rank < world_size(); ++rank) {

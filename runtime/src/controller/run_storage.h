@@ -34,6 +34,10 @@ class RunStorage {
   /// Appends one report: a line of result.jsonl and a row of progress.csv.
   void append_result(const ReportRecord& record);
 
+  /// The last report earlier runs of this name recorded, if any: a rerun's
+  /// iterations and time_total_s continue from it.
+  const ReportRecord* last_result() const { return rows_.empty() ? nullptr : &rows_.back(); }
+
   /// Writes error.json (atomic replace); removes a stale one when `error` is empty.
   void write_error(const std::optional<RunError>& error);
 
