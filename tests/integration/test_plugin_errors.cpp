@@ -77,8 +77,8 @@ TEST_CASE("inspect prints the entries and versions") {
   INFO(run.output);
   CHECK(run.exit_code == 0);
   CHECK(run.output.find(
-            "entries:     bad_config, big_checkpoint, checkpoints, context, crash, mismatch, "
-            "report_latency, sleeps, stacked, steps, throws") != std::string::npos);
+            "entries:     bad_config, big_checkpoint, checkpoints, context, crash, hangs, "
+            "mismatch, report_latency, sleeps, stacked, steps, throws") != std::string::npos);
   CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
   CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);
   CHECK(box.run(std::string("inspect '") + BAD_ABI_PLUGIN + "'").exit_code == 2);

@@ -163,6 +163,20 @@ TEST_CASE("a killed controller leaves no worker behind, nor what the train funct
   CHECK_FALSE(alive());
 }
 
+TEST_CASE("a rank that never joins a collective fails the run at the collective timeout") {
+  Sandbox box;
+  auto started = std::chrono::steady_clock::now();
+  auto run = box.run(kTestPlugin + " --entry hangs -n 2 --name hang --collective-timeout 2");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  // Gloo's 30-minute default would hang the run; the heartbeats are fine throughout.
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
+  auto error = read_json(box.run_dir("hang") / "error.json");
+  CHECK(error["rank"] == 0);
+  CHECK(error["message"].get<std::string>().find("Timed out") != std::string::npos);
+  CHECK_FALSE(box.any_worker_alive());
+}
+
 TEST_CASE("a worker that stops responding is declared lost after the heartbeat timeout") {
   Sandbox box;
   pid_t pid = start_sleeping_run(box, "--heartbeat-timeout 2");

@@ -117,6 +117,20 @@ void sleeps(const train::Config& config) {
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// Rank `fail_rank` never joins the allreduce the others wait in: a hang in a
+// collective, which the process group's timeout ends.
+void hangs(const train::Config& config) {
+  auto ctx = train::get_context();
+  if (ctx.world_rank() == config.get<int>("fail_rank", 1)) {
+    std::cout << "skipping the allreduce" << std::endl;
+    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::vector<torch::Tensor> tensors{torch::ones({4})};
+  train::process_group()->allreduce(tensors)->wait();
+}
+
+TRAIN_FUNC(hangs);
+
 // Reads a config key with the wrong type.
 void bad_config(const train::Config& config) { (void)config.get<int>("epochs", 1); }
 

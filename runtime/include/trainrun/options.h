@@ -17,6 +17,8 @@ inline constexpr std::chrono::milliseconds kDefaultHeartbeatTimeout{30000};
 /// How long the controller waits for every worker to connect, and a worker
 /// for its assignment.
 inline constexpr std::chrono::milliseconds kDefaultStartupTimeout{120000};
+/// How long one collective may wait for its peers (c10d's default).
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{1800000};
 
 /// How many workers, and what each gets (Ray Train's ScalingConfig).
 struct ScalingConfig {
@@ -57,6 +59,10 @@ struct RunConfig {
   std::filesystem::path resume_from;
   std::chrono::milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
   std::chrono::milliseconds startup_timeout = kDefaultStartupTimeout;
+  /// The process group's timeout (Gloo's, NCCL's): a collective that waits
+  /// this long for a peer (stopped, deadlocked, skipping it) fails its rank,
+  /// which ends the run rather than hanging it.
+  std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
 };
 
 /// Which checkpoints to keep (Ray Train's CheckpointConfig).

@@ -117,7 +117,9 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                      std::to_string(kMinHeartbeatTimeout.count()) + " ms, got " +
                      std::to_string(options_.run.heartbeat_timeout.count()) + " ms");
   }
-  if (options_.run.startup_timeout.count() <= 0) throw UsageError("timeouts must be positive");
+  if (options_.run.startup_timeout.count() <= 0 || options_.run.collective_timeout.count() <= 0) {
+    throw UsageError("timeouts must be positive");
+  }
   check_network(options_);
   auto& run = options_.run;
   if (!run.resume_from.empty()) {

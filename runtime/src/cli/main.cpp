@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   using std::chrono::seconds;
   auto heartbeat_s = duration_cast<seconds>(options.run.heartbeat_timeout).count();
   auto startup_s = duration_cast<seconds>(options.run.startup_timeout).count();
+  auto collective_s = duration_cast<seconds>(options.run.collective_timeout).count();
   app.add_option("--plugin", options.plugin, "the plugin (.so) built with the trainrun SDK");
   app.add_option("--entry", options.entry, "the train function to run, if the plugin has several");
   app.add_option("-n,--num-workers", options.scaling.num_workers, "worker processes")
@@ -121,6 +122,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--startup-timeout", startup_s, "seconds for workers to connect")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--collective-timeout", collective_s,
+                 "seconds a collective may wait for its peers before its rank fails")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag(
@@ -171,6 +176,7 @@ int main(int argc, char** argv) {
     options.checkpoint.always_stream = upload == "stream";
     options.run.heartbeat_timeout = seconds(heartbeat_s);
     options.run.startup_timeout = seconds(startup_s);
+    options.run.collective_timeout = seconds(collective_s);
     return run_training(std::move(options), config_file, config_args);
   } catch (const trainrun::PluginError& e) {
     std::cerr << "trainrun: " << e.what() << "\n";

@@ -328,6 +328,7 @@ void Controller::assign_ranks() {
   assign.bind_host = listening_.empty() ? kLocalHost : "";
   assign.heartbeat_timeout_ms = setup_.options.run.heartbeat_timeout.count();
   assign.heartbeat_interval_ms = heartbeat_interval(setup_.options.run.heartbeat_timeout).count();
+  assign.collective_timeout_ms = setup_.options.run.collective_timeout.count();
   assign.checkpoint_dir = checkpoints_.resume_dir().string();
   for (auto& worker : pool_.workers()) {
     // A remote worker's own default unless the run names a thread count.

@@ -208,6 +208,7 @@ struct Assign {
   std::string device;
   int64_t heartbeat_timeout_ms = 0;
   int64_t heartbeat_interval_ms = 0;  // how often to send them
+  int64_t collective_timeout_ms = 0;  // the process group's timeout; 0 = c10d's default
   std::string checkpoint_dir;         // the checkpoint to resume from, or empty
   bool fetch_checkpoint = false;      // checkpoint_dir is not visible here: FETCH_CHECKPOINT it
   std::string attach_secret;  // what this worker's ATTACHes carry; empty = the run's worker secret
@@ -218,7 +219,7 @@ struct Assign {
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size, store_prefix,
                      bind_host, num_threads, device, heartbeat_timeout_ms, heartbeat_interval_ms,
-                     checkpoint_dir, fetch_checkpoint, attach_secret, storage_probe, storage_token);
+                     collective_timeout_ms, checkpoint_dir, fetch_checkpoint, attach_secret, storage_probe, storage_token);
 };
 
 struct AgentAccepted {

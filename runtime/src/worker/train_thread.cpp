@@ -137,6 +137,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
     const protocol::Assign& assign, const WorkerOptions& options,
     const c10::intrusive_ptr<c10d::Store>& store) {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
+  const auto timeout = assign.collective_timeout_ms > 0
+                           ? std::chrono::milliseconds(assign.collective_timeout_ms)
+                           : kProcessGroupDefaultTimeout;
   c10::Device device(assign.device);
   if (device.is_cuda()) {
 #ifdef USE_C10D_NCCL
@@ -146,13 +149,15 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
                   " CUDA device(s)");
     }
     c10::cuda::set_device(device.index());  // the train function runs on this thread
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(
-        prefixed, assign.world_rank, assign.world_size, c10d::ProcessGroupNCCL::Options::create());
+    auto nccl = c10d::ProcessGroupNCCL::Options::create();
+    nccl->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, assign.world_rank,
+                                                       assign.world_size, nccl);
 #else
     throw Error("device " + assign.device + " needs a LibTorch built with CUDA and NCCL");
 #endif
   }
-  auto gloo = c10d::ProcessGroupGloo::Options::create();
+  auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
   gloo->devices.push_back(gloo_device(assign, options));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, assign.world_rank, assign.world_size,
                                                      gloo);
