@@ -52,7 +52,8 @@ const std::map<std::string, std::string>& samples() {
     m[p::Upload::kType] = sample_body(p::Upload{1, "", 8});
     m[p::UploadCredit::kType] = sample_body(p::UploadCredit{1});
     m[p::CheckpointListing::kType] = sample_body(p::CheckpointListing{"c", {file}});
-    m[p::Shutdown::kType] = sample_body(p::Shutdown{"x"});
+    m[p::Shutdown::kType] = sample_body(p::Shutdown{"x", true});
+    m[p::Restart::kType] = sample_body(p::Restart{2});
     m[p::Refused::kType] = sample_body(p::Refused{"x"});
     return m;
   }();

@@ -81,6 +81,15 @@ struct CheckpointConfig {
   bool always_stream = false;
 };
 
+/// What the run does when a worker fails (Ray Train's FailureConfig).
+struct FailureConfig {
+  /// Failures the run survives: after each, every worker is stopped and the
+  /// group starts again from the latest committed checkpoint (a new attempt).
+  /// 0 = the first failure ends the run; -1 = no limit. A usage or plugin
+  /// error, an interrupt and a storage error are never retried.
+  int max_failures = 0;
+};
+
 struct TrainerOptions {
   std::filesystem::path plugin;
   /// The plugin's entry; empty = its only one.
@@ -91,6 +100,7 @@ struct TrainerOptions {
   RunConfig run;
   CheckpointConfig checkpoint;
   NetworkConfig network;
+  FailureConfig failure;
   /// The worker executable; empty = `trainrun-worker` beside this program or on PATH.
   std::filesystem::path worker_executable;
   /// Workers' plugin cache; empty = $TRAINRUN_CACHE_DIR or ~/.cache/trainrun.

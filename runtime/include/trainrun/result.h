@@ -41,17 +41,33 @@ struct RunError {
   int rank = -1;  // -1: no rank's fault (storage, interrupted)
   std::string host;
   int64_t pid = 0;
+  int attempt = 0;  // the attempt it ended; 0 = not known
   /// One line for the terminal: "rank 1 (host, pid 42) raised: boom".
   std::string summary() const;
 };
 
-/// One report, as result.jsonl records it.
+/// One report, as result.jsonl records it. Iterations and time_total_s count
+/// on across attempts and reruns of the same name: an attempt that resumes
+/// from a checkpoint redoes the work reported after it, and records it again
+/// under new iterations (the attempt tells them apart).
 struct ReportRecord {
-  int64_t iteration = 0;  // counts on across reruns of the same name
+  int64_t iteration = 0;  // counts on across attempts and reruns of the same name
   double timestamp = 0;   // seconds since the epoch
   double time_total_s = 0;
   nlohmann::json metrics;  // rank 0's
   std::string checkpoint;  // the checkpoint it committed, or empty
+  int attempt = 1;         // of this run (a rerun starts again at 1)
+};
+
+/// One start of the group of workers: the first, and one after each failure
+/// that --max-failures allows.
+struct AttemptInfo {
+  int attempt = 1;
+  int world_size = 0;
+  std::string started_at;          // UTC, ISO 8601
+  std::string ended_at;            // empty while it runs
+  std::string resumed_from;        // the checkpoint it started from, or empty
+  std::optional<RunError> error;   // the root cause that ended it, if it failed
 };
 
 /// A committed checkpoint.
@@ -73,6 +89,8 @@ struct Result {
   std::vector<CheckpointInfo> best_checkpoints;
   /// Every report of the run (result.jsonl), oldest first.
   std::vector<ReportRecord> history;
+  /// The attempts of the latest run of this name (run.json), oldest first.
+  std::vector<AttemptInfo> attempts;
   double wall_seconds = 0;
   std::optional<RunError> error;
   /// Whether the run was stopped by SIGINT or SIGTERM.

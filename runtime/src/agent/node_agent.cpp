@@ -84,31 +84,28 @@ class Agent {
   }
 
   int run() {
-    // The controller hears why the workers could not all start: the run
-    // cannot go on without them.
-    std::string error;
-    try {
-      spawn();
-    } catch (const IoError& e) {
-      error = e.what();
-      spdlog::error("{}", error);
-      begin_stop(Clock::duration::zero());
-      exit_code_ = 1;
-    }
-    std::vector<int64_t> pids;
-    for (const auto& child : children_) pids.push_back(child.process.pid);
-    const auto& secret = options_.keys ? options_.keys->hello_secret : std::string();
-    queue_.push_back(outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids, error}));
+    start_workers();
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
     auto next_reap = Clock::now();
-    while (!all_exited()) {
+    // Workers that exited by themselves (finished, or crashed) leave the agent
+    // waiting for the controller's word: SHUTDOWN, or a restart.
+    while (!ending_ || !all_exited()) {
       poll_once();
       auto now = Clock::now();
       if (child_exited_ || now >= next_reap) {
         child_exited_ = false;
         reap();
         next_reap = now + kReapInterval;
+      }
+      if (all_exited() && restart_) {
+        if (!between_attempts_) {
+          spdlog::info("workers ended for a new attempt");
+          stop_at_.reset();
+          terminated_ = killed_ = false;
+        }
+        between_attempts_ = true;
+        if (*restart_ > 0) start_workers();
       }
       if (now >= next_heartbeat) {
         if (queue_.empty()) queue_.push_back(outgoing(protocol::Heartbeat{}));
@@ -120,7 +117,7 @@ class Agent {
             options_.connect,
             std::chrono::duration_cast<std::chrono::milliseconds>(silence_limit_).count());
         exit_code_ = 1;
-        begin_stop(Clock::duration::zero());
+        end_for_good(Clock::duration::zero());
       }
       if (!escalate()) {
         spdlog::error("workers still running after SIGKILL: giving up on them");
@@ -135,6 +132,41 @@ class Agent {
   }
 
  private:
+  // Starts the workers of an attempt and announces them (AGENT). The
+  // controller hears why they could not all start: the attempt cannot go on
+  // without them.
+  void start_workers() {
+    for (auto& child : children_) {
+      for (int& fd : child.fds) close_fd(fd);
+    }
+    children_.clear();
+    restart_.reset();
+    between_attempts_ = false;
+    stop_at_.reset();
+    terminated_ = killed_ = false;
+    exit_code_ = -1;  // the exit code tells of the last attempt
+    std::string error;
+    try {
+      spawn();
+    } catch (const IoError& e) {
+      error = e.what();
+      spdlog::error("{}", error);
+      begin_stop(Clock::duration::zero());
+      exit_code_ = 1;
+    }
+    std::vector<int64_t> pids;
+    for (const auto& child : children_) pids.push_back(child.process.pid);
+    const auto& secret = options_.keys ? options_.keys->hello_secret : std::string();
+    queue_.push_back(outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids, error}));
+  }
+
+  // Ends the workers, and the agent once they have exited.
+  void end_for_good(Clock::duration grace) {
+    ending_ = true;
+    restart_.reset();
+    begin_stop(grace);
+  }
+
   void spawn() {
     std::vector<std::string> args{"--connect",
                                   options_.connect,
@@ -231,12 +263,22 @@ class Agent {
         }
       } else if (type == protocol::Shutdown::kType) {
         // The workers have their own SHUTDOWN: a grace period to take it.
-        if (!stop_at_) begin_stop(kTerminateGrace);
+        if (message.as<protocol::Shutdown>().restart && !ending_) {
+          if (!restart_) restart_ = 0;  // RESTART names the attempt
+          if (!stop_at_) begin_stop(kTerminateGrace);
+        } else {
+          end_for_good(kTerminateGrace);  // an earlier, shorter stop stands
+        }
+      } else if (type == protocol::Restart::kType) {
+        auto attempt = message.as<protocol::Restart>().attempt;
+        if (!restart_ || ending_) throw ProtocolError("RESTART without a SHUTDOWN for a restart");
+        spdlog::info("starting {} workers for attempt {}", options_.nproc, attempt);
+        restart_ = std::max(1, attempt);
       } else if (type == protocol::Refused::kType) {
         spdlog::error("the controller refused this agent: {}",
                       message.as<protocol::Refused>().reason);
         exit_code_ = 2;
-        begin_stop(Clock::duration::zero());
+        end_for_good(Clock::duration::zero());
       } else if (type != protocol::Heartbeat::kType) {
         spdlog::warn("dropped a message of unknown type {} from the controller", type);
       }
@@ -252,7 +294,7 @@ class Agent {
       } else {
         spdlog::warn("{}: ending the workers", signal_description(sig));
         if (exit_code_ < 0) exit_code_ = 1;
-        begin_stop(Clock::duration::zero());
+        end_for_good(Clock::duration::zero());
       }
     }
   }
@@ -356,6 +398,11 @@ class Agent {
   std::chrono::milliseconds silence_limit_{0};
   std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;
   std::optional<Clock::time_point> stop_at_;
+  // Set by a SHUTDOWN for a restart (0) and by RESTART (its attempt): the
+  // workers end, and the next attempt's start once they all have.
+  std::optional<int> restart_;
+  bool between_attempts_ = false;
+  bool ending_ = false;  // the agent exits once its workers have
   bool terminated_ = false;
   bool killed_ = false;
   bool child_exited_ = false;

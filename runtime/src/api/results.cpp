@@ -40,6 +40,7 @@ Result load_result(const std::filesystem::path& run_dir) {
                      return run_directory::ranks_before(a, b, info->checkpoint);
                    });
   result.error = run_directory::read_error(run_dir);
+  result.attempts = info->attempts;
   return result;
 }
 
@@ -61,7 +62,21 @@ std::string describe(const Result& result) {
           << "\n";
     }
   }
-  if (result.error) out << "error:        " << result.error->summary() << "\n";
+  // A run that restarted: each attempt and what ended it.
+  if (result.attempts.size() > 1) {
+    out << "attempts:\n";
+    for (const auto& a : result.attempts) {
+      out << "  " << a.attempt << "  " << a.world_size << " workers  " << a.started_at;
+      if (!a.resumed_from.empty()) out << "  from " << a.resumed_from;
+      if (a.error) out << "  ended: " << a.error->summary();
+      out << "\n";
+    }
+  }
+  if (result.error) {
+    out << "error:        " << result.error->summary();
+    if (result.error->attempt > 1) out << " (attempt " << result.error->attempt << ")";
+    out << "\n";
+  }
   return out.str();
 }
 

@@ -117,6 +117,10 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                      std::to_string(kMinHeartbeatTimeout.count()) + " ms, got " +
                      std::to_string(options_.run.heartbeat_timeout.count()) + " ms");
   }
+  if (options_.failure.max_failures < -1) {
+    throw UsageError("max_failures must be -1 (no limit) or more, got " +
+                     std::to_string(options_.failure.max_failures));
+  }
   if (options_.run.startup_timeout.count() <= 0 || options_.run.collective_timeout.count() <= 0) {
     throw UsageError("timeouts must be positive");
   }
@@ -183,7 +187,8 @@ Result Trainer::fit() {
   info.trainrun_version = TRAIN_SDK_VERSION;
   info.torch_version = TRAINRUN_TORCH_VERSION;
   info.controller_host = host;
-  info.started_at = utc_now("%Y-%m-%dT%H:%M:%SZ");
+  info.started_at = run_directory::timestamp_now();
+  info.max_failures = options_.failure.max_failures;
   storage.write_run_info(info);
   storage.write_error(std::nullopt);
   log.info("run '{}': {} x {} ({}), results in {}", options_.run.name, options_.scaling.num_workers,
@@ -197,6 +202,11 @@ Result Trainer::fit() {
   // From here on the run has a record: whatever goes wrong ends it with a
   // final status and error.json.
   RunOutcome run;
+  // run.json lists every attempt as it starts and ends.
+  setup.on_attempts = [&](const std::vector<AttemptInfo>& attempts) {
+    info.attempts = attempts;
+    storage.write_run_info(info);
+  };
   try {
     Controller controller(std::move(setup), storage, checkpoints);
     run = controller.run();
@@ -207,7 +217,8 @@ Result Trainer::fit() {
                          "", 0};
   }
 
-  info.ended_at = utc_now("%Y-%m-%dT%H:%M:%SZ");
+  info.ended_at = run_directory::timestamp_now();
+  if (!run.attempts.empty()) info.attempts = run.attempts;
   info.status = !run.error                                        ? RunStatus::kFinished
                 : run.error->kind == FailureKind::kInterrupted ? RunStatus::kInterrupted
                                                                 : RunStatus::kFailed;
@@ -219,7 +230,10 @@ Result Trainer::fit() {
   result.error = run.error;
   result.wall_seconds = run.wall_seconds;
   if (result.error) {
-    log.error("run {}: {}", result.interrupted() ? "interrupted" : "failed",
+    auto attempts = result.error->attempt > 1
+                        ? " after " + std::to_string(result.error->attempt) + " attempts"
+                        : std::string();
+    log.error("run {}{}: {}", result.interrupted() ? "interrupted" : "failed", attempts,
               result.error->summary());
   } else {
     log.info("run finished: {} reports in {:.1f} s", result.iterations, result.wall_seconds);

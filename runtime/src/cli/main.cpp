@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 
 #include "cli/config_args.h"
 #include "common/hash.h"
@@ -127,6 +128,11 @@ int main(int argc, char** argv) {
   app.add_option("--collective-timeout", collective_s,
                  "seconds a collective may wait for its peers before its rank fails")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-failures", options.failure.max_failures,
+                 "failures the run survives, each restarting every worker from the latest "
+                 "checkpoint (-1: no limit)")
+      ->check(CLI::Range(-1, std::numeric_limits<int>::max()))
       ->capture_default_str();
   app.add_flag(
       "-q,--quiet", [&](int64_t) { options.verbose = false; }, "only errors on the terminal");

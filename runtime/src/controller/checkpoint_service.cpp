@@ -9,9 +9,16 @@ namespace trainrun {
 
 CheckpointService::CheckpointService(CheckpointStore& store,
                                      const std::filesystem::path& resume_from, bool always_stream)
-    : store_(store), always_stream_(always_stream) {
+    : store_(store), resume_from_(resume_from), always_stream_(always_stream) {
   auto latest = store_.latest();
   resume_dir_ = latest ? latest->path : resume_from;
+}
+
+void CheckpointService::begin_attempt() {
+  store_.abort_staging();
+  auto latest = store_.latest();
+  resume_dir_ = latest ? latest->path : resume_from_;
+  resume_source_.reset();
 }
 
 protocol::Upload CheckpointService::begin_upload(

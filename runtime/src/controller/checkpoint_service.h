@@ -34,6 +34,9 @@ class CheckpointService {
   /// The checkpoint every worker resumes from (empty: none): the run's latest,
   /// else `resume_from`.
   const std::filesystem::path& resume_dir() const { return resume_dir_; }
+  /// A new attempt: drops what a failed one left staged, and resumes from the
+  /// latest checkpoint committed by now.
+  void begin_attempt();
   /// Whether workers stream their files rather than copy them into storage.
   /// Local workers share the controller's filesystem, so only when asked to.
   bool streams() const { return always_stream_; }
@@ -69,6 +72,7 @@ class CheckpointService {
 
  private:
   CheckpointStore& store_;
+  std::filesystem::path resume_from_;
   std::filesystem::path resume_dir_;
   bool always_stream_;
   std::optional<ChunkSource> resume_source_;  // once a worker asked for the listing

@@ -8,6 +8,7 @@
 #include <csignal>
 
 #include "common/constants.h"
+#include "storage/run_directory.h"
 
 namespace trainrun {
 namespace {
@@ -40,8 +41,11 @@ Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointSto
       checkpoints_(checkpoints, setup_.options.run.resume_from,
                    setup_.options.checkpoint.always_stream),
       plugin_(ChunkSource::from_memory(protocol::kPluginSource, setup_.plugin_bytes)),
+      world_size_(setup_.options.scaling.num_workers),
       earlier_seconds_(storage.last_result() ? storage.last_result()->time_total_s : 0),
-      store_(RendezvousStore::capacity_for(setup_.options.scaling.num_workers)) {}
+      store_(RendezvousStore::capacity_for(setup_.options.scaling.num_workers)) {
+  pool_.reserve(world_size_);
+}
 
 Controller::~Controller() = default;
 
@@ -60,39 +64,101 @@ RunOutcome Controller::run() {
   router_.set(zmq::sockopt::maxmsgsize, kMaxFrame);
   router_.set(zmq::sockopt::sndhwm, kPeerQueue);
   router_.bind(dir_.endpoint());
-  pool_.reserve(world_size());
   if (!setup_.options.network.listen.empty()) {
     try {
       listen();
     } catch (const zmq::error_t& e) {
       auto message = "cannot listen on " + setup_.options.network.listen + ": " + e.what();
-      failures_.add(RunError{FailureKind::kSetup, message, -1, "", 0});
       log_.error("{}", message);
+      return RunOutcome{RunError{FailureKind::kSetup, message, -1, "", 0}, elapsed(), {}};
     }
   }
   if (!listening_.empty() && !checkpoints_.streams()) write_storage_probe();
-  LaunchOptions launch;
-  launch.executable = setup_.options.worker_executable;
-  launch.endpoint = dir_.endpoint();
-  launch.scratch_dir = dir_.path();
-  launch.secret = secret_;
-  launch.cache_dir = setup_.options.cache_dir;
-  launch.startup_timeout = setup_.options.run.startup_timeout;
-  launch.threads = setup_.cpus_per_worker;
-  launch.logs_dir = storage_.logs_dir();
-  launch.echo = setup_.options.verbose;
+  launch_.executable = setup_.options.worker_executable;
+  launch_.endpoint = dir_.endpoint();
+  launch_.scratch_dir = dir_.path();
+  launch_.secret = secret_;
+  launch_.cache_dir = setup_.options.cache_dir;
+  launch_.startup_timeout = setup_.options.run.startup_timeout;
+  launch_.threads = setup_.cpus_per_worker;
+  launch_.logs_dir = storage_.logs_dir();
+  launch_.echo = setup_.options.verbose;
+  const int max_failures = setup_.options.failure.max_failures;
+  std::optional<RunError> error;
+  while (true) {
+    start_attempt();
+    error = run_attempt();
+    bool retry = error && !interrupted_ && retryable(error->kind) &&
+                 (max_failures < 0 || attempt_ <= max_failures);
+    end_attempt(error);
+    try {
+      stop_workers(!error, retry);
+    } catch (const std::exception& e) {
+      log_.error("internal error while stopping the workers: {}", e.what());
+      pool_.end_groups();  // SIGKILL to every worker's group, running or not
+      retry = false;
+    }
+    if (!retry || interrupted_) break;
+    log_.warn("attempt {}{} after {}", attempt_ + 1,
+              max_failures < 0 ? "" : "/" + std::to_string(max_failures + 1), error->summary());
+    reset_attempt();
+  }
+  if (error && error->kind != FailureKind::kInterrupted && interrupted_) error = interrupted_;
+  summarize_dropped();
+  if (plugin_downloads_ > 0) {
+    log_.info("the plugin was downloaded by {} of {} workers", plugin_downloads_, world_size());
+  }
+  if (error) error->attempt = attempt_;
+  return RunOutcome{error, elapsed(), attempts_};
+}
+
+bool Controller::retryable(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kException:
+    case FailureKind::kSignal:
+    case FailureKind::kExit:
+    case FailureKind::kLost:
+    case FailureKind::kSetup: return true;
+    default: return false;  // usage, plugin, interrupted, storage, internal
+  }
+}
+
+void Controller::start_attempt() {
+  ++attempt_;
+  attempt_start_ = Clock::now();
+  next_timer_check_ = attempt_start_;
+  AttemptInfo info;
+  info.attempt = attempt_;
+  info.world_size = world_size();
+  info.started_at = run_directory::timestamp_now();
+  info.resumed_from = checkpoints_.resume_dir().empty() ? ""
+                      : checkpoints_.resume_dir().parent_path() == storage_.dir()
+                          ? checkpoints_.resume_dir().filename().string()
+                          : checkpoints_.resume_dir().string();
+  attempts_.push_back(info);
+  notify_attempts();
+  if (attempt_ > 1) {
+    log_.info("attempt {}: {} workers, from {}", attempt_, world_size(),
+              info.resumed_from.empty() ? "the start" : info.resumed_from);
+    // Node agents start this attempt's workers and announce them with AGENT.
+    for (const auto& [id, agent] : agents_) protocol::send(router_, protocol::Restart{attempt_}, {}, id);
+  }
   const int local = setup_.options.scaling.local_workers;
   try {
-    if (!failures_.any()) pool_.spawn(local, launch);
-    log_.info("listening on {}; started {} workers ({} threads each)", launch.endpoint, local,
-              setup_.cpus_per_worker);
+    pool_.spawn(local, launch_);
+    if (attempt_ == 1) {
+      log_.info("listening on {}; started {} workers ({} threads each)", launch_.endpoint, local,
+                setup_.cpus_per_worker);
+    }
   } catch (const IoError& e) {
     failures_.add(RunError{FailureKind::kSetup, e.what(), -1, "", 0});
     log_.error("{}", e.what());
   }
+}
+
+std::optional<RunError> Controller::run_attempt() {
   const auto interval = heartbeat_interval(setup_.options.run.heartbeat_timeout);
   auto next_heartbeat = Clock::now() + interval;
-  std::optional<RunError> error;
   while (true) {
     try {
       poll_once(std::min<std::chrono::milliseconds>(interval, std::chrono::milliseconds(100)));
@@ -105,36 +171,69 @@ RunOutcome Controller::run() {
     } catch (const std::exception& e) {
       // The last line of defence: whatever escaped a handler ends the run as
       // a failure with a final status and error.json, not as a crash.
-      error =
-          RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
-      log_.error("{}", error->message);
-      break;
+      RunError error{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
+      log_.error("{}", error.message);
+      return error;
     }
-    if (interrupted_) {
-      error = interrupted_;
-      break;
-    }
+    if (interrupted_) return interrupted_;
     if (failures_.settled(Clock::now(), kFailureGrace) && remote_workers_accounted()) {
-      error = failures_.root_cause();
-      break;
+      return failures_.root_cause();
     }
     if (!failures_.any() && assigned_ &&
         std::all_of(pool_.workers().begin(), pool_.workers().end(),
                     [](const WorkerSlot& w) { return w.done; })) {
-      break;
+      return std::nullopt;
     }
   }
-  summarize_dropped();
-  if (plugin_downloads_ > 0) {
-    log_.info("the plugin was downloaded by {} of {} workers", plugin_downloads_, world_size());
+}
+
+void Controller::end_attempt(const std::optional<RunError>& error) {
+  auto& info = attempts_.back();
+  info.ended_at = run_directory::timestamp_now();
+  if (error) {
+    info.error = error;
+    info.error->attempt = attempt_;
   }
+  notify_attempts();
+}
+
+void Controller::notify_attempts() {
+  if (!setup_.on_attempts) return;
   try {
-    stop_workers(!error.has_value());
-  } catch (const std::exception& e) {
-    log_.error("internal error while stopping the workers: {}", e.what());
-    pool_.end_groups();  // SIGKILL to every worker's group, running or not
+    setup_.on_attempts(attempts_);
+  } catch (const std::exception& e) {  // run.json on a full disk: the run goes on
+    log_.warn("cannot record the attempts: {}", e.what());
   }
-  return RunOutcome{error, elapsed()};
+}
+
+void Controller::reset_attempt() {
+  pool_.clear(world_size());
+  reports_ = ReportCoordinator(world_size(),
+                               storage_.last_result() ? storage_.last_result()->iteration : 0);
+  checkpoints_.begin_attempt();
+  failures_ = FailureCollector();
+  store_ = RendezvousStore(RendezvousStore::capacity_for(world_size()));
+  assigned_ = false;
+  stopping_ = false;
+  hellos_ = 0;
+  claimed_.clear();
+  agent_claims_ = 0;
+  child_exited_ = false;
+  // An agent that fell silent is gone with its node: the next attempt goes on
+  // without it (the run's startup timeout waits for workers to replace it).
+  auto now = Clock::now();
+  for (auto it = agents_.begin(); it != agents_.end();) {
+    auto& agent = it->second;
+    if (now - agent.last_heard > 2 * heartbeat_interval(setup_.options.run.heartbeat_timeout)) {
+      log_.warn("{} is gone: the next attempt goes on without it", agent.describe());
+      it = agents_.erase(it);
+      continue;
+    }
+    agent.workers.clear();
+    agent.early_output.clear();
+    agent.early_bytes = 0;
+    ++it;
+  }
 }
 
 void Controller::listen() {
@@ -254,7 +353,7 @@ void Controller::check_timers() {
     next_drop_summary_ = now + std::chrono::seconds(1);
   }
   const auto& run = setup_.options.run;
-  bool starting = now - start_ > run.startup_timeout;
+  bool starting = now - attempt_start_ > run.startup_timeout;
   if (starting) check_startup();
   for (auto& worker : pool_.workers()) {
     if (worker.exited) continue;
@@ -349,16 +448,17 @@ bool Controller::agents_done() const {
 
 // Ends every worker: SHUTDOWN when the run succeeded, SIGTERM to each worker's
 // process group otherwise; SIGKILL for any still alive after the grace period.
-void Controller::stop_workers(bool graceful) {
+void Controller::stop_workers(bool graceful, bool restart) {
   stopping_ = true;
+  const char* reason = graceful ? "finished" : restart ? "a new attempt" : "the run failed";
   for (const auto& [id, agent] : agents_) {
-    protocol::send(router_, protocol::Shutdown{graceful ? "finished" : "the run failed"}, {}, id);
+    protocol::send(router_, protocol::Shutdown{reason, restart}, {}, id);
   }
   for (auto& worker : pool_.workers()) {
     // Remote workers exit on SHUTDOWN whether or not the run succeeded; local
     // ones that failed are signalled.
     if (worker.main_id && !worker.exited && (graceful || worker.remote)) {
-      to_main(worker, protocol::Shutdown{graceful ? "finished" : "the run failed"});
+      to_main(worker, protocol::Shutdown{reason, restart});
     }
   }
   if (!graceful) pool_.signal_all(SIGTERM);
@@ -385,7 +485,10 @@ void Controller::stop_workers(bool graceful) {
   // group) ends with them, on success too.
   pool_.end_groups();
   pool_.drain_output();  // the last lines before each exit
-  if (!storage_probe_.empty()) {
+  // What the workers sent before they exited, while they are still known.
+  for (int i = 0; i < 100000 && on_router_readable(); ++i) {
+  }
+  if (!restart && !storage_probe_.empty()) {
     std::error_code ec;
     std::filesystem::remove(storage_probe_, ec);
   }

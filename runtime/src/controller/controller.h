@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,12 +54,15 @@ struct ControllerSetup {
   int cpus_per_worker = 1;      // for local workers
   std::optional<RunKeys> keys;  // from the run key: CURVE on the listening endpoint
   std::shared_ptr<spdlog::logger> log;
+  /// Called on the controller's thread when an attempt starts and when it ends.
+  std::function<void(const std::vector<AttemptInfo>&)> on_attempts;
 };
 
 /// How a run ended.
 struct RunOutcome {
   std::optional<RunError> error;  // the root cause; none when the run finished
   double wall_seconds = 0;
+  std::vector<AttemptInfo> attempts;
 };
 
 class Controller {
@@ -68,8 +72,14 @@ class Controller {
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
-  /// Runs to the end; what the run recorded is in its directory.
+  /// Runs to the end, in as many attempts as its failures allow; what the run
+  /// recorded is in its directory.
   RunOutcome run();
+
+  /// Whether a failure of this kind starts a new attempt (when failures
+  /// remain): not a usage or plugin error, an interrupt, a storage or an
+  /// internal error, which another attempt would meet again.
+  static bool retryable(FailureKind kind);
 
  private:
   // Local workers reach the controller on a Unix socket (ControllerDir); in a
@@ -88,7 +98,19 @@ class Controller {
   void write_storage_probe();
   void on_refused_peer(const std::string& where, const char* why);
 
-  int world_size() const { return setup_.options.scaling.num_workers; }
+  int world_size() const { return world_size_; }
+
+  // Attempts: the group of workers started, run until it finishes or fails,
+  // and after a failure that may be retried, stopped and started again. The
+  // socket, the node agents' connections and the run's records carry over.
+  void start_attempt();
+  /// The loop of one attempt; its root cause, or none when it finished.
+  std::optional<RunError> run_attempt();
+  void end_attempt(const std::optional<RunError>& error);
+  /// Forgets the failed attempt's workers, reports in flight, store and
+  /// failures; drops node agents that fell silent.
+  void reset_attempt();
+  void notify_attempts();
   /// Seconds since the run started.
   double elapsed() const;
 
@@ -101,7 +123,8 @@ class Controller {
   void send_heartbeats();
   /// Logs how many "dropped a message" lines were held back.
   void summarize_dropped();
-  void stop_workers(bool graceful);
+  /// `restart`: node agents stay, to start the next attempt's workers.
+  void stop_workers(bool graceful, bool restart = false);
 
   // Routing.
   /// Handles one message; false when none was waiting.
@@ -111,6 +134,9 @@ class Controller {
   void on_remote_hello(const std::string& id, const protocol::Hello& hello);
   void on_attach(const std::string& id, const protocol::Attach& attach);
   void on_agent_hello(const std::string& id, const protocol::AgentHello& hello);
+  /// The workers an agent started for this attempt (its first AGENT, or one
+  /// after RESTART).
+  void accept_agent_workers(NodeAgent& agent, const protocol::AgentHello& hello);
   void handle_agent(NodeAgent& agent, protocol::Incoming& message);
   void on_agent_output(NodeAgent& agent, protocol::Incoming& message);
   void on_agent_exited(NodeAgent& agent, const protocol::Exited& exited);
@@ -171,8 +197,13 @@ class Controller {
   FailureCollector failures_;
   RateLimiter dropped_{10, std::chrono::seconds(1)};  // "dropped a message" log lines
   ChunkSource plugin_;
+  LaunchOptions launch_;  // how local workers start
   std::optional<RunError> interrupted_;
   Clock::time_point start_ = Clock::now();
+  int world_size_;
+  int attempt_ = 0;  // 1 for the first
+  Clock::time_point attempt_start_ = start_;
+  std::vector<AttemptInfo> attempts_;
   double earlier_seconds_ = 0;  // the time_total_s earlier runs of this name reached
   Clock::time_point next_timer_check_ = start_;
   bool assigned_ = false;

@@ -158,23 +158,34 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
   NodeAgent agent;
   agent.host = hello.host.substr(0, 255);
   agent.pid = hello.pid;
+  agent.last_heard = Clock::now();
+  accept_agent_workers(agent, hello);
+  agents_.emplace(id, std::move(agent));
+  protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {},
+                 id);
+}
+
+// The workers an agent started for this attempt: no more than there is room
+// for, none claimed already.
+void Controller::accept_agent_workers(NodeAgent& agent, const protocol::AgentHello& hello) {
   const int room = world_size() - setup_.options.scaling.local_workers - agent_claims_;
   if (hello.workers.size() > static_cast<size_t>(room)) {
     auto message = agent.describe() + " started " + std::to_string(hello.workers.size()) +
                    " workers, but the run has room for " + std::to_string(room) +
                    " more (--num-workers " + std::to_string(world_size()) + ")";
-    failures_.add(RunError{FailureKind::kSetup, message, -1, agent.host, agent.pid});
+    failures_.add(RunError{FailureKind::kUsage, message, -1, agent.host, agent.pid});
     log_.error("{}", message);
     throw ProtocolError(message);
   }
+  std::unordered_set<int64_t> pids;
   for (int64_t pid : hello.workers) {
-    if (!agent.workers.insert(pid).second || claimed_.count(process_key(agent.host, pid))) {
+    if (!pids.insert(pid).second || claimed_.count(process_key(agent.host, pid))) {
       throw ProtocolError("AGENT claims pid " + std::to_string(pid) + " twice");
     }
   }
   for (int64_t pid : hello.workers) claimed_.insert(process_key(agent.host, pid));
+  agent.workers = std::move(pids);
   agent_claims_ += static_cast<int>(hello.workers.size());
-  agent.last_heard = Clock::now();
   log_.info("{} started {} workers", agent.describe(), agent.workers.size());
   if (!hello.error.empty()) {
     auto message =
@@ -182,9 +193,6 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
     failures_.add(RunError{FailureKind::kSetup, message, -1, agent.host, agent.pid});
     log_.error("{}", message);
   }
-  agents_.emplace(id, std::move(agent));
-  protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {},
-                 id);
 }
 
 void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
@@ -193,6 +201,13 @@ void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
   if (type == protocol::Heartbeat::kType) return;
   if (type == protocol::Output::kType) {
     on_agent_output(agent, message);
+  } else if (type == protocol::AgentHello::kType) {  // after RESTART
+    if (assigned_ || stopping_ || !agent.workers.empty() || attempt_ < 2) {
+      throw ProtocolError("AGENT while the run did not ask for new workers");
+    }
+    auto hello = message.as<protocol::AgentHello>();
+    if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
+    accept_agent_workers(agent, hello);
   } else if (type == protocol::Exited::kType) {
     on_agent_exited(agent, message.as<protocol::Exited>());
   } else {
@@ -518,6 +533,7 @@ void Controller::release_report() {
   }
   record.timestamp = unix_time();  // the report's time includes its commit
   record.time_total_s = earlier_seconds_ + elapsed();
+  record.attempt = attempt_;
   // The ranks go on while the report is recorded: its checkpoint, if any, is
   // committed, and this loop records it before it reads another message.
   for (int rank = 0; rank < world_size(); ++rank) {

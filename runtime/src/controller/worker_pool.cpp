@@ -49,8 +49,8 @@ WorkerPool::~WorkerPool() { ::close(epoll_fd_); }
 void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   logs_dir_ = launch.logs_dir;
   echo_ = launch.echo;
-  // Slots hold pointers into workers_ (by_rank_, by_connection_): no reallocation after this.
-  workers_.reserve(static_cast<size_t>(count));
+  // Slots hold pointers into workers_ (by_rank_, by_connection_): no reallocation.
+  TRAINRUN_CHECK(workers_.size() + static_cast<size_t>(count) <= capacity_, "room reserved");
   auto threads = std::to_string(launch.threads);
   for (int i = 0; i < count; ++i) {
     auto scratch = launch.scratch_dir / ("worker-" + std::to_string(i));
@@ -85,8 +85,22 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   }
 }
 
+void WorkerPool::reserve(int capacity) {
+  capacity_ = static_cast<size_t>(capacity);
+  workers_.reserve(capacity_);
+}
+
+void WorkerPool::clear(int capacity) {
+  TRAINRUN_CHECK(running_ == 0, "clear() with local workers running");
+  by_rank_.clear();
+  by_connection_.clear();
+  remote_by_process_.clear();
+  workers_.clear();  // closes their output: a closed descriptor leaves the epoll set
+  reserve(capacity);
+}
+
 WorkerSlot* WorkerPool::add_remote(const std::string& host, pid_t pid) {
-  if (workers_.size() == workers_.capacity()) return nullptr;  // pointers into it must stay valid
+  if (workers_.size() >= capacity_) return nullptr;
   auto& worker = workers_.emplace_back();
   worker.index = size() - 1;
   worker.remote = true;

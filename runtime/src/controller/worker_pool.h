@@ -75,7 +75,10 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   /// Makes room for `capacity` workers in all; call before the first spawn.
-  void reserve(int capacity) { workers_.reserve(static_cast<size_t>(capacity)); }
+  void reserve(int capacity);
+  /// Forgets every worker, for a new attempt (the local ones have exited),
+  /// and makes room for `capacity`.
+  void clear(int capacity);
   /// Starts `count` local workers. Throws IoError; those already started stay
   /// in the pool, to be stopped.
   void spawn(int count, const LaunchOptions& launch);
@@ -121,6 +124,7 @@ class WorkerPool {
 
  private:
   std::vector<WorkerSlot> workers_;
+  size_t capacity_ = 0;  // workers_ never grows past it: pointers into it stay valid
   std::vector<WorkerSlot*> by_rank_;
   std::unordered_map<std::string, WorkerSlot*> by_connection_;
   std::unordered_map<std::string, WorkerSlot*> remote_by_process_;  // "host/pid"

@@ -28,7 +28,10 @@
 // host, and the pids of the workers it started): OUTPUT carries what one of
 // them wrote, EXITED how one ended, which only its parent can know. The
 // controller answers AGENT_ACCEPTED, sends it heartbeats, and SHUTDOWN at the
-// end, after which the agent gives its workers a grace period to exit.
+// end, after which the agent gives its workers a grace period to exit. When a
+// failure starts a new attempt, SHUTDOWN says restart: the agent ends its
+// workers, reports their exits and waits; RESTART has it start new ones and
+// announce them with a new AGENT on the same connection.
 //
 // Downloads, of the plugin and of a checkpoint, are one mechanism: the worker
 // asks for each chunk (FETCH_CHUNK: source, file, offset, length), at most a
@@ -275,7 +278,16 @@ struct CheckpointListing {
 struct Shutdown {
   static constexpr const char* kType = "SHUTDOWN";
   std::string reason;
-  MSGPACK_DEFINE_MAP(reason);
+  // The run goes on with a new attempt: a node agent ends its workers and
+  // waits for RESTART instead of exiting. Workers exit either way.
+  bool restart = false;
+  MSGPACK_DEFINE_MAP(reason, restart);
+};
+
+struct Restart {  // to a node agent whose workers ended for a new attempt
+  static constexpr const char* kType = "RESTART";
+  int32_t attempt = 0;
+  MSGPACK_DEFINE_MAP(attempt);
 };
 
 struct Refused {

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string_view>
@@ -70,6 +71,41 @@ RunStatus parse_status(const std::string& name) {
   throw json::other_error::create(501, "unknown status '" + name + "'", nullptr);
 }
 
+json error_json(const RunError& error) {
+  json j = {{"kind", to_string(error.kind)}, {"message", error.message}};
+  if (error.rank >= 0) j["rank"] = error.rank;
+  if (!error.host.empty()) j["host"] = error.host;
+  if (error.pid > 0) j["pid"] = error.pid;
+  if (error.attempt > 0) j["attempt"] = error.attempt;
+  return j;
+}
+
+RunError error_from_json(const json& j) {
+  auto kind = parse_failure_kind(j.value("kind", ""));
+  return RunError{kind.value_or(FailureKind::kException), j.value("message", ""),
+                  j.value("rank", -1),  j.value("host", ""),
+                  j.value("pid", int64_t{0}), j.value("attempt", 0)};
+}
+
+json attempt_json(const AttemptInfo& a) {
+  json j = {{"attempt", a.attempt}, {"world_size", a.world_size}, {"started_at", a.started_at}};
+  if (!a.ended_at.empty()) j["ended_at"] = a.ended_at;
+  if (!a.resumed_from.empty()) j["resumed_from"] = a.resumed_from;
+  if (a.error) j["error"] = error_json(*a.error);
+  return j;
+}
+
+AttemptInfo attempt_from_json(const json& j) {
+  AttemptInfo a;
+  a.attempt = j.value("attempt", 1);
+  a.world_size = j.value("world_size", 0);
+  a.started_at = j.value("started_at", "");
+  a.ended_at = j.value("ended_at", "");
+  a.resumed_from = j.value("resumed_from", "");
+  if (j.contains("error") && j["error"].is_object()) a.error = error_from_json(j["error"]);
+  return a;
+}
+
 json checkpoint_json(const CheckpointInfo& c) {
   return {{"name", c.name}, {"iteration", c.iteration}, {"metrics", c.metrics}};
 }
@@ -86,6 +122,15 @@ CheckpointInfo checkpoint_from_json(const json& j, const std::filesystem::path& 
 }
 
 }  // namespace
+
+std::string timestamp_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buffer;
+}
 
 std::string checkpoint_name(int64_t index) {
   char name[32];
@@ -140,6 +185,10 @@ std::optional<RunInfo> read_run_info(const std::filesystem::path& run_dir) {
     info.started_at = j.value("started_at", "");
     info.ended_at = j.value("ended_at", "");
     info.status = parse_status(j.value("status", "running"));
+    info.max_failures = j.value("max_failures", 0);
+    for (const auto& a : j.value("attempts", json::array())) {
+      info.attempts.push_back(attempt_from_json(a));
+    }
     return std::optional<RunInfo>(std::move(info));
   });
 }
@@ -165,8 +214,12 @@ void write_run_info(const std::filesystem::path& run_dir, const RunInfo& info) {
             {"versions", {{"trainrun", info.trainrun_version}, {"torch", info.torch_version}}},
             {"controller_host", info.controller_host},
             {"started_at", info.started_at},
-            {"status", to_string(info.status)}};
+            {"status", to_string(info.status)},
+            {"max_failures", info.max_failures}};
   if (!info.ended_at.empty()) j["ended_at"] = info.ended_at;
+  json attempts = json::array();
+  for (const auto& a : info.attempts) attempts.push_back(attempt_json(a));
+  j["attempts"] = attempts;
   write_file_atomic(run_dir / kRunInfoFile, dump(j) + "\n");
 }
 
@@ -179,7 +232,8 @@ std::vector<ReportRecord> read_results(const std::filesystem::path& run_dir) {
     if (j.is_discarded() || !j.is_object() || !j.contains("metrics")) continue;
     try {
       records.push_back({j.at("iteration").get<int64_t>(), j.value("timestamp", 0.0),
-                         j.value("time_total_s", 0.0), j["metrics"], j.value("checkpoint", "")});
+                         j.value("time_total_s", 0.0), j["metrics"], j.value("checkpoint", ""),
+                         j.value("attempt", 1)});
     } catch (const json::exception&) {
       continue;  // as for a line cut short
     }
@@ -191,7 +245,8 @@ std::string result_line(const ReportRecord& record) {
   json j = {{"iteration", record.iteration},
             {"timestamp", record.timestamp},
             {"time_total_s", record.time_total_s},
-            {"metrics", record.metrics}};
+            {"metrics", record.metrics},
+            {"attempt", record.attempt}};
   if (!record.checkpoint.empty()) j["checkpoint"] = record.checkpoint;
   return dump(j, -1) + "\n";
 }
@@ -228,12 +283,7 @@ std::optional<RunError> read_error(const std::filesystem::path& run_dir) {
   auto path = run_dir / kErrorFile;
   auto j = read_json(path);
   if (j.is_null()) return std::nullopt;
-  return parse_fields(path, [&] {
-    auto kind = parse_failure_kind(j.value("kind", ""));
-    return std::optional<RunError>(RunError{kind.value_or(FailureKind::kException),
-                                            j.value("message", ""), j.value("rank", -1),
-                                            j.value("host", ""), j.value("pid", int64_t{0})});
-  });
+  return parse_fields(path, [&] { return std::optional<RunError>(error_from_json(j)); });
 }
 
 void write_error(const std::filesystem::path& run_dir, const std::optional<RunError>& error) {
@@ -243,11 +293,7 @@ void write_error(const std::filesystem::path& run_dir, const std::optional<RunEr
     std::filesystem::remove(path, ec);
     return;
   }
-  json j = {{"kind", to_string(error->kind)}, {"message", error->message}};
-  if (error->rank >= 0) j["rank"] = error->rank;
-  if (!error->host.empty()) j["host"] = error->host;
-  if (error->pid > 0) j["pid"] = error->pid;
-  write_file_atomic(path, dump(j) + "\n");
+  write_file_atomic(path, dump(error_json(*error)) + "\n");
 }
 
 Manifest read_manifest(const std::filesystem::path& checkpoint_dir) {

@@ -41,6 +41,9 @@ inline constexpr const char* kLockFile = ".lock";
 /// A checkpoint being committed: <run>/.staging-checkpoint_NNNNNN.
 inline constexpr const char* kStagingPrefix = ".staging-";
 
+/// Now, as run.json records times: UTC, ISO 8601 ("2026-11-22T10:00:00Z").
+std::string timestamp_now();
+
 /// "checkpoint_000042".
 std::string checkpoint_name(int64_t index);
 /// 42 for "checkpoint_000042"; nothing for a name checkpoint_name() does not make.
@@ -61,6 +64,8 @@ struct RunInfo {
   std::string controller_host;
   std::string started_at, ended_at;  // UTC, ISO 8601; ended_at empty while running
   RunStatus status = RunStatus::kRunning;
+  int max_failures = 0;               // FailureConfig's
+  std::vector<AttemptInfo> attempts;  // oldest first
 };
 
 /// checkpoint_state.json.
