@@ -4,6 +4,7 @@
 #include <train/train.h>
 
 #include <spawn.h>
+#include <unistd.h>
 
 #include <torch/torch.h>
 
@@ -261,3 +262,51 @@ void stacked(const train::Config&) {
   train::report({{"batches", batches}, {"sum", sum[0].item<int64_t>()}});
 }
 TRAIN_FUNC(stacked);
+
+// A training loop that survives restarts: `steps` steps, each an allreduce
+// (as a gradient sync) and a report; every `checkpoint_every`-th step rank 0
+// checkpoints the step count, and a new attempt resumes after the latest.
+// Reports the step, the step it resumed at and the process. With `marker` (a
+// path), rank `fail_rank` fails once at step `fail_step`, the first time the
+// marker is absent, as `how` says: "kill" (SIGKILL), "throw", "stop"
+// (SIGSTOP: a hang the heartbeat finds) or "hang" (it stops joining the
+// allreduces: the collective timeout finds it).
+void resumable(const train::Config& config) {
+  auto ctx = train::get_context();
+  int start = 0;
+  if (auto checkpoint = train::get_checkpoint()) {
+    std::ifstream(checkpoint->path() / "step.txt") >> start;
+  }
+  const int steps = config.get<int>("steps", 10);
+  const int every = std::max(1, config.get<int>("checkpoint_every", 1));
+  const int sleep_ms = config.get<int>("sleep_ms", 0);
+  const std::string marker = config.get<std::string>("marker", "");
+  for (int step = start; step < steps; ++step) {
+    if (!marker.empty() && step == config.get<int>("fail_step", 2) &&
+        ctx.world_rank() == config.get<int>("fail_rank", 1) && !std::filesystem::exists(marker)) {
+      std::ofstream(marker) << "failed\n";
+      const std::string how = config.get<std::string>("how", "kill");
+      std::cout << "failing at step " << step << " (" << how << ")" << std::endl;
+      if (how == "kill") std::raise(SIGKILL);
+      if (how == "stop") std::raise(SIGSTOP);
+      if (how == "throw") throw std::runtime_error("failing once at step " + std::to_string(step));
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));  // "hang"
+    }
+    std::vector<torch::Tensor> tensors{torch::ones({4})};
+    train::process_group()->allreduce(tensors)->wait();
+    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    train::Metrics metrics{{"step", step},
+                           {"resumed_at", start},
+                           {"sum", tensors[0][0].item<double>()},
+                           {"pid", static_cast<int64_t>(::getpid())}};
+    if ((step + 1) % every == 0 || step + 1 == steps) {
+      train::TempDir dir;
+      if (ctx.world_rank() == 0) std::ofstream(dir.path() / "step.txt") << step + 1;
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+    } else {
+      train::report(metrics);
+    }
+  }
+}
+
+TRAIN_FUNC(resumable);

@@ -378,7 +378,10 @@ class Agent {
 
   void signal_all(int signal) {
     for (const auto& child : children_) {
-      if (!child.exited) ::kill(-child.process.pid, signal);
+      if (child.exited) continue;
+      ::kill(-child.process.pid, signal);
+      // A stopped process (SIGSTOP) takes SIGTERM only once it continues.
+      if (signal == SIGTERM) ::kill(-child.process.pid, SIGCONT);
     }
   }
 

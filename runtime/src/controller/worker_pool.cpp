@@ -197,7 +197,10 @@ bool WorkerPool::all_exited() const { return running_ == 0; }
 
 void WorkerPool::signal_all(int signal) {
   for (auto& worker : workers_) {
-    if (!worker.exited && !worker.remote) ::kill(-worker.process.pid, signal);
+    if (worker.exited || worker.remote) continue;
+    ::kill(-worker.process.pid, signal);
+    // A stopped process (SIGSTOP) takes SIGTERM only once it continues.
+    if (signal == SIGTERM) ::kill(-worker.process.pid, SIGCONT);
   }
 }
 

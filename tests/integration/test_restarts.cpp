@@ -1,0 +1,224 @@
+// Restarts (--max-failures): a failed attempt is stopped, and the group starts
+// again from the latest committed checkpoint, with real worker processes,
+// real kills and real Gloo collectives.
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "common/hash.h"
+#include "run_helpers.h"
+
+namespace {
+
+const std::string kResumable =
+    std::string("--plugin '") + TEST_PLUGIN + "' --entry resumable -n 2 --name r";
+
+// The record's rule across attempts: iterations count 1, 2, 3... with no gap
+// and no repeat; attempts and time_total_s never go back; each attempt after
+// the first resumes at the step of the latest checkpoint committed before it
+// (the steps reported after that checkpoint are done, and recorded, again).
+// Returns the attempts seen.
+int check_record(const std::vector<nlohmann::json>& results) {
+  int attempt = 1;
+  int checkpointed = 0;  // steps in the latest checkpoint recorded so far
+  double time_total = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& line = results[i];
+    INFO(line.dump());
+    CHECK(line["iteration"] == static_cast<int64_t>(i + 1));
+    CHECK(line["time_total_s"].get<double>() >= time_total);
+    time_total = line["time_total_s"].get<double>();
+    int this_attempt = line["attempt"].get<int>();
+    CHECK(this_attempt >= attempt);
+    if (this_attempt != attempt) {
+      CHECK(line["metrics"]["resumed_at"] == checkpointed);
+      CHECK(line["metrics"]["step"] == checkpointed);
+      attempt = this_attempt;
+    }
+    CHECK(line["metrics"]["sum"] == 2.0);  // both ranks joined the allreduce
+    if (line.contains("checkpoint")) checkpointed = line["metrics"]["step"].get<int>() + 1;
+  }
+  return attempt;
+}
+
+}  // namespace
+
+TEST_CASE("a rank killed mid-run restarts the group from the latest checkpoint") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(kResumable + " --max-failures 2 --config steps=6 --config fail_step=3" +
+                     " --config checkpoint_every=2 --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("attempt 2/3 after rank 1") != std::string::npos);
+  CHECK(run.output.find("was killed by SIGKILL") != std::string::npos);
+  auto dir = box.run_dir("r");
+  auto results = read_jsonl(dir / "result.jsonl");
+  // Steps 0-2 in attempt 1 (checkpoints after 1), then 2-5 again from step 2.
+  REQUIRE(results.size() == 7);
+  CHECK(check_record(results) == 2);
+  CHECK(results[3]["attempt"] == 2);
+  CHECK(results[3]["metrics"]["resumed_at"] == 2);
+  CHECK(results[6]["metrics"]["step"] == 5);
+  auto info = read_json(dir / "run.json");
+  CHECK(info["status"] == "finished");
+  CHECK(info["max_failures"] == 2);
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][0]["error"]["kind"] == "signal");
+  CHECK(info["attempts"][0]["error"]["rank"] == 1);
+  CHECK(info["attempts"][1]["resumed_from"] == "checkpoint_000000");
+  CHECK_FALSE(info["attempts"][1].contains("error"));
+  CHECK_FALSE(std::filesystem::exists(dir / "error.json"));  // the run finished
+  auto progress = read_text(dir / "progress.csv");
+  CHECK(std::count(progress.begin(), progress.end(), '\n') == 8);  // header and 7 rows
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("when the failures are used up, error.json names the last root cause and attempt") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +
+                     "' --entry crash -n 2 --name c --max-failures 1");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("attempt 2/2 after") != std::string::npos);
+  CHECK(run.output.find("run failed after 2 attempts") != std::string::npos);
+  auto dir = box.run_dir("c");
+  auto error = read_json(dir / "error.json");
+  CHECK(error["attempt"] == 2);
+  CHECK(error["rank"] == 1);
+  CHECK(error["kind"] == "signal");
+  auto info = read_json(dir / "run.json");
+  CHECK(info["status"] == "failed");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][0]["error"]["pid"] != info["attempts"][1]["error"]["pid"]);
+  // One report per attempt, counted on.
+  auto results = read_jsonl(dir / "result.jsonl");
+  REQUIRE(results.size() == 2);
+  CHECK(results[1]["iteration"] == 2);
+  CHECK(results[1]["attempt"] == 2);
+  auto shown = box.run("results '" + dir.string() + "'");
+  CHECK(shown.output.find("attempts:") != std::string::npos);
+  CHECK(shown.output.find("(attempt 2)") != std::string::npos);
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("a usage error is not retried") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +
+                     "' --entry mismatch -n 2 --name m --max-failures 3");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("attempt 2") == std::string::npos);
+  auto info = read_json(box.run_dir("m") / "run.json");
+  CHECK(info["attempts"].size() == 1);
+  CHECK(read_json(box.run_dir("m") / "error.json")["kind"] == "usage");
+}
+
+TEST_CASE("a rank that throws once is retried, and the run finishes") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(kResumable + " --max-failures 1 --config steps=4 --config how=throw" +
+                     " --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("raised: failing once at step 2") != std::string::npos);
+  auto results = read_jsonl(box.run_dir("r") / "result.jsonl");
+  CHECK(check_record(results) == 2);
+  CHECK(results.back()["metrics"]["step"] == 3);
+}
+
+TEST_CASE("a stopped rank (SIGSTOP) is lost at the heartbeat timeout, and the group restarts") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(kResumable + " --max-failures 1 --heartbeat-timeout 2 --config steps=4" +
+                     " --config how=stop --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto info = read_json(box.run_dir("r") / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][0]["error"]["kind"] == "lost");
+  CHECK(info["attempts"][0]["error"]["rank"] == 1);
+  CHECK(check_record(read_jsonl(box.run_dir("r") / "result.jsonl")) == 2);
+  CHECK_FALSE(box.any_worker_alive());  // the stopped process too
+}
+
+TEST_CASE("a rank that stops joining collectives fails at the collective timeout and restarts") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(kResumable + " --max-failures 1 --collective-timeout 2 --config steps=4" +
+                     " --config how=hang --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto info = read_json(box.run_dir("r") / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][0]["error"]["message"].get<std::string>().find("Timed out") !=
+        std::string::npos);
+  CHECK(check_record(read_jsonl(box.run_dir("r") / "result.jsonl")) == 2);
+}
+
+// kill -9 of a random worker at a random moment (starting, training,
+// checkpointing, stopping), 20 times in one run with no failure limit.
+TEST_CASE("soak: 20 random kill -9s, and the run still finishes with every checkpoint whole") {
+  Sandbox box;
+  constexpr int kKills = 20;
+  constexpr int kSteps = 200;
+  pid_t controller = box.start(kResumable + " --max-failures -1 --num-to-keep 3 --config steps=" +
+                               std::to_string(kSteps) + " --config sleep_ms=20");
+  std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> pause_ms(100, 1500);
+  std::set<pid_t> killed;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int exited = -1;
+  while (static_cast<int>(killed.size()) < kKills && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms(random)));
+    int status = 0;
+    if (::waitpid(controller, &status, WNOHANG) == controller) {
+      exited = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      break;
+    }
+    auto workers = box.worker_pids();
+    workers.erase(std::remove_if(workers.begin(), workers.end(),
+                                 [&](pid_t pid) { return killed.count(pid) > 0; }),
+                  workers.end());
+    if (workers.empty()) continue;
+    pid_t victim = workers[std::uniform_int_distribution<size_t>(0, workers.size() - 1)(random)];
+    if (::kill(victim, SIGKILL) == 0) killed.insert(victim);
+  }
+  if (exited < 0) exited = Sandbox::wait(controller);
+  auto output = box.output_so_far();
+  INFO(output.substr(output.size() > 6000 ? output.size() - 6000 : 0));
+  CHECK(killed.size() == kKills);
+  REQUIRE(exited == 0);
+  auto dir = box.run_dir("r");
+  auto results = read_jsonl(dir / "result.jsonl");
+  int attempts = check_record(results);
+  CHECK(attempts >= 2);
+  CHECK(attempts <= kKills + 1);
+  CHECK(results.back()["metrics"]["step"] == kSteps - 1);
+  auto info = read_json(dir / "run.json");
+  CHECK(info["status"] == "finished");
+  CHECK(info["attempts"].size() == static_cast<size_t>(attempts));
+  // Every kept checkpoint is whole, and the latest holds the last step.
+  auto shown = box.run("results '" + dir.string() + "'");
+  CHECK(shown.exit_code == 0);
+  auto state = read_json(dir / "checkpoint_state.json");
+  REQUIRE(state["checkpoints"].size() == 3);
+  for (const auto& c : state["checkpoints"]) {
+    auto checkpoint = dir / c["name"].get<std::string>();
+    auto manifest = read_json(checkpoint / "manifest.json");
+    for (const auto& file : manifest["files"]) {
+      CHECK(trainrun::sha256_file(checkpoint / file["path"].get<std::string>()) == file["sha256"]);
+    }
+  }
+  CHECK(read_text(dir / state["latest"].get<std::string>() / "step.txt") ==
+        std::to_string(kSteps));
+  CHECK_FALSE(box.any_worker_alive());
+}
