@@ -207,8 +207,68 @@ TEST_CASE("a node agent with more workers than the run has room for fails it at 
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(50));  // not a timeout
   auto error = read_json(box.run_dir("crowded") / "error.json");
   INFO(error.dump());
-  CHECK(error["kind"] == "setup");
+  CHECK(error["kind"] == "usage");  // a deployment's mistake: never retried
   CHECK(error["message"].get<std::string>().find(
             "started 3 workers, but the run has room for 2 more") != std::string::npos);
+  CHECK(children_end(box));
+}
+
+TEST_CASE("a node agent starts new workers for a new attempt after one of its workers is killed") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = start_agent_run(box,
+                             "--entry resumable --name again --max-failures 1 --config steps=4 "
+                             "--config marker=" +
+                                 marker,
+                             2, 1);
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);  // its last attempt's workers finished
+  auto out = box.output_so_far();
+  INFO(out);
+  INFO(read_text(box.root() / "agent-0.txt"));
+  CHECK(out.find("attempt 2/2 after rank 1") != std::string::npos);
+  CHECK(std::regex_search(out, std::regex("node agent on [^ ]+ \\(pid [0-9]+\\) started 2 "
+                                          "workers[^]*node agent on [^ ]+ \\(pid [0-9]+\\) "
+                                          "started 2 workers")));
+  auto info = read_json(box.run_dir("again") / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][0]["error"]["kind"] == "signal");
+  auto results = read_jsonl(box.run_dir("again") / "result.jsonl");
+  REQUIRE_FALSE(results.empty());
+  CHECK(results.back()["metrics"]["step"] == 3);
+  CHECK(results.back()["attempt"] == 2);
+  CHECK(children_end(box));
+}
+
+TEST_CASE("a lost node is replaced by a new node agent, and the next attempt goes on") {
+  Sandbox box;
+  auto run = start_agent_run(box,
+                             "--entry resumable --name replaced --max-failures 1 "
+                             "--heartbeat-timeout 2 --config steps=200 --config sleep_ms=20",
+                             2, 2);
+  REQUIRE(wait_for_lines(box, "report 3 ", 1));
+  ::kill(run.agents[1], SIGKILL);
+  Sandbox::wait(run.agents[1]);
+  REQUIRE(wait_for_lines(box, "attempt 2/2 after", 1));
+  // The replacement: a new agent on the "same node".
+  auto key = (box.root() / "run.key").string();
+  std::smatch match;
+  auto out = box.output_so_far();
+  REQUIRE(std::regex_search(out, match, std::regex("remote workers connect to (tcp://[0-9.:]+)")));
+  pid_t replacement = box.start_worker(
+      "--connect " + match[1].str() + " --auth-key '" + key + "' --nproc 1", "agent-2.txt");
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);
+  CHECK(Sandbox::wait(replacement) == 0);
+  out = box.output_so_far();
+  INFO(out);
+  CHECK(out.find("is gone: the next attempt goes on without it") != std::string::npos);
+  auto info = read_json(box.run_dir("replaced") / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][0]["error"]["kind"] == "lost");
+  CHECK(info["attempts"][0]["error"]["message"].get<std::string>().find(
+            "nor did the node agent on") != std::string::npos);
+  auto results = read_jsonl(box.run_dir("replaced") / "result.jsonl");
+  CHECK(results.back()["metrics"]["step"] == 199);
   CHECK(children_end(box));
 }
