@@ -6,7 +6,11 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 namespace {
 
@@ -218,3 +222,63 @@ TRAIN_FUNC(unused);
 TRAIN_FUNC(load_after_prepare);
 TRAIN_FUNC(mismatch);
 TRAIN_FUNC(diverge);
+
+namespace {
+
+// "<event> <step> <unix seconds> <pid>", appended to <events>/rank<r>.txt.
+void log_event(const std::string& events, int rank, const char* event, int step) {
+  auto now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch());
+  std::ofstream out(events + "/rank" + std::to_string(rank) + ".txt", std::ios::app);
+  out.precision(17);
+  out << event << " " << step << " " << now.count() << " " << ::getpid() << "\n";
+}
+
+}  // namespace
+
+// The loop tools/bench/recovery.py restarts (its torchrun twin is
+// tools/bench/recovery_torchrun.py): an MLP under prepare_model, Adam, a batch
+// of 64 per rank, a checkpoint of model and optimizer every step. Each rank
+// logs "start" on entry, "loaded" once the checkpoint is read, and "step"
+// after each step, to config "events".
+void recovery(const train::Config& config) {
+  auto ctx = train::get_context();
+  const auto events = config.get<std::string>("events");
+  log_event(events, ctx.world_rank(), "start", -1);
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                            torch::nn::Linear(256, 256), torch::nn::ReLU(),
+                            torch::nn::Linear(256, 10));
+  auto checkpoint = train::get_checkpoint();
+  int start = 0;
+  if (checkpoint) {
+    torch::load(net, (checkpoint->path() / "model.pt").string());
+    std::ifstream(checkpoint->path() / "step.txt") >> start;
+  }
+  auto model = train::prepare_model(net);
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
+  if (checkpoint) torch::load(optimizer, (checkpoint->path() / "optimizer.pt").string());
+  log_event(events, ctx.world_rank(), "loaded", start);
+  torch::manual_seed(ctx.world_rank());
+  const int steps = config.get<int>("steps", 40);
+  const int sleep_ms = config.get<int>("sleep_ms", 50);
+  for (int step = start; step < steps; ++step) {
+    auto x = torch::randn({64, 64});
+    auto y = torch::randint(0, 10, {64});
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    loss.backward();
+    optimizer.step();
+    log_event(events, ctx.world_rank(), "step", step);
+    train::TempDir dir;
+    if (ctx.world_rank() == 0) {
+      torch::save(model, (dir.path() / "model.pt").string());
+      torch::save(optimizer, (dir.path() / "optimizer.pt").string());
+      std::ofstream(dir.path() / "step.txt") << step + 1;
+    }
+    train::report({{"step", step}, {"loss", loss.item<double>()}},
+                  train::Checkpoint::from_directory(dir.path()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  }
+}
+
+TRAIN_FUNC(recovery);

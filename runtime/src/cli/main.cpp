@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(-1, std::numeric_limits<int>::max()))
       ->capture_default_str();
   app.add_flag(
+      "--no-standby", [&](int64_t) { options.failure.standby = false; },
+      "with --max-failures, do not start the next attempt's local workers ahead of a failure "
+      "(saves an idle process per local worker; restarts take longer)");
+  app.add_flag(
       "-q,--quiet", [&](int64_t) { options.verbose = false; }, "only errors on the terminal");
 
   auto* results =

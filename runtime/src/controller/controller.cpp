@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <csignal>
+#include <thread>
 
 #include "common/constants.h"
 #include "storage/run_directory.h"
@@ -44,7 +45,7 @@ Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointSto
       world_size_(setup_.options.scaling.num_workers),
       earlier_seconds_(storage.last_result() ? storage.last_result()->time_total_s : 0),
       store_(RendezvousStore::capacity_for(setup_.options.scaling.num_workers)) {
-  pool_.reserve(world_size_);
+  pool_->reserve(world_size_);
 }
 
 Controller::~Controller() = default;
@@ -95,7 +96,7 @@ RunOutcome Controller::run() {
       stop_workers(!error, retry);
     } catch (const std::exception& e) {
       log_.error("internal error while stopping the workers: {}", e.what());
-      pool_.end_groups();  // SIGKILL to every worker's group, running or not
+      pool_->end_groups();  // SIGKILL to every worker's group, running or not
       retry = false;
     }
     if (!retry || interrupted_) break;
@@ -144,8 +145,13 @@ void Controller::start_attempt() {
     for (const auto& [id, agent] : agents_) protocol::send(router_, protocol::Restart{attempt_}, {}, id);
   }
   const int local = setup_.options.scaling.local_workers;
+  if (pool_->size() > 0) {  // the standby workers, started during the last attempt
+    log_.info("attempt {} takes the {} standby workers", attempt_, pool_->size());
+    if (hellos_ == world_size()) assign_ranks();
+    return;
+  }
   try {
-    pool_.spawn(local, launch_);
+    pool_->spawn(local, launch_);
     if (attempt_ == 1) {
       log_.info("listening on {}; started {} workers ({} threads each)", launch_.endpoint, local,
                 setup_.cpus_per_worker);
@@ -180,7 +186,7 @@ std::optional<RunError> Controller::run_attempt() {
       return failures_.root_cause();
     }
     if (!failures_.any() && assigned_ &&
-        std::all_of(pool_.workers().begin(), pool_.workers().end(),
+        std::all_of(pool_->workers().begin(), pool_->workers().end(),
                     [](const WorkerSlot& w) { return w.done; })) {
       return std::nullopt;
     }
@@ -197,6 +203,50 @@ void Controller::end_attempt(const std::optional<RunError>& error) {
   notify_attempts();
 }
 
+// Once every rank's train function runs, with failures to survive: the next
+// attempt's local workers start now, costing a worker's start of CPU while
+// this attempt trains instead of at the restart.
+void Controller::start_standby() {
+  const int local = setup_.options.scaling.local_workers;
+  const int max_failures = setup_.options.failure.max_failures;
+  if (!setup_.options.failure.standby || local == 0 || standby_ || failures_.any() || stopping_ ||
+      (max_failures >= 0 && attempt_ > max_failures)) {
+    return;
+  }
+  LaunchOptions launch = launch_;
+  launch.scratch_dir = dir_.path() / ("standby-" + std::to_string(attempt_ + 1));
+  try {
+    std::error_code ec;
+    std::filesystem::create_directory(launch.scratch_dir, ec);
+    if (ec) throw IoError("cannot create " + launch.scratch_dir.string() + ": " + ec.message());
+    standby_ = std::make_unique<WorkerPool>();
+    standby_->reserve(world_size());
+    standby_->spawn(local, launch);
+    log_.info("started {} standby workers for a restart", local);
+  } catch (const IoError& e) {
+    log_.warn("cannot start standby workers: {}", e.what());
+    stop_standby();
+  }
+}
+
+bool Controller::standby_ready() const {
+  return standby_ && std::none_of(standby_->workers().begin(), standby_->workers().end(),
+                                  [](const WorkerSlot& w) { return w.exited; });
+}
+
+void Controller::stop_standby() {
+  if (!standby_) return;
+  standby_->signal_all(SIGTERM);
+  auto deadline = Clock::now() + kTerminateGrace;
+  while (!standby_->all_exited() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    standby_->reap();
+  }
+  standby_->end_groups();  // SIGKILL to whatever is left
+  standby_->drain_output();
+  standby_.reset();
+}
+
 void Controller::notify_attempts() {
   if (!setup_.on_attempts) return;
   try {
@@ -207,7 +257,13 @@ void Controller::notify_attempts() {
 }
 
 void Controller::reset_attempt() {
-  pool_.clear(world_size());
+  if (standby_ready()) {
+    pool_ = std::move(standby_);
+  } else {
+    stop_standby();
+    pool_ = std::make_unique<WorkerPool>();
+    pool_->reserve(world_size());
+  }
   reports_ = ReportCoordinator(world_size(),
                                storage_.last_result() ? storage_.last_result()->iteration : 0);
   checkpoints_.begin_attempt();
@@ -215,7 +271,8 @@ void Controller::reset_attempt() {
   store_ = RendezvousStore(RendezvousStore::capacity_for(world_size()));
   assigned_ = false;
   stopping_ = false;
-  hellos_ = 0;
+  hellos_ = static_cast<int>(std::count_if(pool_->workers().begin(), pool_->workers().end(),
+                                           [](const WorkerSlot& w) { return w.main_id; }));
   claimed_.clear();
   agent_claims_ = 0;
   child_exited_ = false;
@@ -261,7 +318,7 @@ void Controller::listen() {
 void Controller::poll_once(std::chrono::milliseconds timeout) {
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
                              {nullptr, signals_.fd(), ZMQ_POLLIN, 0},
-                             {nullptr, pool_.output_fd(), ZMQ_POLLIN, 0},
+                             {nullptr, pool_->output_fd(), ZMQ_POLLIN, 0},
                              {zap_ ? zap_->socket().handle() : nullptr, -1, ZMQ_POLLIN, 0},
                              {monitor_ ? monitor_->handle() : nullptr, -1, ZMQ_POLLIN, 0}};
   // The optional items last: their slots are skipped when absent.
@@ -278,7 +335,9 @@ void Controller::poll_once(std::chrono::milliseconds timeout) {
                       "its handshake failed: it does not hold this run's key");
     }
   }
-  if (items[2].revents & ZMQ_POLLIN) pool_.forward_output();
+  if (items[2].revents & ZMQ_POLLIN) pool_->forward_output();
+  // Standby workers write little (their start): read on every pass, not polled.
+  if (standby_) standby_->forward_output();
   if (items[1].revents & ZMQ_POLLIN) on_signals();
   if (items[0].revents & ZMQ_POLLIN) {
     // Until the socket is empty (at most 256 messages, so that output and
@@ -309,7 +368,13 @@ void Controller::on_exits() {
   if (!child_exited_ && !failures_.any() && now < next_reap_) return;
   child_exited_ = false;
   next_reap_ = now + std::chrono::seconds(1);
-  for (auto [worker, wait_status] : pool_.reap()) {
+  if (standby_) {
+    for (auto [worker, wait_status] : standby_->reap()) {
+      log_.warn("a standby worker (pid {}) exited: the next attempt starts new workers",
+                worker->process.pid);
+    }
+  }
+  for (auto [worker, wait_status] : pool_->reap()) {
     if (!wait_status) {
       if (worker->rank >= 0) store_.forget(worker->rank);
       if (!worker->done) {
@@ -355,7 +420,7 @@ void Controller::check_timers() {
   const auto& run = setup_.options.run;
   bool starting = now - attempt_start_ > run.startup_timeout;
   if (starting) check_startup();
-  for (auto& worker : pool_.workers()) {
+  for (auto& worker : pool_->workers()) {
     if (worker.exited) continue;
     if (starting && !worker.main_id) {
       fail(worker, FailureKind::kSetup,
@@ -394,7 +459,7 @@ std::string Controller::silent_agent(const WorkerSlot& worker, Clock::time_point
 // heartbeat timeout, which ends the wait.
 bool Controller::remote_workers_accounted() const {
   auto since = failures_.first();
-  return std::all_of(pool_.workers().begin(), pool_.workers().end(), [&](const WorkerSlot& w) {
+  return std::all_of(pool_->workers().begin(), pool_->workers().end(), [&](const WorkerSlot& w) {
     return !w.remote || w.failed || w.exited || w.done || w.last_heard > since;
   });
 }
@@ -431,8 +496,13 @@ void Controller::summarize_dropped() {
 }
 
 void Controller::send_heartbeats() {
-  for (auto& worker : pool_.workers()) {
+  for (auto& worker : pool_->workers()) {
     if (worker.main_id && !worker.exited) to_main(worker, protocol::Heartbeat{});
+  }
+  if (standby_) {
+    for (auto& worker : standby_->workers()) {
+      if (worker.main_id && !worker.exited) to_main(worker, protocol::Heartbeat{});
+    }
   }
   for (const auto& [id, agent] : agents_) protocol::send(router_, protocol::Heartbeat{}, {}, id);
 }
@@ -454,40 +524,41 @@ void Controller::stop_workers(bool graceful, bool restart) {
   for (const auto& [id, agent] : agents_) {
     protocol::send(router_, protocol::Shutdown{reason, restart}, {}, id);
   }
-  for (auto& worker : pool_.workers()) {
+  for (auto& worker : pool_->workers()) {
     // Remote workers exit on SHUTDOWN whether or not the run succeeded; local
     // ones that failed are signalled.
     if (worker.main_id && !worker.exited && (graceful || worker.remote)) {
       to_main(worker, protocol::Shutdown{reason, restart});
     }
   }
-  if (!graceful) pool_.signal_all(SIGTERM);
+  if (!graceful) pool_->signal_all(SIGTERM);
   auto reap = [&](std::chrono::milliseconds wait) {
     poll_once(wait);
-    pool_.reap();
+    pool_->reap();
   };
   // Node agents report their workers' exits, and forward their last lines, meanwhile.
   auto deadline = Clock::now() + kTerminateGrace;
-  while ((!pool_.all_exited() || !agents_done()) && Clock::now() < deadline) {
+  while ((!pool_->all_exited() || !agents_done()) && Clock::now() < deadline) {
     reap(std::chrono::milliseconds(50));
   }
-  pool_.signal_all(SIGKILL);
+  pool_->signal_all(SIGKILL);
   // SIGKILL ends a process unless it is stuck in the kernel (an uninterruptible
   // wait on a dead device): bounded, then given up on.
   deadline = Clock::now() + kTerminateGrace;
-  while (!pool_.all_exited() && Clock::now() < deadline) reap(std::chrono::milliseconds(20));
-  for (auto& worker : pool_.workers()) {
+  while (!pool_->all_exited() && Clock::now() < deadline) reap(std::chrono::milliseconds(20));
+  for (auto& worker : pool_->workers()) {
     if (!worker.exited && !worker.remote) {
       log_.error("{} did not exit after SIGKILL", worker.describe());
     }
   }
   // What the train functions started (their processes stay in the worker's
   // group) ends with them, on success too.
-  pool_.end_groups();
-  pool_.drain_output();  // the last lines before each exit
+  pool_->end_groups();
+  pool_->drain_output();  // the last lines before each exit
   // What the workers sent before they exited, while they are still known.
   for (int i = 0; i < 100000 && on_router_readable(); ++i) {
   }
+  if (!restart) stop_standby();
   if (!restart && !storage_probe_.empty()) {
     std::error_code ec;
     std::filesystem::remove(storage_probe_, ec);

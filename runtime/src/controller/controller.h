@@ -111,6 +111,11 @@ class Controller {
   /// failures; drops node agents that fell silent.
   void reset_attempt();
   void notify_attempts();
+  /// Starts the standby workers once every rank's train function runs.
+  void start_standby();
+  /// Whether the standby workers can be the next attempt's: none exited.
+  bool standby_ready() const;
+  void stop_standby();
   /// Seconds since the run started.
   double elapsed() const;
 
@@ -188,7 +193,11 @@ class Controller {
   std::optional<zmq::socket_t> monitor_;
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
   SignalPipe signals_;
-  WorkerPool pool_;
+  std::unique_ptr<WorkerPool> pool_ = std::make_unique<WorkerPool>();
+  // The next attempt's local workers, started while this attempt trains and
+  // failures remain: connected, LibTorch loaded, waiting for ASSIGN. A restart
+  // takes them instead of starting new processes.
+  std::unique_ptr<WorkerPool> standby_;
   std::unordered_map<std::string, NodeAgent> agents_;  // by connection
   std::unordered_set<std::string> claimed_;  // the workers agents said they started (process_key)
   int agent_claims_ = 0;

@@ -40,8 +40,14 @@ bool Controller::on_router_readable() {
   if (frames.size() < 2) return true;
   std::string id = frames[0].to_string();
   frames.erase(frames.begin());
-  WorkerSlot* worker = pool_.by_connection(id);
+  WorkerSlot* worker = pool_->by_connection(id);
   NodeAgent* agent = nullptr;
+  if (worker == nullptr && standby_) {
+    if (WorkerSlot* waiting = standby_->by_connection(id)) {  // it waits for the next attempt
+      waiting->last_heard = Clock::now();
+      return true;
+    }
+  }
   if (worker == nullptr) {
     auto found = agents_.find(id);
     if (found != agents_.end()) agent = &found->second;
@@ -100,12 +106,21 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
     throw ProtocolError("HELLO without this run's worker secret (index " +
                         std::to_string(hello.index) + ", pid " + std::to_string(hello.pid) + ")");
   }
-  WorkerSlot* worker = pool_.at_index(hello.index);
+  WorkerSlot* worker = pool_->at_index(hello.index);
+  if (standby_ && (worker == nullptr || worker->process.pid != hello.pid)) {
+    WorkerSlot* waiting = standby_->at_index(hello.index);
+    if (waiting != nullptr && !waiting->main_id && waiting->process.pid == hello.pid) {
+      standby_->set_main_id(*waiting, id);
+      waiting->host = hello.host;
+      waiting->last_heard = Clock::now();
+      return;  // it waits: the next attempt's HELLO
+    }
+  }
   if (worker == nullptr || worker->main_id || worker->process.pid != hello.pid) {
     throw ProtocolError("HELLO from an unexpected worker (index " + std::to_string(hello.index) +
                         ", pid " + std::to_string(hello.pid) + ")");
   }
-  pool_.set_main_id(*worker, id);
+  pool_->set_main_id(*worker, id);
   worker->host = hello.host;
   worker->last_heard = Clock::now();
   if (++hellos_ == world_size()) assign_ranks();
@@ -122,11 +137,11 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
                         hello.host.substr(0, 64) + ")");
   }
   // Full once every worker said HELLO, before and after the ranks are assigned.
-  WorkerSlot* worker = pool_.add_remote(hello.host.substr(0, 255), static_cast<pid_t>(hello.pid));
+  WorkerSlot* worker = pool_->add_remote(hello.host.substr(0, 255), static_cast<pid_t>(hello.pid));
   if (worker == nullptr) {
     throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
   }
-  pool_.set_main_id(*worker, id);
+  pool_->set_main_id(*worker, id);
   log_.info("a worker on {} (pid {}) connected", worker->host, worker->process.pid);
   // What it wrote before it connected, if its node agent forwarded any.
   for (auto& [agent_id, agent] : agents_) {
@@ -230,7 +245,7 @@ void Controller::on_agent_output(NodeAgent& agent, protocol::Incoming& message) 
   }
   const auto& bytes = message.blobs()[0];
   const char* data = static_cast<const char*>(bytes.data());
-  if (WorkerSlot* worker = pool_.remote_worker(agent.host, output.pid)) {
+  if (WorkerSlot* worker = pool_->remote_worker(agent.host, output.pid)) {
     worker->output->feed(output.stream, data, bytes.size());
     return;
   }
@@ -253,7 +268,7 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
   }
   std::optional<int> code;
   if (exited.signal == 0) code = exited.code;
-  if (WorkerSlot* worker = pool_.remote_worker(agent.host, exited.pid)) {
+  if (WorkerSlot* worker = pool_->remote_worker(agent.host, exited.pid)) {
     if (!worker->exited) on_worker_exit(*worker, code, exited.signal);
     return;
   }
@@ -283,7 +298,7 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
 }
 
 void Controller::on_attach(const std::string& id, const protocol::Attach& attach) {
-  WorkerSlot* claimed = assigned_ ? pool_.at_rank(attach.rank) : nullptr;
+  WorkerSlot* claimed = assigned_ ? pool_->at_rank(attach.rank) : nullptr;
   // A remote worker presents the secret its ASSIGN gave it; a local one the run's.
   const auto& expected = claimed && claimed->remote ? claimed->attach_secret : secret_;
   if (!secret_matches(attach.secret, expected)) {
@@ -302,20 +317,20 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
                         std::to_string(attach.pid) + ")");
   }
   if (store) {
-    pool_.set_store_id(*worker, id);
+    pool_->set_store_id(*worker, id);
   } else {
-    pool_.set_train_id(*worker, id);
+    pool_->set_train_id(*worker, id);
   }
   worker->last_heard = Clock::now();
 }
 
 void Controller::assign_ranks() {
   std::vector<std::string> hosts;
-  for (const auto& worker : pool_.workers()) hosts.push_back(worker.host);
+  for (const auto& worker : pool_->workers()) hosts.push_back(worker.host);
   auto placements = trainrun::assign_ranks(hosts);
   std::vector<int> ranks;
   for (const auto& place : placements) ranks.push_back(place.world_rank);
-  pool_.assign(ranks);
+  pool_->assign(ranks);
   // Where the ranks run, a line per node: a node's ranks are consecutive.
   std::vector<std::pair<int, int>> node_ranks;  // first and last rank, by node rank
   for (const auto& place : placements) {
@@ -326,7 +341,7 @@ void Controller::assign_ranks() {
   }
   for (size_t node = 0; node < node_ranks.size(); ++node) {
     auto [first, last] = node_ranks[node];
-    log_.info("node {} ({}): ranks {}-{}", node, pool_.at_rank(first)->host, first, last);
+    log_.info("node {} ({}): ranks {}-{}", node, pool_->at_rank(first)->host, first, last);
   }
   auto config = nlohmann::json::to_msgpack(setup_.options.config);
   protocol::Assign assign;
@@ -345,7 +360,7 @@ void Controller::assign_ranks() {
   assign.heartbeat_interval_ms = heartbeat_interval(setup_.options.run.heartbeat_timeout).count();
   assign.collective_timeout_ms = setup_.options.run.collective_timeout.count();
   assign.checkpoint_dir = checkpoints_.resume_dir().string();
-  for (auto& worker : pool_.workers()) {
+  for (auto& worker : pool_->workers()) {
     // A remote worker's own default unless the run names a thread count.
     assign.num_threads =
         worker.remote ? setup_.options.scaling.cpus_per_worker : setup_.cpus_per_worker;
@@ -398,6 +413,10 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
     on_fetch_chunk(worker, message.as<protocol::FetchChunk>());
   } else if (type == protocol::Started::kType) {
     worker.started = true;
+    if (std::all_of(pool_->workers().begin(), pool_->workers().end(),
+                    [](const WorkerSlot& w) { return w.started; })) {
+      start_standby();
+    }
     worker.shares_storage = message.as<protocol::Started>().shares_storage;
     if (worker.remote && worker.shares_storage) {
       log_.info("{} shares the run directory's filesystem: it copies its checkpoints there",
@@ -421,7 +440,7 @@ void Controller::handle_store(WorkerSlot& worker, protocol::Incoming& message) {
                         " on a rendezvous store's connection");
   }
   for (auto& [rank, reply] : store_.handle(worker.rank, message.as<protocol::StoreRequest>())) {
-    const WorkerSlot* to = pool_.at_rank(rank);
+    const WorkerSlot* to = pool_->at_rank(rank);
     if (to != nullptr && to->store_id) protocol::send(router_, reply, {}, *to->store_id);
   }
 }
@@ -537,7 +556,7 @@ void Controller::release_report() {
   // The ranks go on while the report is recorded: its checkpoint, if any, is
   // committed, and this loop records it before it reads another message.
   for (int rank = 0; rank < world_size(); ++rank) {
-    to_train(*pool_.at_rank(rank), protocol::ReportAck{reports_.iteration() - 1});
+    to_train(*pool_->at_rank(rank), protocol::ReportAck{reports_.iteration() - 1});
   }
   try {
     storage_.append_result(record);
@@ -552,7 +571,7 @@ void Controller::release_report() {
 
 void Controller::check_stalled() {
   if (auto stalled = reports_.stalled()) {
-    fail(*pool_.at_rank(stalled->first), FailureKind::kUsage, stalled->second);
+    fail(*pool_->at_rank(stalled->first), FailureKind::kUsage, stalled->second);
   }
 }
 

@@ -23,7 +23,11 @@ int precedence(FailureKind kind) {
 void FailureCollector::add(RunError error) { errors_.push_back({std::move(error), Clock::now()}); }
 
 bool FailureCollector::settled(Clock::time_point now, Clock::duration grace) const {
-  return any() && now - errors_.front().when >= grace;
+  if (!any()) return false;
+  // A process that died is the root cause at once: nothing arriving later
+  // (its peers' errors, a lost heartbeat) outranks it or came before it.
+  if (precedence(root_cause().kind) <= precedence(FailureKind::kExit)) return true;
+  return now - errors_.front().when >= grace;
 }
 
 RunError FailureCollector::root_cause() const {

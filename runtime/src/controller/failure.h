@@ -20,7 +20,8 @@ class FailureCollector {
 
   void add(RunError error);
   bool any() const { return !errors_.empty(); }
-  /// Whether the grace period after the first failure is over.
+  /// Whether the root cause is known: a process died (nothing later outranks
+  /// it), or the grace period after the first failure is over.
   bool settled(Clock::time_point now, Clock::duration grace) const;
   /// When the first failure arrived; requires any().
   Clock::time_point first() const { return errors_.front().when; }
