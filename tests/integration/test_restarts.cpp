@@ -165,20 +165,37 @@ TEST_CASE("a rank that stops joining collectives fails at the collective timeout
 }
 
 // kill -9 of a random worker at a random moment (starting, training,
-// checkpointing, stopping), 20 times in one run with no failure limit.
+// checkpointing, stopping), 20 times in one run with no failure limit. Every
+// other kill first waits for the new attempt to report, so that the run goes
+// on between kills; the others can land at any point of a restart.
 TEST_CASE("soak: 20 random kill -9s, and the run still finishes with every checkpoint whole") {
   Sandbox box;
   constexpr int kKills = 20;
-  constexpr int kSteps = 200;
+  constexpr int kSteps = 800;
   pid_t controller = box.start(kResumable + " --max-failures -1 --num-to-keep 3 --config steps=" +
                                std::to_string(kSteps) + " --config sleep_ms=20");
   std::mt19937 random(std::random_device{}());
-  std::uniform_int_distribution<int> pause_ms(100, 1500);
+  std::uniform_int_distribution<int> pause_ms(50, 700);
   std::set<pid_t> killed;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   int exited = -1;
+  auto reports = [&] {
+    auto out = box.output_so_far();
+    size_t count = 0;
+    for (auto at = out.find("] report "); at != std::string::npos; at = out.find("] report ", at + 1)) {
+      ++count;
+    }
+    return count;
+  };
+  size_t reported = 0;
   while (static_cast<int>(killed.size()) < kKills && std::chrono::steady_clock::now() < deadline) {
+    if (killed.size() % 2 == 1) {
+      for (int i = 0; i < 400 && reports() <= reported; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms(random)));
+    reported = reports();
     int status = 0;
     if (::waitpid(controller, &status, WNOHANG) == controller) {
       exited = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
