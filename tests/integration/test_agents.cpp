@@ -20,14 +20,16 @@ struct AgentRun {
 };
 
 // A run of `workers` workers on loopback with the run key, and `agents` node
-// agents of `nproc` workers each (default: workers / agents).
+// agents of `nproc` workers each (default: workers / agents). `num_workers`
+// is what -n says (default: workers).
 AgentRun start_agent_run(const Sandbox& box, const std::string& args, int workers, int agents,
-                         int nproc = 0) {
+                         int nproc = 0, const std::string& num_workers = "") {
   if (nproc == 0) nproc = workers / agents;
   auto key = (box.root() / "run.key").string();
   REQUIRE(box.run("keygen '" + key + "'").exit_code == 0);
   AgentRun run;
-  run.controller = box.start(kTestPlugin + " -n " + std::to_string(workers) +
+  run.controller = box.start(kTestPlugin + " -n " +
+                             (num_workers.empty() ? std::to_string(workers) : num_workers) +
                              " --listen tcp://127.0.0.1:0 --startup-timeout 60 --auth-key '" + key +
                              "' " + args);
   std::regex listening("remote workers connect to (tcp://[0-9.]+:[0-9]+)");
@@ -270,5 +272,50 @@ TEST_CASE("a lost node is replaced by a new node agent, and the next attempt goe
             "nor did the node agent on") != std::string::npos);
   auto results = read_jsonl(box.run_dir("replaced") / "result.jsonl");
   CHECK(results.back()["metrics"]["step"] == 199);
+  CHECK(children_end(box));
+}
+
+TEST_CASE("an elastic group shrinks from 4 to 2 workers when a node is lost, and grows back") {
+  Sandbox box;
+  auto run = start_agent_run(box,
+                             "--entry resumable --name elastic --max-failures 1 "
+                             "--heartbeat-timeout 2 --config steps=400 --config sleep_ms=20",
+                             4, 2, 0, "2:4");
+  REQUIRE(wait_for_lines(box, "report 3 ", 1));
+  ::kill(run.agents[1], SIGKILL);
+  Sandbox::wait(run.agents[1]);
+  REQUIRE(wait_for_lines(box, "attempt 2 goes on with 2 of 4 workers", 1));
+  REQUIRE(wait_for_lines(box, "sum=2 ", 2));  // it trains on 2
+  auto key = (box.root() / "run.key").string();
+  std::smatch match;
+  auto out = box.output_so_far();
+  REQUIRE(std::regex_search(out, match, std::regex("remote workers connect to (tcp://[0-9.:]+)")));
+  pid_t joining = box.start_worker(
+      "--connect " + match[1].str() + " --auth-key '" + key + "' --nproc 2", "agent-2.txt");
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);
+  CHECK(Sandbox::wait(joining) == 0);
+  out = box.output_so_far();
+  INFO(out);
+  CHECK(out.find("joined with 2 workers") != std::string::npos);
+  CHECK(out.find("the group grows from 2 workers at checkpoint") != std::string::npos);
+  auto info = read_json(box.run_dir("elastic") / "run.json");
+  REQUIRE(info["attempts"].size() == 3);
+  CHECK(info["attempts"][0]["world_size"] == 4);
+  CHECK(info["attempts"][0]["error"]["kind"] == "lost");
+  CHECK(info["attempts"][1]["world_size"] == 2);
+  CHECK(info["attempts"][1]["regrouped"] == true);
+  CHECK(info["attempts"][2]["world_size"] == 4);
+  CHECK_FALSE(info["attempts"][2].contains("error"));
+  // Each report's allreduce sums over the attempt's world; iterations count on.
+  auto results = read_jsonl(box.run_dir("elastic") / "result.jsonl");
+  int64_t iteration = 0;
+  for (const auto& line : results) {
+    int attempt = line["attempt"].get<int>();
+    CHECK(line["iteration"] == ++iteration);
+    CHECK(line["metrics"]["sum"] == (attempt == 2 ? 2.0 : 4.0));
+  }
+  CHECK(results.back()["metrics"]["step"] == 399);
+  CHECK(results.back()["attempt"] == 3);
   CHECK(children_end(box));
 }

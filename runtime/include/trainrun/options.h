@@ -22,7 +22,16 @@ inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{1800000};
 
 /// How many workers, and what each gets (Ray Train's ScalingConfig).
 struct ScalingConfig {
+  /// Workers in the group; with min_workers, the most.
   int num_workers = 1;
+  /// Elastic (Ray Train's num_workers=(min, max)): the fewest workers an
+  /// attempt starts with, 0 = num_workers (a fixed size). The first attempt
+  /// waits up to the startup timeout for num_workers; a restart goes on with
+  /// the workers that remain when they are at least this many; node agents
+  /// that join later grow the group, up to num_workers, at the next committed
+  /// checkpoint or restart. Ranks, world size and the sampler follow; the
+  /// global batch changes with the world size.
+  int min_workers = 0;
   /// LibTorch intra-op threads per worker; 0 = cores / local workers (at least 1).
   int cpus_per_worker = 0;
   /// One CUDA device per worker (by local rank) and an NCCL process group.

@@ -68,6 +68,7 @@ struct AttemptInfo {
   std::string ended_at;            // empty while it runs
   std::string resumed_from;        // the checkpoint it started from, or empty
   std::optional<RunError> error;   // the root cause that ended it, if it failed
+  bool regrouped = false;  // an elastic group stopped at a checkpoint to take more workers
 };
 
 /// A committed checkpoint.

@@ -69,6 +69,7 @@ std::string describe(const Result& result) {
       out << "  " << a.attempt << "  " << a.world_size << " workers  " << a.started_at;
       if (!a.resumed_from.empty()) out << "  from " << a.resumed_from;
       if (a.error) out << "  ended: " << a.error->summary();
+      if (a.regrouped) out << "  ended: regrouped to take more workers";
       out << "\n";
     }
   }

@@ -98,6 +98,13 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
     throw UsageError("num_workers must be at least 1, got " +
                      std::to_string(options_.scaling.num_workers));
   }
+  auto& scaling = options_.scaling;
+  if (scaling.min_workers == 0) scaling.min_workers = scaling.num_workers;
+  if (scaling.min_workers < 1 || scaling.min_workers > scaling.num_workers) {
+    throw UsageError("the fewest workers (" + std::to_string(scaling.min_workers) +
+                     ") must be between 1 and num_workers (" +
+                     std::to_string(scaling.num_workers) + ")");
+  }
   if (options_.scaling.cpus_per_worker < 0) {
     throw UsageError("cpus_per_worker must be at least 1 (or 0 for the default), got " +
                      std::to_string(options_.scaling.cpus_per_worker));

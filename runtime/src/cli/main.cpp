@@ -41,6 +41,25 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
   return result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage : kExitFailed;
 }
 
+// "4", or "2:4" for an elastic group of 2 to 4 workers.
+void parse_num_workers(const std::string& text, trainrun::ScalingConfig& scaling) {
+  auto number = [&](const std::string& part) {
+    if (part.empty() || part.size() > 6 ||
+        part.find_first_not_of("0123456789") != std::string::npos || std::stoi(part) < 1) {
+      throw CLI::ValidationError("--num-workers",
+                                 "takes N or MIN:MAX, positive numbers; got '" +
+                                     text.substr(0, 32) + "'");
+    }
+    return std::stoi(part);
+  };
+  auto colon = text.find(':');
+  scaling.num_workers = number(text.substr(colon == std::string::npos ? 0 : colon + 1));
+  scaling.min_workers = colon == std::string::npos ? 0 : number(text.substr(0, colon));
+  if (scaling.min_workers > scaling.num_workers) {
+    throw CLI::ValidationError("--num-workers", "MIN is more than MAX in '" + text + "'");
+  }
+}
+
 }  // namespace
 
 // `trainrun worker ARGS` is `trainrun-worker ARGS`: the worker is its own
@@ -80,8 +99,9 @@ int main(int argc, char** argv) {
   auto collective_s = duration_cast<seconds>(options.run.collective_timeout).count();
   app.add_option("--plugin", options.plugin, "the plugin (.so) built with the trainrun SDK");
   app.add_option("--entry", options.entry, "the train function to run, if the plugin has several");
-  app.add_option("-n,--num-workers", options.scaling.num_workers, "worker processes")
-      ->check(CLI::PositiveNumber);
+  std::string num_workers = "1";
+  app.add_option("-n,--num-workers", num_workers,
+                 "worker processes: N, or MIN:MAX for an elastic group (default 1)");
   app.add_option("--config", config_args, "key=value handed to train_func (repeatable)");
   app.add_option("--config-file", config_file, "JSON object handed to train_func")
       ->check(CLI::ExistingFile);
@@ -157,6 +177,7 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+    parse_num_workers(num_workers, options.scaling);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;

@@ -37,6 +37,11 @@ class CheckpointService {
   /// A new attempt: drops what a failed one left staged, and resumes from the
   /// latest checkpoint committed by now.
   void begin_attempt();
+  /// The latest committed checkpoint's name, or empty.
+  std::string latest_name() const {
+    auto latest = store_.latest();
+    return latest ? latest->name : "";
+  }
   /// Whether workers stream their files rather than copy them into storage.
   /// Local workers share the controller's filesystem, so only when asked to.
   bool streams() const { return always_stream_; }

@@ -86,22 +86,31 @@ RunOutcome Controller::run() {
   launch_.echo = setup_.options.verbose;
   const int max_failures = setup_.options.failure.max_failures;
   std::optional<RunError> error;
+  int failures = 0;
   while (true) {
     start_attempt();
-    error = run_attempt();
-    bool retry = error && !interrupted_ && retryable(error->kind) &&
-                 (max_failures < 0 || attempt_ <= max_failures);
-    end_attempt(error);
+    auto end = run_attempt();
+    error = end.error;
+    if (error) ++failures;
+    bool retry = end.regroup || (error && !interrupted_ && retryable(error->kind) &&
+                                 (max_failures < 0 || failures <= max_failures));
+    end_attempt(end);
     try {
-      stop_workers(!error, retry);
+      stop_workers(!error && !end.regroup, retry);
     } catch (const std::exception& e) {
       log_.error("internal error while stopping the workers: {}", e.what());
       pool_->end_groups();  // SIGKILL to every worker's group, running or not
       retry = false;
     }
     if (!retry || interrupted_) break;
-    log_.warn("attempt {}{} after {}", attempt_ + 1,
-              max_failures < 0 ? "" : "/" + std::to_string(max_failures + 1), error->summary());
+    if (end.regroup) {
+      log_.info("attempt {}: the group grows from {} workers at checkpoint {}", attempt_ + 1,
+                world_size(), checkpoints_.latest_name());
+    } else {
+      log_.warn("attempt {}{} after {}", attempt_ + 1,
+                max_failures < 0 ? "" : "/" + std::to_string(max_failures + 1 + attempt_ - failures),
+                error->summary());
+    }
     reset_attempt();
   }
   if (error && error->kind != FailureKind::kInterrupted && interrupted_) error = interrupted_;
@@ -130,7 +139,7 @@ void Controller::start_attempt() {
   next_timer_check_ = attempt_start_;
   AttemptInfo info;
   info.attempt = attempt_;
-  info.world_size = world_size();
+  info.world_size = max_workers();  // until the ranks are assigned
   info.started_at = run_directory::timestamp_now();
   info.resumed_from = checkpoints_.resume_dir().empty() ? ""
                       : checkpoints_.resume_dir().parent_path() == storage_.dir()
@@ -139,7 +148,7 @@ void Controller::start_attempt() {
   attempts_.push_back(info);
   notify_attempts();
   if (attempt_ > 1) {
-    log_.info("attempt {}: {} workers, from {}", attempt_, world_size(),
+    log_.info("attempt {} starts from {}", attempt_,
               info.resumed_from.empty() ? "the start" : info.resumed_from);
     // Node agents start this attempt's workers and announce them with AGENT.
     for (const auto& [id, agent] : agents_) protocol::send(router_, protocol::Restart{attempt_}, {}, id);
@@ -147,7 +156,7 @@ void Controller::start_attempt() {
   const int local = setup_.options.scaling.local_workers;
   if (pool_->size() > 0) {  // the standby workers, started during the last attempt
     log_.info("attempt {} takes the {} standby workers", attempt_, pool_->size());
-    if (hellos_ == world_size()) assign_ranks();
+    maybe_assign();
     return;
   }
   try {
@@ -162,7 +171,7 @@ void Controller::start_attempt() {
   }
 }
 
-std::optional<RunError> Controller::run_attempt() {
+Controller::AttemptEnd Controller::run_attempt() {
   const auto interval = heartbeat_interval(setup_.options.run.heartbeat_timeout);
   auto next_heartbeat = Clock::now() + interval;
   while (true) {
@@ -179,25 +188,27 @@ std::optional<RunError> Controller::run_attempt() {
       // a failure with a final status and error.json, not as a crash.
       RunError error{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
       log_.error("{}", error.message);
-      return error;
+      return {error};
     }
-    if (interrupted_) return interrupted_;
+    if (interrupted_) return {interrupted_};
     if (failures_.settled(Clock::now(), kFailureGrace) && remote_workers_accounted()) {
-      return failures_.root_cause();
+      return {failures_.root_cause()};
     }
     if (!failures_.any() && assigned_ &&
         std::all_of(pool_->workers().begin(), pool_->workers().end(),
                     [](const WorkerSlot& w) { return w.done; })) {
-      return std::nullopt;
+      return {};
     }
+    if (regroup_ && !failures_.any()) return {std::nullopt, true};
   }
 }
 
-void Controller::end_attempt(const std::optional<RunError>& error) {
+void Controller::end_attempt(const AttemptEnd& end) {
   auto& info = attempts_.back();
   info.ended_at = run_directory::timestamp_now();
-  if (error) {
-    info.error = error;
+  info.regrouped = end.regroup;
+  if (end.error) {
+    info.error = end.error;
     info.error->attempt = attempt_;
   }
   notify_attempts();
@@ -220,7 +231,7 @@ void Controller::start_standby() {
     std::filesystem::create_directory(launch.scratch_dir, ec);
     if (ec) throw IoError("cannot create " + launch.scratch_dir.string() + ": " + ec.message());
     standby_ = std::make_unique<WorkerPool>();
-    standby_->reserve(world_size());
+    standby_->reserve(max_workers());
     standby_->spawn(local, launch);
     log_.info("started {} standby workers for a restart", local);
   } catch (const IoError& e) {
@@ -262,13 +273,12 @@ void Controller::reset_attempt() {
   } else {
     stop_standby();
     pool_ = std::make_unique<WorkerPool>();
-    pool_->reserve(world_size());
+    pool_->reserve(max_workers());
   }
-  reports_ = ReportCoordinator(world_size(),
-                               storage_.last_result() ? storage_.last_result()->iteration : 0);
+  world_size_ = max_workers();  // until the ranks are assigned
+  regroup_ = false;
   checkpoints_.begin_attempt();
   failures_ = FailureCollector();
-  store_ = RendezvousStore(RendezvousStore::capacity_for(world_size()));
   assigned_ = false;
   stopping_ = false;
   hellos_ = static_cast<int>(std::count_if(pool_->workers().begin(), pool_->workers().end(),
@@ -287,6 +297,7 @@ void Controller::reset_attempt() {
       continue;
     }
     agent.workers.clear();
+    agent.announced = agent.waiting = false;
     agent.early_output.clear();
     agent.early_bytes = 0;
     ++it;
@@ -464,6 +475,31 @@ bool Controller::remote_workers_accounted() const {
   });
 }
 
+void Controller::maybe_assign() {
+  if (assigned_ || stopping_ || failures_.any()) return;
+  if (hellos_ == max_workers()) {
+    assign_ranks();
+    return;
+  }
+  // A restart knows which workers to expect: its local ones and those its node
+  // agents announced. Once they are all here, and enough, it goes on without
+  // waiting for the ones that are gone.
+  if (attempt_ < 2 || hellos_ < min_workers()) return;
+  for (const auto& [id, agent] : agents_) {
+    if (!agent.announced) return;
+  }
+  int connected_claims = 0;
+  for (const auto& worker : pool_->workers()) {
+    if (!worker.main_id) return;
+    if (worker.remote && claimed_.count(process_key(worker.host, worker.process.pid))) {
+      ++connected_claims;
+    }
+  }
+  if (connected_claims < agent_claims_) return;
+  log_.warn("attempt {} goes on with {} of {} workers", attempt_, hellos_, max_workers());
+  assign_ranks();
+}
+
 // One line per ten seconds at most, however many strangers knock.
 void Controller::on_refused_peer(const std::string& where, const char* why) {
   if (refused_.allow(Clock::now())) {
@@ -477,10 +513,20 @@ void Controller::check_startup() {
   // Once every worker said HELLO the ranks are assigned; a failure already
   // recorded ends the run anyway.
   if (assigned_ || failures_.any()) return;
-  int remote = world_size() - setup_.options.scaling.local_workers;
-  auto message = "only " + std::to_string(hellos_) + " of " + std::to_string(world_size()) +
+  const bool connected =
+      std::all_of(pool_->workers().begin(), pool_->workers().end(),
+                  [](const WorkerSlot& w) { return w.main_id.has_value(); });
+  if (connected && hellos_ >= min_workers()) {  // elastic: the workers that came
+    log_.warn("starting with {} of {} workers: no more connected within {} ms", hellos_,
+              max_workers(), setup_.options.run.startup_timeout.count());
+    assign_ranks();
+    return;
+  }
+  int remote = max_workers() - setup_.options.scaling.local_workers;
+  auto message = "only " + std::to_string(hellos_) + " of " + std::to_string(max_workers()) +
                  " workers connected within " +
                  std::to_string(setup_.options.run.startup_timeout.count()) + " ms";
+  if (elastic()) message += " (the fewest to start with: " + std::to_string(min_workers()) + ")";
   if (remote > 0) {
     message += " (" + std::to_string(remote) + " to connect to " +
                (listening_.empty() ? setup_.options.network.listen : listening_) + ")";

@@ -98,15 +98,29 @@ class Controller {
   void write_storage_probe();
   void on_refused_peer(const std::string& where, const char* why);
 
+  /// This attempt's world size, once its ranks are assigned (before: the most).
   int world_size() const { return world_size_; }
+  int max_workers() const { return setup_.options.scaling.num_workers; }
+  int min_workers() const {
+    int min = setup_.options.scaling.min_workers;
+    return min > 0 && min < max_workers() ? min : max_workers();
+  }
+  bool elastic() const { return min_workers() < max_workers(); }
+  /// Assigns the ranks once enough workers are here: all of them, or on a
+  /// restart every worker still to be had when they are at least the fewest.
+  void maybe_assign();
 
   // Attempts: the group of workers started, run until it finishes or fails,
   // and after a failure that may be retried, stopped and started again. The
   // socket, the node agents' connections and the run's records carry over.
   void start_attempt();
-  /// The loop of one attempt; its root cause, or none when it finished.
-  std::optional<RunError> run_attempt();
-  void end_attempt(const std::optional<RunError>& error);
+  struct AttemptEnd {
+    std::optional<RunError> error;  // its root cause; none when it finished or regroups
+    bool regroup = false;           // stopped at a checkpoint to take waiting workers
+  };
+  /// The loop of one attempt.
+  AttemptEnd run_attempt();
+  void end_attempt(const AttemptEnd& end);
   /// Forgets the failed attempt's workers, reports in flight, store and
   /// failures; drops node agents that fell silent.
   void reset_attempt();
@@ -211,6 +225,7 @@ class Controller {
   Clock::time_point start_ = Clock::now();
   int world_size_;
   int attempt_ = 0;  // 1 for the first
+  bool regroup_ = false;  // a checkpoint was committed while node agents wait to join
   Clock::time_point attempt_start_ = start_;
   std::vector<AttemptInfo> attempts_;
   double earlier_seconds_ = 0;  // the time_total_s earlier runs of this name reached

@@ -123,7 +123,8 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
   pool_->set_main_id(*worker, id);
   worker->host = hello.host;
   worker->last_heard = Clock::now();
-  if (++hellos_ == world_size()) assign_ranks();
+  ++hellos_;
+  maybe_assign();
 }
 
 // A worker from the network: with a run key it proved itself in the CURVE
@@ -136,10 +137,22 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
     throw ProtocolError("HELLO without this run's key (a remote worker on " +
                         hello.host.substr(0, 64) + ")");
   }
-  // Full once every worker said HELLO, before and after the ranks are assigned.
+  if (assigned_ || stopping_) {
+    // A worker of an agent that joined an elastic run during this attempt:
+    // it is the next attempt's. Any other is one too many.
+    for (const auto& [agent_id, agent] : agents_) {
+      if (agent.waiting && agent.host == hello.host && agent.workers.count(hello.pid)) {
+        protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
+        return;
+      }
+    }
+    throw ProtocolError("the ranks of this attempt are assigned (" + std::to_string(world_size()) +
+                        " workers)");
+  }
+  // Full once every worker said HELLO.
   WorkerSlot* worker = pool_->add_remote(hello.host.substr(0, 255), static_cast<pid_t>(hello.pid));
   if (worker == nullptr) {
-    throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
+    throw ProtocolError("the run has all its " + std::to_string(max_workers()) + " workers");
   }
   pool_->set_main_id(*worker, id);
   log_.info("a worker on {} (pid {}) connected", worker->host, worker->process.pid);
@@ -154,7 +167,8 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
     }
     agent.early_output.erase(early);
   }
-  if (++hellos_ == world_size()) assign_ranks();
+  ++hellos_;
+  maybe_assign();
 }
 
 // A node agent: it proves itself as a remote worker does. It comes before the
@@ -166,14 +180,38 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
   if (setup_.keys && !secret_matches(hello.secret, setup_.keys->hello_secret)) {
     throw ProtocolError("AGENT without this run's key (on " + hello.host.substr(0, 64) + ")");
   }
-  if (assigned_ || stopping_ || agents_.size() >= static_cast<size_t>(world_size())) {
-    throw ProtocolError("the run has all its " + std::to_string(world_size()) + " workers");
+  if (stopping_ || agents_.size() >= static_cast<size_t>(max_workers()) ||
+      (assigned_ && !elastic())) {
+    throw ProtocolError("the run has all its " + std::to_string(max_workers()) + " workers");
   }
   if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
   NodeAgent agent;
   agent.host = hello.host.substr(0, 255);
   agent.pid = hello.pid;
   agent.last_heard = Clock::now();
+  if (assigned_) {
+    // An elastic group takes it at its next attempt, if there is room: its
+    // workers end now and the agent waits for RESTART.
+    const int room = max_workers() - setup_.options.scaling.local_workers - agent_claims_;
+    if (!hello.error.empty() || hello.workers.size() > static_cast<size_t>(room)) {
+      throw ProtocolError("the run has room for " + std::to_string(room) + " more workers");
+    }
+    for (int64_t pid : hello.workers) {
+      if (!agent.workers.insert(pid).second || claimed_.count(process_key(agent.host, pid))) {
+        throw ProtocolError("AGENT claims pid " + std::to_string(pid) + " twice");
+      }
+    }
+    for (int64_t pid : hello.workers) claimed_.insert(process_key(agent.host, pid));
+    agent_claims_ += static_cast<int>(hello.workers.size());
+    agent.waiting = true;
+    log_.info("{} joined with {} workers: they join the group at its next checkpoint",
+              agent.describe(), agent.workers.size());
+    agents_.emplace(id, std::move(agent));
+    protocol::send(router_,
+                   protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {}, id);
+    protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
+    return;
+  }
   accept_agent_workers(agent, hello);
   agents_.emplace(id, std::move(agent));
   protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {},
@@ -183,11 +221,11 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
 // The workers an agent started for this attempt: no more than there is room
 // for, none claimed already.
 void Controller::accept_agent_workers(NodeAgent& agent, const protocol::AgentHello& hello) {
-  const int room = world_size() - setup_.options.scaling.local_workers - agent_claims_;
+  const int room = max_workers() - setup_.options.scaling.local_workers - agent_claims_;
   if (hello.workers.size() > static_cast<size_t>(room)) {
     auto message = agent.describe() + " started " + std::to_string(hello.workers.size()) +
                    " workers, but the run has room for " + std::to_string(room) +
-                   " more (--num-workers " + std::to_string(world_size()) + ")";
+                   " more (--num-workers " + std::to_string(max_workers()) + ")";
     failures_.add(RunError{FailureKind::kUsage, message, -1, agent.host, agent.pid});
     log_.error("{}", message);
     throw ProtocolError(message);
@@ -200,6 +238,7 @@ void Controller::accept_agent_workers(NodeAgent& agent, const protocol::AgentHel
   }
   for (int64_t pid : hello.workers) claimed_.insert(process_key(agent.host, pid));
   agent.workers = std::move(pids);
+  agent.announced = true;
   agent_claims_ += static_cast<int>(hello.workers.size());
   log_.info("{} started {} workers", agent.describe(), agent.workers.size());
   if (!hello.error.empty()) {
@@ -223,6 +262,7 @@ void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
     auto hello = message.as<protocol::AgentHello>();
     if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
     accept_agent_workers(agent, hello);
+    maybe_assign();
   } else if (type == protocol::Exited::kType) {
     on_agent_exited(agent, message.as<protocol::Exited>());
   } else {
@@ -266,6 +306,7 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
     throw ProtocolError("EXITED for pid " + std::to_string(exited.pid) +
                         ", which is not one of its running workers");
   }
+  if (agent.waiting) return;  // ended to wait for the next attempt
   std::optional<int> code;
   if (exited.signal == 0) code = exited.code;
   if (WorkerSlot* worker = pool_->remote_worker(agent.host, exited.pid)) {
@@ -328,6 +369,14 @@ void Controller::assign_ranks() {
   std::vector<std::string> hosts;
   for (const auto& worker : pool_->workers()) hosts.push_back(worker.host);
   auto placements = trainrun::assign_ranks(hosts);
+  // The attempt's group: every worker here (fewer than the most in an elastic
+  // run that goes on without some).
+  world_size_ = pool_->size();
+  reports_ = ReportCoordinator(world_size_,
+                               storage_.last_result() ? storage_.last_result()->iteration : 0);
+  store_ = RendezvousStore(RendezvousStore::capacity_for(world_size_));
+  attempts_.back().world_size = world_size_;
+  notify_attempts();
   std::vector<int> ranks;
   for (const auto& place : placements) ranks.push_back(place.world_rank);
   pool_->assign(ranks);
@@ -446,8 +495,9 @@ void Controller::handle_store(WorkerSlot& worker, protocol::Incoming& message) {
 }
 
 void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
-  // A failing run records and commits nothing more; its workers are about to stop.
-  if (failures_.any()) return;
+  // A failing or stopping attempt records and commits nothing more; its
+  // workers are about to stop.
+  if (failures_.any() || stopping_ || regroup_) return;
   nlohmann::json metrics;
   if (worker.rank == 0) {
     try {
@@ -481,7 +531,7 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
 }
 
 void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message) {
-  if (failures_.any()) return;
+  if (failures_.any() || stopping_ || regroup_) return;
   auto chunk = message.as<protocol::UploadChunk>();
   if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
   try {
@@ -494,7 +544,7 @@ void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message
 }
 
 void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded) {
-  if (failures_.any()) return;
+  if (failures_.any() || stopping_ || regroup_) return;
   try {
     checkpoints_.finish_upload(worker.rank, uploaded);
   } catch (const IoError& e) {
@@ -567,6 +617,12 @@ void Controller::release_report() {
   log_.info("report {} ({:.1f} s): {}{}", record.iteration, record.time_total_s,
             format_metrics(record.metrics),
             record.checkpoint.empty() ? "" : " -> " + record.checkpoint);
+  // An elastic group grows at a committed checkpoint when node agents wait.
+  if (!record.checkpoint.empty() && world_size_ < max_workers() &&
+      std::any_of(agents_.begin(), agents_.end(),
+                  [](const auto& entry) { return entry.second.waiting; })) {
+    regroup_ = true;
+  }
 }
 
 void Controller::check_stalled() {

@@ -92,6 +92,7 @@ json attempt_json(const AttemptInfo& a) {
   if (!a.ended_at.empty()) j["ended_at"] = a.ended_at;
   if (!a.resumed_from.empty()) j["resumed_from"] = a.resumed_from;
   if (a.error) j["error"] = error_json(*a.error);
+  if (a.regrouped) j["regrouped"] = true;
   return j;
 }
 
@@ -103,6 +104,7 @@ AttemptInfo attempt_from_json(const json& j) {
   a.ended_at = j.value("ended_at", "");
   a.resumed_from = j.value("resumed_from", "");
   if (j.contains("error") && j["error"].is_object()) a.error = error_from_json(j["error"]);
+  a.regrouped = j.value("regrouped", false);
   return a;
 }
 
