@@ -15,7 +15,9 @@ TRAINRUN_TEST_NETNS_LAUNCH picks how a node starts its 2 workers:
 
 Scenarios: (a) keygen, a run across both nodes with a checkpoint, ranks grouped by host,
 and a rerun that resumes; (b) a peer with another key is refused while the run finishes;
-(c) kill -9 of node2's agent fails the run within the heartbeat timeout, naming node2.
+(c) kill -9 of node2's agent fails the run within the heartbeat timeout, naming node2;
+(d) with --num-workers 2:4 --max-failures 1 (agent mode), kill -9 of node2's agent restarts
+the run on node1's 2 workers, which resume from the streamed checkpoint and finish.
 
 Exit codes: 0 passed, 1 failed, 77 skipped (not root, or no `ip netns`/unshare).
 """
@@ -315,6 +317,46 @@ def scenario_lost_node(cluster, fashion, key):
     return summary
 
 
+def scenario_restart_on_survivors(cluster, test_plugin, key):
+    """(d) node2's agent killed: the elastic run goes on with node1's workers."""
+    controller = cluster.controller(
+        "elastic", test_plugin, key, "2:4", ["steps=200", "sleep_ms=20"],
+        ["--entry", "resumable", "--max-failures", "1"])
+    cluster.wait_listening(controller)
+    nodes = [cluster.node("node1", key, 2), cluster.node("node2", key, 2)]
+    wait_for(r"report 5 ", [controller], 60)
+    killed_at = time.monotonic()
+    cluster.kill_agent(nodes[1])
+    wait_for(r"attempt 2 goes on with 2 of 4 workers", [controller], HEARTBEAT_S + 30)
+    took = time.monotonic() - killed_at
+    code = controller.wait(RUN_TIMEOUT_S)
+    nodes[0].wait(HEARTBEAT_S + 10)
+    deadline = time.monotonic() + HEARTBEAT_S + 5
+    while cluster.net.pids("node2") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with open(os.path.join(cluster.run_dir("elastic"), "run.json")) as f:
+        attempts = json.load(f)["attempts"]
+    results = read_jsonl(os.path.join(cluster.run_dir("elastic"), "result.jsonl"))
+    problems = []
+    if code != 0:
+        problems.append(f"the run did not finish ({code})")
+    if [a["world_size"] for a in attempts] != [4, 2]:
+        problems.append(f"attempts: {attempts}")
+    elif attempts[0].get("error", {}).get("host") != "node2":
+        problems.append(f"attempt 1 did not end naming node2: {attempts[0]}")
+    if not results or results[-1]["metrics"]["step"] != 199 or results[-1]["attempt"] != 2:
+        problems.append(f"the last report: {results[-1] if results else None}")
+    second = [r for r in results if r["attempt"] == 2]
+    if not second or second[0]["metrics"]["resumed_at"] == 0 or second[0]["metrics"]["sum"] != 2:
+        problems.append(f"attempt 2 did not resume on 2 workers: {second[:1]}")
+    if cluster.net.pids("node2"):
+        problems.append(f"processes left on node2: {cluster.net.pids('node2')}")
+    summary = (f"attempt 2 on node1 {took:.1f} s after the kill, resumed at step "
+               f"{second[0]['metrics']['resumed_at'] if second else '?'}")
+    check(not problems, "; ".join(problems) + f"\n{summary}\n{tail(controller.text(), 12)}")
+    return summary
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -348,6 +390,9 @@ def main():
                 print(f"note: no {test_plugin}, the rank-grouping check is skipped")
             scenarios += [("b: a peer with another key", scenario_wrong_key, fashion),
                           ("c: node2's agent killed", scenario_lost_node, fashion)]
+            if mode == "agent" and os.path.exists(test_plugin):
+                scenarios.append(("d: node2's agent killed, the run goes on on node1",
+                                  scenario_restart_on_survivors, test_plugin))
             for title, scenario, plugin in scenarios:
                 begin = time.monotonic()
                 detail = scenario(cluster, plugin, key)
