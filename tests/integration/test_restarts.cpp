@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -238,4 +240,49 @@ TEST_CASE("soak: 20 random kill -9s, and the run still finishes with every check
   CHECK(read_text(dir / state["latest"].get<std::string>() / "step.txt") ==
         std::to_string(kSteps));
   CHECK_FALSE(box.any_worker_alive());
+}
+
+// The FashionMNIST recipe with rank 0 killed halfway through its second epoch
+// resumes from the first epoch's checkpoint, and ends where an uninterrupted
+// run ends: the data order follows the epoch, so the redone epoch is the same.
+TEST_CASE("FashionMNIST killed mid-epoch reaches the accuracy of an uninterrupted run") {
+  Sandbox box;
+  const std::string recipe = std::string("--plugin '") + FASHION_MNIST_PLUGIN +
+                             "' -n 2 --config epochs=2 --config max_steps=24"
+                             " --config eval_steps=20 --config batch_size=32"
+                             " --config log_every=1";
+  auto whole = box.run(recipe + " --name whole");
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  pid_t controller = box.start(recipe + " --name killed --max-failures 1");
+  std::regex step_line("\\[rank 0 \\([^,]+, pid ([0-9]+)\\)\\] epoch 1 step 12/");
+  pid_t victim = 0;
+  for (int i = 0; i < 2400 && victim == 0; ++i) {
+    auto out = box.output_so_far();
+    std::smatch match;
+    if (std::regex_search(out, match, step_line)) {
+      victim = std::stoi(match[1]);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  }
+  REQUIRE(victim > 0);
+  ::kill(victim, SIGKILL);
+  CHECK(Sandbox::wait(controller) == 0);
+  auto out = box.output_so_far();
+  INFO(out);
+  CHECK(out.find("resuming after epoch 0") != std::string::npos);
+  auto expected = read_jsonl(box.run_dir("whole") / "result.jsonl");
+  auto resumed = read_jsonl(box.run_dir("killed") / "result.jsonl");
+  REQUIRE(expected.size() == 2);
+  REQUIRE(resumed.size() == 2);  // epoch 1's report came only from the second attempt
+  CHECK(resumed[1]["attempt"] == 2);
+  CHECK(resumed[1]["metrics"]["epoch"] == 1);
+  double accuracy = expected[1]["metrics"]["accuracy"].get<double>();
+  MESSAGE("test accuracy: uninterrupted " << accuracy << ", killed and resumed "
+                                          << resumed[1]["metrics"]["accuracy"].get<double>());
+  CHECK(accuracy > 0.5);  // it learned something
+  CHECK(std::abs(resumed[1]["metrics"]["accuracy"].get<double>() - accuracy) <= 0.02);
+  CHECK(std::abs(resumed[1]["metrics"]["test_loss"].get<double>() -
+                 expected[1]["metrics"]["test_loss"].get<double>()) <= 0.05);
 }
