@@ -39,7 +39,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::Done::kType] = sample_body(p::Done{1});
     m[p::Failed::kType] = sample_body(p::Failed{"boom", "exception"});
     m[p::Heartbeat::kType] = sample_body(p::Heartbeat{1});
-    m[p::AgentHello::kType] = sample_body(p::AgentHello{"host", 1, "secret", {2, 3}, ""});
+    m[p::AgentHello::kType] = sample_body(p::AgentHello{"host", 1, "secret", {2, 3}, "", 2});
     m[p::Output::kType] = sample_body(p::Output{2, p::kStderr});
     m[p::Exited::kType] = sample_body(p::Exited{2, 0, 9});
     m[p::AgentAccepted::kType] = sample_body(p::AgentAccepted{1000});

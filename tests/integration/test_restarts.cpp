@@ -112,6 +112,22 @@ TEST_CASE("when the failures are used up, error.json names the last root cause a
   CHECK_FALSE(box.any_worker_alive());
 }
 
+TEST_CASE("attempts that keep failing before any report wait longer and longer between them") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +
+                     "' --entry crash -n 2 --name early --max-failures 3 --config at_start=true");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("attempt 2/4 after") != std::string::npos);
+  CHECK(run.output.find("before attempt 2") == std::string::npos);  // the first is at once
+  CHECK(run.output.find("waiting 0.5 s before attempt 3: the last 2 attempts failed") !=
+        std::string::npos);
+  CHECK(run.output.find("waiting 1.0 s before attempt 4: the last 3 attempts failed") !=
+        std::string::npos);
+  CHECK(read_json(box.run_dir("early") / "error.json")["attempt"] == 4);
+  CHECK(read_text(box.run_dir("early") / "result.jsonl").empty());  // none reported
+}
+
 TEST_CASE("a usage error is not retried") {
   Sandbox box;
   auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +

@@ -86,9 +86,10 @@ void throws(const train::Config& config) {
 }
 
 // Rank `fail_rank` dies by a signal (`how` = abort or segv); the others wait.
+// With at_start=true it dies before the first report.
 void crash(const train::Config& config) {
   auto ctx = train::get_context();
-  train::report({{"phase", "started"}});
+  if (!config.get<bool>("at_start", false)) train::report({{"phase", "started"}});
   if (ctx.world_rank() == config.get<int>("fail_rank", 1)) {
     std::cerr << "rank " << ctx.world_rank() << " is about to crash" << std::endl;
     if (config.get("how", "abort") == std::string("segv")) std::raise(SIGSEGV);

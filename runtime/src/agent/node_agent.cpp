@@ -84,7 +84,7 @@ class Agent {
   }
 
   int run() {
-    start_workers();
+    start_workers(0);
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
     auto next_reap = Clock::now();
@@ -99,13 +99,12 @@ class Agent {
         next_reap = now + kReapInterval;
       }
       if (all_exited() && restart_) {
-        if (!between_attempts_) {
-          spdlog::info("workers ended for a new attempt");
-          stop_at_.reset();
-          terminated_ = killed_ = false;
-        }
+        if (!between_attempts_) spdlog::info("workers ended for a new attempt");
+        // Nothing to stop: the controller's silence counts again.
+        stop_at_.reset();
+        terminated_ = killed_ = false;
         between_attempts_ = true;
-        if (*restart_ > 0) start_workers();
+        if (*restart_ > 0) start_workers(*restart_);
       }
       if (now >= next_heartbeat) {
         if (queue_.empty()) queue_.push_back(outgoing(protocol::Heartbeat{}));
@@ -135,7 +134,7 @@ class Agent {
   // Starts the workers of an attempt and announces them (AGENT). The
   // controller hears why they could not all start: the attempt cannot go on
   // without them.
-  void start_workers() {
+  void start_workers(int attempt) {
     for (auto& child : children_) {
       for (int& fd : child.fds) close_fd(fd);
     }
@@ -157,7 +156,8 @@ class Agent {
     std::vector<int64_t> pids;
     for (const auto& child : children_) pids.push_back(child.process.pid);
     const auto& secret = options_.keys ? options_.keys->hello_secret : std::string();
-    queue_.push_back(outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids, error}));
+    queue_.push_back(
+        outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids, error, attempt}));
   }
 
   // Ends the workers, and the agent once they have exited.
@@ -264,8 +264,10 @@ class Agent {
       } else if (type == protocol::Shutdown::kType) {
         // The workers have their own SHUTDOWN: a grace period to take it.
         if (message.as<protocol::Shutdown>().restart && !ending_) {
-          if (!restart_) restart_ = 0;  // RESTART names the attempt
-          if (!stop_at_) begin_stop(kTerminateGrace);
+          // This attempt ended: a RESTART whose workers have not started yet
+          // is cancelled, and the next RESTART names the next attempt.
+          restart_ = 0;
+          if (!stop_at_ && !all_exited()) begin_stop(kTerminateGrace);
         } else {
           end_for_good(kTerminateGrace);  // an earlier, shorter stop stands
         }
@@ -363,7 +365,7 @@ class Agent {
   // False once even SIGKILL has had its grace period: a process stuck in the
   // kernel (an uninterruptible wait on a dead device) is given up on.
   bool escalate() {
-    if (!stop_at_) return true;
+    if (!stop_at_ || all_exited()) return true;
     auto now = Clock::now();
     if (now >= *stop_at_ + 2 * kTerminateGrace) return false;
     if (!terminated_ && now >= *stop_at_) {

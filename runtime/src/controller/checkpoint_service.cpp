@@ -14,8 +14,8 @@ CheckpointService::CheckpointService(CheckpointStore& store,
   resume_dir_ = latest ? latest->path : resume_from;
 }
 
-void CheckpointService::begin_attempt() {
-  store_.abort_staging();
+void CheckpointService::begin_attempt(int attempt) {
+  store_.begin_attempt(attempt);
   auto latest = store_.latest();
   resume_dir_ = latest ? latest->path : resume_from_;
   resume_source_.reset();

@@ -36,7 +36,7 @@ class CheckpointService {
   const std::filesystem::path& resume_dir() const { return resume_dir_; }
   /// A new attempt: drops what a failed one left staged, and resumes from the
   /// latest checkpoint committed by now.
-  void begin_attempt();
+  void begin_attempt(int attempt);
   /// The latest committed checkpoint's name, or empty.
   std::string latest_name() const {
     auto latest = store_.latest();

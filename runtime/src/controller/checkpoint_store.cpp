@@ -73,7 +73,12 @@ void CheckpointStore::recover() {
 }
 
 std::filesystem::path CheckpointStore::staging_dir() const {
-  return run_dir_ / (kStagingPrefix + checkpoint_name(state_.next_index));
+  return run_dir_ / (kStagingPrefix + checkpoint_name(state_.next_index) + staging_suffix_);
+}
+
+void CheckpointStore::begin_attempt(int attempt) {
+  abort_staging();
+  staging_suffix_ = attempt > 1 ? ".attempt-" + std::to_string(attempt) : "";
 }
 
 std::filesystem::path CheckpointStore::begin_upload(

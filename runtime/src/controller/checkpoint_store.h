@@ -70,6 +70,10 @@ class CheckpointStore {
 
   /// Drops the staged files.
   void abort_staging();
+  /// Drops the staged files, and stages the next ones under a name of this
+  /// attempt's: a worker of a failed attempt that copies late writes nowhere
+  /// the new attempt reads.
+  void begin_attempt(int attempt);
 
  private:
   std::filesystem::path staging_dir() const;
@@ -94,6 +98,7 @@ class CheckpointStore {
   std::map<int, RankUpload> uploads_;  // by rank
   std::map<std::string, int> names_;   // relative path -> rank
   std::map<std::string, int> dirs_;    // directory of some rank's file -> rank
+  std::string staging_suffix_;         // ".attempt-N" after the first attempt
 };
 
 }  // namespace trainrun

@@ -86,38 +86,54 @@ RunOutcome Controller::run() {
   launch_.echo = setup_.options.verbose;
   const int max_failures = setup_.options.failure.max_failures;
   std::optional<RunError> error;
-  int failures = 0;
   while (true) {
-    start_attempt();
-    auto end = run_attempt();
-    error = end.error;
-    if (error) ++failures;
-    bool retry = end.regroup || (error && !interrupted_ && retryable(error->kind) &&
-                                 (max_failures < 0 || failures <= max_failures));
-    end_attempt(end);
+    bool retry = false;
     try {
+      start_attempt();
+      auto end = run_attempt();
+      error = end.error;
+      if (error) ++failures_used_;
+      retry = end.regroup || (error && !interrupted_ && retryable(error->kind) &&
+                              (max_failures < 0 || failures_used_ <= max_failures));
+      end_attempt(end);
       stop_workers(!error && !end.regroup, retry);
+      if (retry && !interrupted_) {
+        if (end.regroup) {
+          log_.info("attempt {}: the group grows from {} workers at checkpoint {}", attempt_ + 1,
+                    world_size(), checkpoints_.latest_name());
+        } else {
+          log_.warn("attempt {}{} after {}", attempt_ + 1,
+                    max_failures < 0 ? ""
+                                     : "/" + std::to_string(max_failures + 1 + attempt_ -
+                                                            failures_used_),
+                    error->summary());
+          back_off();
+        }
+      }
+      if (retry && !interrupted_) reset_attempt();
     } catch (const std::exception& e) {
-      log_.error("internal error while stopping the workers: {}", e.what());
-      pool_->end_groups();  // SIGKILL to every worker's group, running or not
+      // The last line of defence, outside an attempt's loop too.
+      error = RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1,
+                       "", 0};
+      log_.error("{}", error->message);
       retry = false;
+      try {
+        stop_workers(false);
+      } catch (const std::exception&) {
+        pool_->end_groups();  // SIGKILL to every worker's group, running or not
+        if (standby_) standby_->end_groups();
+      }
+      break;
     }
-    if (!retry || interrupted_) break;
-    if (end.regroup) {
-      log_.info("attempt {}: the group grows from {} workers at checkpoint {}", attempt_ + 1,
-                world_size(), checkpoints_.latest_name());
-    } else {
-      log_.warn("attempt {}{} after {}", attempt_ + 1,
-                max_failures < 0 ? "" : "/" + std::to_string(max_failures + 1 + attempt_ - failures),
-                error->summary());
+    if (!retry) break;
+    if (interrupted_) {  // during a stop for a restart: end what stays between attempts
+      error = interrupted_;
+      stop_workers(false);
+      break;
     }
-    reset_attempt();
   }
   if (error && error->kind != FailureKind::kInterrupted && interrupted_) error = interrupted_;
   summarize_dropped();
-  if (plugin_downloads_ > 0) {
-    log_.info("the plugin was downloaded by {} of {} workers", plugin_downloads_, world_size());
-  }
   if (error) error->attempt = attempt_;
   return RunOutcome{error, elapsed(), attempts_};
 }
@@ -203,6 +219,31 @@ Controller::AttemptEnd Controller::run_attempt() {
   }
 }
 
+// Before an attempt that follows attempts that failed without recording a
+// report: a deterministic failure at the start (with no failure limit) would
+// otherwise restart as fast as it fails. 0.5 s after the second, doubling to
+// 30 s; the socket is served meanwhile, so agents and standby workers stay.
+void Controller::back_off() {
+  if (reported_this_attempt_ > 0) {
+    idle_failures_ = 0;
+    return;
+  }
+  if (++idle_failures_ < 2) return;
+  auto delay = std::chrono::milliseconds(500) * (1 << std::min(idle_failures_ - 2, 6));
+  delay = std::min<std::chrono::milliseconds>(delay, std::chrono::seconds(30));
+  log_.warn("waiting {:.1f} s before attempt {}: the last {} attempts failed before any report",
+            std::chrono::duration<double>(delay).count(), attempt_ + 1, idle_failures_);
+  const auto interval = heartbeat_interval(setup_.options.run.heartbeat_timeout);
+  auto next_heartbeat = Clock::now();
+  for (auto until = Clock::now() + delay; Clock::now() < until && !interrupted_;) {
+    if (Clock::now() >= next_heartbeat) {
+      send_heartbeats();
+      next_heartbeat = Clock::now() + interval;
+    }
+    poll_once(std::chrono::milliseconds(50));
+  }
+}
+
 void Controller::end_attempt(const AttemptEnd& end) {
   auto& info = attempts_.back();
   info.ended_at = run_directory::timestamp_now();
@@ -210,6 +251,9 @@ void Controller::end_attempt(const AttemptEnd& end) {
   if (end.error) {
     info.error = end.error;
     info.error->attempt = attempt_;
+  }
+  if (plugin_downloads_ > 0) {
+    log_.info("the plugin was downloaded by {} of {} workers", plugin_downloads_, world_size());
   }
   notify_attempts();
 }
@@ -221,7 +265,7 @@ void Controller::start_standby() {
   const int local = setup_.options.scaling.local_workers;
   const int max_failures = setup_.options.failure.max_failures;
   if (!setup_.options.failure.standby || local == 0 || standby_ || failures_.any() || stopping_ ||
-      (max_failures >= 0 && attempt_ > max_failures)) {
+      (max_failures >= 0 && failures_used_ >= max_failures)) {
     return;
   }
   LaunchOptions launch = launch_;
@@ -254,11 +298,19 @@ void Controller::stop_standby() {
     standby_->reap();
   }
   standby_->end_groups();  // SIGKILL to whatever is left
+  for (auto until = Clock::now() + std::chrono::seconds(1);
+       !standby_->all_exited() && Clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    standby_->reap();  // no zombie left behind
+  }
   standby_->drain_output();
   standby_.reset();
 }
 
 void Controller::notify_attempts() {
+  // run.json keeps the first attempt and the latest ones: a run without a
+  // failure limit may have thousands.
+  if (attempts_.size() > kAttemptsKept) attempts_.erase(attempts_.begin() + 1);
   if (!setup_.on_attempts) return;
   try {
     setup_.on_attempts(attempts_);
@@ -268,6 +320,12 @@ void Controller::notify_attempts() {
 }
 
 void Controller::reset_attempt() {
+  if (standby_) {  // one that died while this attempt stopped is not taken
+    for (auto [worker, wait_status] : standby_->reap()) {
+      log_.warn("a standby worker (pid {}) exited: the next attempt starts new workers",
+                worker->process.pid);
+    }
+  }
   if (standby_ready()) {
     pool_ = std::move(standby_);
   } else {
@@ -277,7 +335,9 @@ void Controller::reset_attempt() {
   }
   world_size_ = max_workers();  // until the ranks are assigned
   regroup_ = false;
-  checkpoints_.begin_attempt();
+  reported_this_attempt_ = 0;
+  plugin_downloads_ = 0;
+  checkpoints_.begin_attempt(attempt_ + 1);
   failures_ = FailureCollector();
   assigned_ = false;
   stopping_ = false;
@@ -288,11 +348,17 @@ void Controller::reset_attempt() {
   child_exited_ = false;
   // An agent that fell silent is gone with its node: the next attempt goes on
   // without it (the run's startup timeout waits for workers to replace it).
+  // Its workers were lost after the heartbeat timeout; half of it, and two
+  // heartbeats at least, tells a dead agent from a slow network.
   auto now = Clock::now();
+  const auto timeout = setup_.options.run.heartbeat_timeout;
+  const auto silence = std::max<std::chrono::milliseconds>(2 * heartbeat_interval(timeout),
+                                                           timeout / 2);
   for (auto it = agents_.begin(); it != agents_.end();) {
     auto& agent = it->second;
-    if (now - agent.last_heard > 2 * heartbeat_interval(setup_.options.run.heartbeat_timeout)) {
+    if (now - agent.last_heard > silence) {
       log_.warn("{} is gone: the next attempt goes on without it", agent.describe());
+      protocol::send(router_, protocol::Shutdown{"it fell silent", false}, {}, it->first);
       it = agents_.erase(it);
       continue;
     }
@@ -578,9 +644,17 @@ void Controller::stop_workers(bool graceful, bool restart) {
     }
   }
   if (!graceful) pool_->signal_all(SIGTERM);
+  // Heartbeats go on: node agents that wait between attempts count the
+  // controller's silence.
+  const auto interval = heartbeat_interval(setup_.options.run.heartbeat_timeout);
+  auto next_heartbeat = Clock::now() + interval;
   auto reap = [&](std::chrono::milliseconds wait) {
     poll_once(wait);
     pool_->reap();
+    if (Clock::now() >= next_heartbeat) {
+      send_heartbeats();
+      next_heartbeat = Clock::now() + interval;
+    }
   };
   // Node agents report their workers' exits, and forward their last lines, meanwhile.
   auto deadline = Clock::now() + kTerminateGrace;

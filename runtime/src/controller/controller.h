@@ -125,6 +125,8 @@ class Controller {
   /// failures; drops node agents that fell silent.
   void reset_attempt();
   void notify_attempts();
+  /// Waits before the next attempt when attempts keep failing before any report.
+  void back_off();
   /// Starts the standby workers once every rank's train function runs.
   void start_standby();
   /// Whether the standby workers can be the next attempt's: none exited.
@@ -226,6 +228,11 @@ class Controller {
   int world_size_;
   int attempt_ = 0;  // 1 for the first
   bool regroup_ = false;  // a checkpoint was committed while node agents wait to join
+  int failures_used_ = 0;
+  int reported_this_attempt_ = 0;  // reports recorded by this attempt
+  int idle_failures_ = 0;          // attempts in a row that failed before any report
+  /// Attempts run.json lists: the first and the latest.
+  static constexpr size_t kAttemptsKept = 100;
   Clock::time_point attempt_start_ = start_;
   std::vector<AttemptInfo> attempts_;
   double earlier_seconds_ = 0;  // the time_total_s earlier runs of this name reached

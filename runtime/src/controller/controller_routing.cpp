@@ -256,10 +256,12 @@ void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
   if (type == protocol::Output::kType) {
     on_agent_output(agent, message);
   } else if (type == protocol::AgentHello::kType) {  // after RESTART
-    if (assigned_ || stopping_ || !agent.workers.empty() || attempt_ < 2) {
-      throw ProtocolError("AGENT while the run did not ask for new workers");
-    }
     auto hello = message.as<protocol::AgentHello>();
+    if (assigned_ || stopping_ || !agent.workers.empty() || attempt_ < 2 ||
+        hello.attempt != attempt_) {
+      throw ProtocolError("AGENT for attempt " + std::to_string(hello.attempt) +
+                          ", which the run did not ask for");
+    }
     if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
     accept_agent_workers(agent, hello);
     maybe_assign();
@@ -401,7 +403,7 @@ void Controller::assign_ranks() {
   assign.config.assign(config.begin(), config.end());
   assign.plugin_sha256 = setup_.plugin_sha256;
   assign.plugin_size = setup_.plugin_bytes->size();
-  assign.store_prefix = "trainrun/attempt-0";
+  assign.store_prefix = "trainrun/attempt-" + std::to_string(attempt_);
   // Local workers alone: Gloo on loopback. With remote ones, each worker
   // binds the address that reaches the controller (or its --interface).
   assign.bind_host = listening_.empty() ? kLocalHost : "";
@@ -610,6 +612,7 @@ void Controller::release_report() {
   }
   try {
     storage_.append_result(record);
+    ++reported_this_attempt_;
   } catch (const IoError& e) {  // a full disk: what was recorded before stays
     fail_storage(std::string("cannot record a report: ") + e.what());
     return;

@@ -162,7 +162,8 @@ struct AgentHello {  // the first message on a node agent's connection
   std::string secret;            // as a remote worker's HELLO
   std::vector<int64_t> workers;  // the pids of the workers it started
   std::string error;             // why it could not start them all, or empty
-  MSGPACK_DEFINE_MAP(host, pid, secret, workers, error);
+  int32_t attempt = 0;           // the RESTART it answers; 0 for the first
+  MSGPACK_DEFINE_MAP(host, pid, secret, workers, error, attempt);
 };
 
 /// A worker's output streams, as OUTPUT names them.
