@@ -17,7 +17,16 @@ const std::string kTestPlugin = std::string("--plugin '") + TEST_PLUGIN + "'";
 struct AgentRun {
   pid_t controller = -1;
   std::vector<pid_t> agents;
+  std::string endpoint;  // where the controller listens
+  std::string key;       // the run key's file
 };
+
+// One more node agent of `nproc` workers for a started run, output to <root>/<log>.
+pid_t add_agent(const Sandbox& box, const AgentRun& run, int nproc, const std::string& log) {
+  return box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "' --nproc " +
+                              std::to_string(nproc),
+                          log);
+}
 
 // A run of `workers` workers on loopback with the run key, and `agents` node
 // agents of `nproc` workers each (default: workers / agents). `num_workers`
@@ -28,10 +37,9 @@ AgentRun start_agent_run(const Sandbox& box, const std::string& args, int worker
   auto key = (box.root() / "run.key").string();
   REQUIRE(box.run("keygen '" + key + "'").exit_code == 0);
   AgentRun run;
-  run.controller = box.start(kTestPlugin + " -n " +
-                             (num_workers.empty() ? std::to_string(workers) : num_workers) +
-                             " --listen tcp://127.0.0.1:0 --startup-timeout 60 --auth-key '" + key +
-                             "' " + args);
+  run.controller = box.start(
+      kTestPlugin + " -n " + (num_workers.empty() ? std::to_string(workers) : num_workers) +
+      " --listen tcp://127.0.0.1:0 --startup-timeout 60 --auth-key '" + key + "' " + args);
   std::regex listening("remote workers connect to (tcp://[0-9.]+:[0-9]+)");
   std::string endpoint;
   for (int i = 0; i < 400 && endpoint.empty(); ++i) {
@@ -44,10 +52,10 @@ AgentRun start_agent_run(const Sandbox& box, const std::string& args, int worker
     }
   }
   REQUIRE_FALSE(endpoint.empty());
+  run.endpoint = endpoint;
+  run.key = key;
   for (int i = 0; i < agents; ++i) {
-    run.agents.push_back(box.start_worker("--connect " + endpoint + " --auth-key '" + key +
-                                              "' --nproc " + std::to_string(nproc),
-                                          "agent-" + std::to_string(i) + ".txt"));
+    run.agents.push_back(add_agent(box, run, nproc, "agent-" + std::to_string(i) + ".txt"));
   }
   return run;
 }
@@ -252,17 +260,11 @@ TEST_CASE("a lost node is replaced by a new node agent, and the next attempt goe
   ::kill(run.agents[1], SIGKILL);
   Sandbox::wait(run.agents[1]);
   REQUIRE(wait_for_lines(box, "attempt 2/2 after", 1));
-  // The replacement: a new agent on the "same node".
-  auto key = (box.root() / "run.key").string();
-  std::smatch match;
-  auto out = box.output_so_far();
-  REQUIRE(std::regex_search(out, match, std::regex("remote workers connect to (tcp://[0-9.:]+)")));
-  pid_t replacement = box.start_worker(
-      "--connect " + match[1].str() + " --auth-key '" + key + "' --nproc 1", "agent-2.txt");
+  pid_t replacement = add_agent(box, run, 1, "agent-2.txt");  // on the "same node"
   CHECK(Sandbox::wait(run.controller) == 0);
   CHECK(Sandbox::wait(run.agents[0]) == 0);
   CHECK(Sandbox::wait(replacement) == 0);
-  out = box.output_so_far();
+  auto out = box.output_so_far();
   INFO(out);
   CHECK(out.find("is gone: the next attempt goes on without it") != std::string::npos);
   auto info = read_json(box.run_dir("replaced") / "run.json");
@@ -286,16 +288,11 @@ TEST_CASE("an elastic group shrinks from 4 to 2 workers when a node is lost, and
   Sandbox::wait(run.agents[1]);
   REQUIRE(wait_for_lines(box, "attempt 2 goes on with 2 of 4 workers", 1));
   REQUIRE(wait_for_lines(box, "sum=2 ", 2));  // it trains on 2
-  auto key = (box.root() / "run.key").string();
-  std::smatch match;
-  auto out = box.output_so_far();
-  REQUIRE(std::regex_search(out, match, std::regex("remote workers connect to (tcp://[0-9.:]+)")));
-  pid_t joining = box.start_worker(
-      "--connect " + match[1].str() + " --auth-key '" + key + "' --nproc 2", "agent-2.txt");
+  pid_t joining = add_agent(box, run, 2, "agent-2.txt");
   CHECK(Sandbox::wait(run.controller) == 0);
   CHECK(Sandbox::wait(run.agents[0]) == 0);
   CHECK(Sandbox::wait(joining) == 0);
-  out = box.output_so_far();
+  auto out = box.output_so_far();
   INFO(out);
   CHECK(out.find("joined with 2 workers") != std::string::npos);
   CHECK(out.find("the group grows from 2 workers at checkpoint") != std::string::npos);

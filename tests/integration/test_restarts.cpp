@@ -200,7 +200,8 @@ TEST_CASE("soak: 20 random kill -9s, and the run still finishes with every check
   auto reports = [&] {
     auto out = box.output_so_far();
     size_t count = 0;
-    for (auto at = out.find("] report "); at != std::string::npos; at = out.find("] report ", at + 1)) {
+    for (auto at = out.find("] report "); at != std::string::npos;
+         at = out.find("] report ", at + 1)) {
       ++count;
     }
     return count;
@@ -253,8 +254,7 @@ TEST_CASE("soak: 20 random kill -9s, and the run still finishes with every check
       CHECK(trainrun::sha256_file(checkpoint / file["path"].get<std::string>()) == file["sha256"]);
     }
   }
-  CHECK(read_text(dir / state["latest"].get<std::string>() / "step.txt") ==
-        std::to_string(kSteps));
+  CHECK(read_text(dir / state["latest"].get<std::string>() / "step.txt") == std::to_string(kSteps));
   CHECK_FALSE(box.any_worker_alive());
 }
 
@@ -301,4 +301,26 @@ TEST_CASE("FashionMNIST killed mid-epoch reaches the accuracy of an uninterrupte
   CHECK(std::abs(resumed[1]["metrics"]["accuracy"].get<double>() - accuracy) <= 0.02);
   CHECK(std::abs(resumed[1]["metrics"]["test_loss"].get<double>() -
                  expected[1]["metrics"]["test_loss"].get<double>()) <= 0.05);
+}
+
+TEST_CASE("Ctrl-C between attempts ends the run as interrupted, standby workers and all") {
+  Sandbox box;
+  pid_t controller = box.start(std::string("--plugin '") + TEST_PLUGIN +
+                               "' --entry crash -n 2 --name stop --max-failures -1"
+                               " --config at_start=true");
+  // Attempts fail at once and keep failing: the run backs off between them.
+  bool waiting = false;
+  for (int i = 0; i < 600 && !waiting; ++i) {
+    waiting = box.output_so_far().find("waiting 1.0 s before attempt") != std::string::npos;
+    if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(waiting);
+  auto asked = std::chrono::steady_clock::now();
+  ::kill(controller, SIGINT);
+  CHECK(Sandbox::wait(controller) == 130);
+  CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(5));
+  auto error = read_json(box.run_dir("stop") / "error.json");
+  CHECK(error["kind"] == "interrupted");
+  CHECK(read_json(box.run_dir("stop") / "run.json")["status"] == "interrupted");
+  CHECK_FALSE(box.any_worker_alive());
 }

@@ -3,10 +3,10 @@
 
 #include <train/train.h>
 
+#include <torch/torch.h>
+
 #include <spawn.h>
 #include <unistd.h>
-
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>

@@ -64,11 +64,11 @@ struct ReportRecord {
 struct AttemptInfo {
   int attempt = 1;
   int world_size = 0;
-  std::string started_at;          // UTC, ISO 8601
-  std::string ended_at;            // empty while it runs
-  std::string resumed_from;        // the checkpoint it started from, or empty
-  std::optional<RunError> error;   // the root cause that ended it, if it failed
-  bool regrouped = false;  // an elastic group stopped at a checkpoint to take more workers
+  std::string started_at;         // UTC, ISO 8601
+  std::string ended_at;           // empty while it runs
+  std::string resumed_from;       // the checkpoint it started from, or empty
+  std::optional<RunError> error;  // the root cause that ended it, if it failed
+  bool regrouped = false;         // an elastic group stopped at a checkpoint to take more workers
 };
 
 /// A committed checkpoint.

@@ -65,16 +65,18 @@ bool is_loopback_host(const std::string& host) {
 void check_network(TrainerOptions& options) {
   auto& scaling = options.scaling;
   const auto& network = options.network;
-  if (scaling.local_workers < 0) scaling.local_workers = network.listen.empty() ? scaling.num_workers : 0;
+  if (scaling.local_workers < 0)
+    scaling.local_workers = network.listen.empty() ? scaling.num_workers : 0;
   if (scaling.local_workers > scaling.num_workers) {
     throw UsageError("--local-workers " + std::to_string(scaling.local_workers) +
                      " is more than --num-workers " + std::to_string(scaling.num_workers));
   }
   if (network.listen.empty()) {
     if (scaling.local_workers < scaling.num_workers) {
-      throw UsageError("only " + std::to_string(scaling.local_workers) + " of " +
-                       std::to_string(scaling.num_workers) +
-                       " workers are local: the others need --listen tcp://ADDRESS:PORT to connect to");
+      throw UsageError(
+          "only " + std::to_string(scaling.local_workers) + " of " +
+          std::to_string(scaling.num_workers) +
+          " workers are local: the others need --listen tcp://ADDRESS:PORT to connect to");
     }
     return;
   }
@@ -102,8 +104,8 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   if (scaling.min_workers == 0) scaling.min_workers = scaling.num_workers;
   if (scaling.min_workers < 1 || scaling.min_workers > scaling.num_workers) {
     throw UsageError("the fewest workers (" + std::to_string(scaling.min_workers) +
-                     ") must be between 1 and num_workers (" +
-                     std::to_string(scaling.num_workers) + ")");
+                     ") must be between 1 and num_workers (" + std::to_string(scaling.num_workers) +
+                     ")");
   }
   if (options_.scaling.cpus_per_worker < 0) {
     throw UsageError("cpus_per_worker must be at least 1 (or 0 for the default), got " +
@@ -220,15 +222,15 @@ Result Trainer::fit() {
   } catch (const UsageError& e) {
     run.error = RunError{FailureKind::kUsage, e.what(), -1, "", 0};
   } catch (const std::exception& e) {
-    run.error = RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1,
-                         "", 0};
+    run.error =
+        RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
   }
 
   info.ended_at = run_directory::timestamp_now();
   if (!run.attempts.empty()) info.attempts = run.attempts;
-  info.status = !run.error                                        ? RunStatus::kFinished
+  info.status = !run.error                                     ? RunStatus::kFinished
                 : run.error->kind == FailureKind::kInterrupted ? RunStatus::kInterrupted
-                                                                : RunStatus::kFailed;
+                                                               : RunStatus::kFailed;
   storage.write_run_info(info);
   if (run.error) storage.write_error(run.error);
   // What the run left, read back as `trainrun results` would.

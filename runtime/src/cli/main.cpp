@@ -46,9 +46,8 @@ void parse_num_workers(const std::string& text, trainrun::ScalingConfig& scaling
   auto number = [&](const std::string& part) {
     if (part.empty() || part.size() > 6 ||
         part.find_first_not_of("0123456789") != std::string::npos || std::stoi(part) < 1) {
-      throw CLI::ValidationError("--num-workers",
-                                 "takes N or MIN:MAX, positive numbers; got '" +
-                                     text.substr(0, 32) + "'");
+      throw CLI::ValidationError("--num-workers", "takes N or MIN:MAX, positive numbers; got '" +
+                                                      text.substr(0, 32) + "'");
     }
     return std::stoi(part);
   };
@@ -167,7 +166,8 @@ int main(int argc, char** argv) {
   results->add_option("run_dir", results_dir, "<storage_path>/<name>")->required();
 
   auto* keygen = app.add_subcommand(
-      "keygen", "write a new run key (mode 0600) for --auth-key: the one secret a deployment shares");
+      "keygen",
+      "write a new run key (mode 0600) for --auth-key: the one secret a deployment shares");
   std::filesystem::path key_path;
   keygen->add_option("file", key_path, "where to write it (never replaced)")->required();
 

@@ -21,9 +21,9 @@ void CheckpointService::begin_attempt(int attempt) {
   resume_source_.reset();
 }
 
-protocol::Upload CheckpointService::begin_upload(
-    int rank, int64_t iteration, const std::vector<protocol::CheckpointFile>& files,
-    bool stream) {
+protocol::Upload CheckpointService::begin_upload(int rank, int64_t iteration,
+                                                 const std::vector<protocol::CheckpointFile>& files,
+                                                 bool stream) {
   stream = stream || always_stream_;
   auto staging = store_.begin_upload(rank, files, stream);
   return protocol::Upload{iteration, stream ? "" : staging.string(), kChunkCredit};

@@ -25,10 +25,11 @@ CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig
   }
   state_ = run_directory::read_checkpoint_state(run_dir_);  // throws IoError when malformed
   recover();
-  if (!state_.latest.empty() && !std::filesystem::exists(run_dir_ / state_.latest / kManifestFile)) {
-    throw IoError((run_dir_ / run_directory::kCheckpointStateFile).string() +
-                  " names checkpoint " + state_.latest +
-                  ", which is missing or was never committed (no " + kManifestFile + ")");
+  if (!state_.latest.empty() &&
+      !std::filesystem::exists(run_dir_ / state_.latest / kManifestFile)) {
+    throw IoError((run_dir_ / run_directory::kCheckpointStateFile).string() + " names checkpoint " +
+                  state_.latest + ", which is missing or was never committed (no " + kManifestFile +
+                  ")");
   }
 }
 
@@ -100,7 +101,8 @@ std::filesystem::path CheckpointStore::begin_upload(
       }
       if (file.path == kManifestFile) {
         throw UsageError("rank " + std::to_string(rank) + "'s checkpoint has a file named " +
-                         kManifestFile + " at its top, a name trainrun keeps for the checkpoint's "
+                         kManifestFile +
+                         " at its top, a name trainrun keeps for the checkpoint's "
                          "manifest: rename it or put it in a subdirectory");
       }
       if (auto [found, inserted] = names_.emplace(file.path, rank); !inserted) {

@@ -103,9 +103,9 @@ RunOutcome Controller::run() {
                     world_size(), checkpoints_.latest_name());
         } else {
           log_.warn("attempt {}{} after {}", attempt_ + 1,
-                    max_failures < 0 ? ""
-                                     : "/" + std::to_string(max_failures + 1 + attempt_ -
-                                                            failures_used_),
+                    max_failures < 0
+                        ? ""
+                        : "/" + std::to_string(max_failures + 1 + attempt_ - failures_used_),
                     error->summary());
           back_off();
         }
@@ -113,8 +113,8 @@ RunOutcome Controller::run() {
       if (retry && !interrupted_) reset_attempt();
     } catch (const std::exception& e) {
       // The last line of defence, outside an attempt's loop too.
-      error = RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1,
-                       "", 0};
+      error =
+          RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
       log_.error("{}", error->message);
       retry = false;
       try {
@@ -167,7 +167,8 @@ void Controller::start_attempt() {
     log_.info("attempt {} starts from {}", attempt_,
               info.resumed_from.empty() ? "the start" : info.resumed_from);
     // Node agents start this attempt's workers and announce them with AGENT.
-    for (const auto& [id, agent] : agents_) protocol::send(router_, protocol::Restart{attempt_}, {}, id);
+    for (const auto& [id, agent] : agents_)
+      protocol::send(router_, protocol::Restart{attempt_}, {}, id);
   }
   const int local = setup_.options.scaling.local_workers;
   if (pool_->size() > 0) {  // the standby workers, started during the last attempt
@@ -352,8 +353,8 @@ void Controller::reset_attempt() {
   // heartbeats at least, tells a dead agent from a slow network.
   auto now = Clock::now();
   const auto timeout = setup_.options.run.heartbeat_timeout;
-  const auto silence = std::max<std::chrono::milliseconds>(2 * heartbeat_interval(timeout),
-                                                           timeout / 2);
+  const auto silence =
+      std::max<std::chrono::milliseconds>(2 * heartbeat_interval(timeout), timeout / 2);
   for (auto it = agents_.begin(); it != agents_.end();) {
     auto& agent = it->second;
     if (now - agent.last_heard > silence) {
@@ -579,9 +580,8 @@ void Controller::check_startup() {
   // Once every worker said HELLO the ranks are assigned; a failure already
   // recorded ends the run anyway.
   if (assigned_ || failures_.any()) return;
-  const bool connected =
-      std::all_of(pool_->workers().begin(), pool_->workers().end(),
-                  [](const WorkerSlot& w) { return w.main_id.has_value(); });
+  const bool connected = std::all_of(pool_->workers().begin(), pool_->workers().end(),
+                                     [](const WorkerSlot& w) { return w.main_id.has_value(); });
   if (connected && hellos_ >= min_workers()) {  // elastic: the workers that came
     log_.warn("starting with {} of {} workers: no more connected within {} ms", hellos_,
               max_workers(), setup_.options.run.startup_timeout.count());

@@ -226,7 +226,7 @@ class Controller {
   std::optional<RunError> interrupted_;
   Clock::time_point start_ = Clock::now();
   int world_size_;
-  int attempt_ = 0;  // 1 for the first
+  int attempt_ = 0;       // 1 for the first
   bool regroup_ = false;  // a checkpoint was committed while node agents wait to join
   int failures_used_ = 0;
   int reported_this_attempt_ = 0;  // reports recorded by this attempt

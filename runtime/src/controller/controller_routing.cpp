@@ -207,8 +207,8 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
     log_.info("{} joined with {} workers: they join the group at its next checkpoint",
               agent.describe(), agent.workers.size());
     agents_.emplace(id, std::move(agent));
-    protocol::send(router_,
-                   protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {}, id);
+    protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()},
+                   {}, id);
     protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
     return;
   }

@@ -82,9 +82,12 @@ json error_json(const RunError& error) {
 
 RunError error_from_json(const json& j) {
   auto kind = parse_failure_kind(j.value("kind", ""));
-  return RunError{kind.value_or(FailureKind::kException), j.value("message", ""),
-                  j.value("rank", -1),  j.value("host", ""),
-                  j.value("pid", int64_t{0}), j.value("attempt", 0)};
+  return RunError{kind.value_or(FailureKind::kException),
+                  j.value("message", ""),
+                  j.value("rank", -1),
+                  j.value("host", ""),
+                  j.value("pid", int64_t{0}),
+                  j.value("attempt", 0)};
 }
 
 json attempt_json(const AttemptInfo& a) {
@@ -314,8 +317,7 @@ Manifest read_manifest(const std::filesystem::path& checkpoint_dir) {
     manifest.metrics = j.value("metrics", json::object());
     manifest.ranks = j.value("ranks", std::vector<int>{});
     for (const auto& file : j["files"]) {
-      manifest.files.push_back({file.at("path").get<std::string>(),
-                                file.at("size").get<uint64_t>(),
+      manifest.files.push_back({file.at("path").get<std::string>(), file.at("size").get<uint64_t>(),
                                 file.at("sha256").get<std::string>(), file.value("rank", 0)});
     }
     return manifest;

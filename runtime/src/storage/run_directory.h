@@ -144,7 +144,6 @@ void verify_checkpoint(const std::filesystem::path& checkpoint_dir);
 
 /// Whether checkpoint `a` ranks before `b`: by the score attribute, those
 /// without it last, or else the more recent first.
-bool ranks_before(const CheckpointInfo& a, const CheckpointInfo& b,
-                  const CheckpointConfig& config);
+bool ranks_before(const CheckpointInfo& a, const CheckpointInfo& b, const CheckpointConfig& config);
 
 }  // namespace trainrun::run_directory
