@@ -324,3 +324,19 @@ TEST_CASE("Ctrl-C between attempts ends the run as interrupted, standby workers 
   CHECK(read_json(box.run_dir("stop") / "run.json")["status"] == "interrupted");
   CHECK_FALSE(box.any_worker_alive());
 }
+
+TEST_CASE("--num-workers takes N or MIN:MAX, and --max-failures -1 or more") {
+  Sandbox box;
+  const std::string plugin = std::string("--plugin '") + TEST_PLUGIN + "' --entry context ";
+  for (const char* bad : {"-n 3:2", "-n 0", "-n x:2", "-n :2", "-n 2:", "-n 2 --max-failures -2"}) {
+    auto run = box.run(plugin + bad);
+    INFO(bad << ": " << run.output);
+    CHECK(run.exit_code == 2);
+    CHECK(std::count(run.output.begin(), run.output.end(), '\n') <= 2);  // one line, and --help
+  }
+  // An elastic run of local workers starts with all of them.
+  auto run = box.run(plugin + "-n 1:2 --name local");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(read_json(box.run_dir("local") / "run.json")["attempts"][0]["world_size"] == 2);
+}
