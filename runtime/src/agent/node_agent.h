@@ -8,7 +8,12 @@
 // local workers. It ends its workers when the controller says SHUTDOWN or goes
 // silent, and when the agent itself is told to stop (SIGTERM, SIGINT, SIGHUP:
 // what Slurm's scancel sends); a killed agent takes them with it (each asks
-// for a signal on its parent's death). It exits once all of them have.
+// for a signal on its parent's death). Between attempts of a run with
+// --max-failures it stays: SHUTDOWN with restart ends its workers, RESTART
+// starts new ones, announced by a new AGENT. Workers that exit on their own
+// (finished, crashed) leave it waiting for the controller's word; it exits
+// once it has that word (or the controller's silence, or a signal) and all
+// its workers have exited.
 
 #include <chrono>
 #include <filesystem>
@@ -30,8 +35,9 @@ struct AgentOptions {
   std::string interface;                         // each worker's --interface
 };
 
-/// Runs the agent; returns the process exit code: 0 when every worker exited
-/// with 0, 1 otherwise, 2 when the controller refused the agent.
+/// Runs the agent; returns the process exit code: 0 when every worker of the
+/// last attempt exited with 0, 1 otherwise, 2 when the controller refused the
+/// agent.
 int run_agent(const AgentOptions& options);
 
 /// The number of workers a Slurm step's agent starts on its node: in a step of
