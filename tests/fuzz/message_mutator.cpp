@@ -26,7 +26,7 @@ const std::map<std::string, std::string>& samples() {
     std::map<std::string, std::string> m;
     auto metrics = json::to_msgpack(json{{"loss", 0.5}, {"name", "x"}});
     p::CheckpointFile file{"model.pt", 4, ""};
-    m[p::Hello::kType] = sample_body(p::Hello{0, "host", 1, "secret"});
+    m[p::Hello::kType] = sample_body(p::Hello{0, "host", 1, "secret", 2});
     m[p::Attach::kType] = sample_body(p::Attach{0, 1, "secret", p::kTrainChannel});
     m[p::FetchChunk::kType] = sample_body(p::FetchChunk{p::kPluginSource, 0, 0, 1 << 20});
     m[p::Report::kType] =

@@ -340,3 +340,16 @@ TEST_CASE("--num-workers takes N or MIN:MAX, and --max-failures -1 or more") {
   REQUIRE(run.exit_code == 0);
   CHECK(read_json(box.run_dir("local") / "run.json")["attempts"][0]["world_size"] == 2);
 }
+
+TEST_CASE("an elastic run starts at the startup timeout with the workers that came") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +
+                     "' --entry context -n 2:3 --listen tcp://127.0.0.1:0 --local-workers 2"
+                     " --startup-timeout 2 --name few");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("starting with 2 of 3 workers") != std::string::npos);
+  auto info = read_json(box.run_dir("few") / "run.json");
+  CHECK(info["attempts"][0]["world_size"] == 2);
+  CHECK(read_jsonl(box.run_dir("few") / "result.jsonl").back()["metrics"]["world_size"] == 2);
+}

@@ -98,6 +98,12 @@ class Agent {
         reap();
         next_reap = now + kReapInterval;
       }
+      // Nothing left to stop (a failed start, workers that ended on their
+      // own): the controller's silence counts again.
+      if (all_exited() && !ending_ && stop_at_) {
+        stop_at_.reset();
+        terminated_ = killed_ = false;
+      }
       if (all_exited() && restart_) {
         if (!between_attempts_) spdlog::info("workers ended for a new attempt");
         // Nothing to stop: the controller's silence counts again.
@@ -146,7 +152,7 @@ class Agent {
     exit_code_ = -1;  // the exit code tells of the last attempt
     std::string error;
     try {
-      spawn();
+      spawn(attempt);
     } catch (const IoError& e) {
       error = e.what();
       spdlog::error("{}", error);
@@ -167,7 +173,9 @@ class Agent {
     begin_stop(grace);
   }
 
-  void spawn() {
+  // `attempt`: the RESTART's, 0 for the first workers (the controller takes
+  // them in whatever attempt it is in).
+  void spawn(int attempt) {
     std::vector<std::string> args{"--connect",
                                   options_.connect,
                                   "--cache-dir",
@@ -179,6 +187,7 @@ class Agent {
                   {"--auth-key", std::filesystem::absolute(options_.key_file).string()});
     }
     if (!options_.interface.empty()) args.insert(args.end(), {"--interface", options_.interface});
+    if (attempt > 0) args.insert(args.end(), {"--attempt", std::to_string(attempt)});
     // The node's cores, shared: N workers with a thread per core each would
     // oversubscribe it N times (a run that names --cpus-per-worker overrides this).
     std::vector<std::string> env;

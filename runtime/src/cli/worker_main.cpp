@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   app.add_option("--index", options.index, "launch index of a local worker");
   app.add_option("--cache-dir", options.cache_dir, "plugin cache directory");
   app.add_option("--startup-timeout-ms", startup_ms, "how long to wait for the assignment");
+  app.add_option("--attempt", options.attempt,
+                 "the attempt a node agent started this worker for (set by the agent)")
+      ->check(CLI::NonNegativeNumber);
   std::filesystem::path key_file;
   app.add_option("--auth-key", key_file, "the run key (trainrun keygen) the controller was given")
       ->envname(trainrun::kAuthKeyVariable);

@@ -128,11 +128,16 @@ RunOutcome Controller::run() {
     if (!retry) break;
     if (interrupted_) {  // during a stop for a restart: end what stays between attempts
       error = interrupted_;
-      stop_workers(false);
+      try {
+        stop_workers(false);
+      } catch (const std::exception& e) {
+        log_.error("internal error while stopping the workers: {}", e.what());
+        pool_->end_groups();
+        if (standby_) standby_->end_groups();
+      }
       break;
     }
   }
-  if (error && error->kind != FailureKind::kInterrupted && interrupted_) error = interrupted_;
   summarize_dropped();
   if (error) error->attempt = attempt_;
   return RunOutcome{error, elapsed(), attempts_};
@@ -320,7 +325,30 @@ void Controller::notify_attempts() {
   }
 }
 
+std::chrono::milliseconds Controller::agent_silence_limit() const {
+  const auto timeout = setup_.options.run.heartbeat_timeout;
+  return std::max<std::chrono::milliseconds>(2 * heartbeat_interval(timeout), timeout / 2);
+}
+
 void Controller::reset_attempt() {
+  // An agent that fell silent is gone with its node: the next attempt goes on
+  // without it (the run's startup timeout waits for workers to replace it).
+  // Judged first: what follows may take seconds without reading the socket.
+  auto now = Clock::now();
+  for (auto it = agents_.begin(); it != agents_.end();) {
+    auto& agent = it->second;
+    if (now - agent.last_heard > agent_silence_limit()) {
+      log_.warn("{} is gone: the next attempt goes on without it", agent.describe());
+      protocol::send(router_, protocol::Shutdown{"it fell silent", false}, {}, it->first);
+      it = agents_.erase(it);
+      continue;
+    }
+    agent.workers.clear();
+    agent.announced = agent.waiting = false;  // a waiting one is this attempt's
+    agent.early_output.clear();
+    agent.early_bytes = 0;
+    ++it;
+  }
   if (standby_) {  // one that died while this attempt stopped is not taken
     for (auto [worker, wait_status] : standby_->reap()) {
       log_.warn("a standby worker (pid {}) exited: the next attempt starts new workers",
@@ -342,33 +370,12 @@ void Controller::reset_attempt() {
   failures_ = FailureCollector();
   assigned_ = false;
   stopping_ = false;
+  restarting_ = false;
   hellos_ = static_cast<int>(std::count_if(pool_->workers().begin(), pool_->workers().end(),
                                            [](const WorkerSlot& w) { return w.main_id; }));
   claimed_.clear();
   agent_claims_ = 0;
   child_exited_ = false;
-  // An agent that fell silent is gone with its node: the next attempt goes on
-  // without it (the run's startup timeout waits for workers to replace it).
-  // Its workers were lost after the heartbeat timeout; half of it, and two
-  // heartbeats at least, tells a dead agent from a slow network.
-  auto now = Clock::now();
-  const auto timeout = setup_.options.run.heartbeat_timeout;
-  const auto silence =
-      std::max<std::chrono::milliseconds>(2 * heartbeat_interval(timeout), timeout / 2);
-  for (auto it = agents_.begin(); it != agents_.end();) {
-    auto& agent = it->second;
-    if (now - agent.last_heard > silence) {
-      log_.warn("{} is gone: the next attempt goes on without it", agent.describe());
-      protocol::send(router_, protocol::Shutdown{"it fell silent", false}, {}, it->first);
-      it = agents_.erase(it);
-      continue;
-    }
-    agent.workers.clear();
-    agent.announced = agent.waiting = false;
-    agent.early_output.clear();
-    agent.early_bytes = 0;
-    ++it;
-  }
 }
 
 void Controller::listen() {
@@ -504,7 +511,7 @@ void Controller::check_timers() {
       fail(worker, FailureKind::kSetup,
            "did not connect to the controller within " +
                std::to_string(run.startup_timeout.count()) + " ms");
-    } else if (starting && !worker.started) {
+    } else if (assigned_ && !worker.started && now - assigned_at_ > run.startup_timeout) {
       fail(worker, FailureKind::kSetup,
            "did not start its train function within " +
                std::to_string(run.startup_timeout.count()) +
@@ -632,6 +639,7 @@ bool Controller::agents_done() const {
 // process group otherwise; SIGKILL for any still alive after the grace period.
 void Controller::stop_workers(bool graceful, bool restart) {
   stopping_ = true;
+  restarting_ = restart;
   const char* reason = graceful ? "finished" : restart ? "a new attempt" : "the run failed";
   for (const auto& [id, agent] : agents_) {
     protocol::send(router_, protocol::Shutdown{reason, restart}, {}, id);

@@ -109,6 +109,12 @@ class Controller {
   /// Assigns the ranks once enough workers are here: all of them, or on a
   /// restart every worker still to be had when they are at least the fewest.
   void maybe_assign();
+  /// Workers the group may still take (see controller_routing.cpp).
+  int free_room() const;
+  /// How long an agent may be silent before it counts as gone with its node:
+  /// half the heartbeat timeout (its workers are lost after the whole), two
+  /// heartbeats at least.
+  std::chrono::milliseconds agent_silence_limit() const;
 
   // Attempts: the group of workers started, run until it finishes or fails,
   // and after a failure that may be retried, stopped and started again. The
@@ -228,6 +234,8 @@ class Controller {
   int world_size_;
   int attempt_ = 0;       // 1 for the first
   bool regroup_ = false;  // a checkpoint was committed while node agents wait to join
+  bool restarting_ = false;  // stopping for a new attempt
+  Clock::time_point assigned_at_;
   int failures_used_ = 0;
   int reported_this_attempt_ = 0;  // reports recorded by this attempt
   int idle_failures_ = 0;          // attempts in a row that failed before any report

@@ -137,6 +137,11 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
     throw ProtocolError("HELLO without this run's key (a remote worker on " +
                         hello.host.substr(0, 64) + ")");
   }
+  if (hello.attempt > 0 && hello.attempt != attempt_) {
+    // Started by its agent for an attempt that ended before it connected.
+    protocol::send(router_, protocol::Shutdown{"its attempt is over", true}, {}, id);
+    return;
+  }
   if (assigned_ || stopping_) {
     // A worker of an agent that joined an elastic run during this attempt:
     // it is the next attempt's. Any other is one too many.
@@ -180,22 +185,28 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
   if (setup_.keys && !secret_matches(hello.secret, setup_.keys->hello_secret)) {
     throw ProtocolError("AGENT without this run's key (on " + hello.host.substr(0, 64) + ")");
   }
-  if (stopping_ || agents_.size() >= static_cast<size_t>(max_workers()) ||
-      (assigned_ && !elastic())) {
+  if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
+  // Between the attempts of a run that restarts (a replacement node), or during
+  // an attempt of an elastic run: it waits, and the next attempt takes it.
+  const bool waits = (stopping_ && restarting_) || (assigned_ && !stopping_ && elastic());
+  if ((stopping_ && !restarting_) || (assigned_ && !waits) ||
+      agents_.size() >= static_cast<size_t>(max_workers())) {
     throw ProtocolError("the run has all its " + std::to_string(max_workers()) + " workers");
   }
-  if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
   NodeAgent agent;
   agent.host = hello.host.substr(0, 255);
   agent.pid = hello.pid;
   agent.last_heard = Clock::now();
-  if (assigned_) {
-    // An elastic group takes it at its next attempt, if there is room: its
-    // workers end now and the agent waits for RESTART.
-    const int room = max_workers() - setup_.options.scaling.local_workers - agent_claims_;
-    if (!hello.error.empty() || hello.workers.size() > static_cast<size_t>(room)) {
-      throw ProtocolError("the run has room for " + std::to_string(room) + " more workers");
+  if (waits || attempt_ > 1) {
+    // Room left by the workers of this attempt and of the agents still to
+    // announce theirs: one that cannot fit is refused, and the run goes on.
+    const int room = free_room();
+    if (!hello.error.empty() || hello.workers.size() > static_cast<size_t>(std::max(0, room))) {
+      throw ProtocolError("the run has room for " + std::to_string(std::max(0, room)) +
+                          " more workers");
     }
+  }
+  if (waits) {
     for (int64_t pid : hello.workers) {
       if (!agent.workers.insert(pid).second || claimed_.count(process_key(agent.host, pid))) {
         throw ProtocolError("AGENT claims pid " + std::to_string(pid) + " twice");
@@ -203,12 +214,13 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
     }
     for (int64_t pid : hello.workers) claimed_.insert(process_key(agent.host, pid));
     agent_claims_ += static_cast<int>(hello.workers.size());
+    agent.nproc = static_cast<int>(hello.workers.size());
     agent.waiting = true;
-    log_.info("{} joined with {} workers: they join the group at its next checkpoint",
-              agent.describe(), agent.workers.size());
+    log_.info("{} joined with {} workers: they join the group at its next {}", agent.describe(),
+              agent.workers.size(), assigned_ && !stopping_ ? "checkpoint" : "attempt");
     agents_.emplace(id, std::move(agent));
-    protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()},
-                   {}, id);
+    protocol::send(router_,
+                   protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {}, id);
     protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
     return;
   }
@@ -216,6 +228,25 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
   agents_.emplace(id, std::move(agent));
   protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {},
                  id);
+  maybe_assign();
+}
+
+// Workers the group may still take: the most, less the local ones, those
+// agents announced, and those of agents still to announce theirs (as many as
+// they had), not counting agents that fell silent (gone with their node).
+int Controller::free_room() const {
+  int room = max_workers() - setup_.options.scaling.local_workers - agent_claims_;
+  const auto now = Clock::now();
+  for (const auto& [id, agent] : agents_) {
+    if (agent.announced || agent.waiting) {
+      if (now - agent.last_heard > agent_silence_limit()) {
+        room += static_cast<int>(agent.workers.size());
+      }
+    } else if (now - agent.last_heard <= agent_silence_limit()) {
+      room -= agent.nproc;
+    }
+  }
+  return room;
 }
 
 // The workers an agent started for this attempt: no more than there is room
@@ -238,6 +269,7 @@ void Controller::accept_agent_workers(NodeAgent& agent, const protocol::AgentHel
   }
   for (int64_t pid : hello.workers) claimed_.insert(process_key(agent.host, pid));
   agent.workers = std::move(pids);
+  agent.nproc = static_cast<int>(agent.workers.size());
   agent.announced = true;
   agent_claims_ += static_cast<int>(hello.workers.size());
   log_.info("{} started {} workers", agent.describe(), agent.workers.size());
@@ -379,6 +411,18 @@ void Controller::assign_ranks() {
   store_ = RendezvousStore(RendezvousStore::capacity_for(world_size_));
   attempts_.back().world_size = world_size_;
   notify_attempts();
+  assigned_at_ = Clock::now();
+  // An elastic group that starts without an agent's workers (they came late)
+  // takes them at its next checkpoint or attempt.
+  for (auto& [id, agent] : agents_) {
+    if (agent.waiting || agent.workers.empty()) continue;
+    bool any_here = false;
+    for (int64_t pid : agent.workers) any_here = any_here || pool_->remote_worker(agent.host, pid);
+    if (any_here) continue;
+    agent.waiting = true;
+    log_.info("{}: its workers join the group at its next checkpoint", agent.describe());
+    protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
+  }
   std::vector<int> ranks;
   for (const auto& place : placements) ranks.push_back(place.world_rank);
   pool_->assign(ranks);

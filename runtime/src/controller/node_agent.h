@@ -27,6 +27,7 @@ struct NodeAgent {
   int64_t pid = 0;
   std::unordered_set<int64_t> workers;  // still running, as far as it said
   bool announced = false;               // its AGENT for this attempt came
+  int nproc = 0;                        // workers it announced last
   // It joined an elastic run during an attempt: its workers wait (ended) for
   // the next attempt, which the next committed checkpoint starts.
   bool waiting = false;

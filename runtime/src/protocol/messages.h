@@ -63,7 +63,8 @@ struct Hello {
   std::string host;
   int64_t pid = 0;
   std::string secret;  // the run's worker secret (common/secret.h)
-  MSGPACK_DEFINE_MAP(index, host, pid, secret);
+  int32_t attempt = 0;  // a node agent's worker: the attempt it was started for; 0 = any
+  MSGPACK_DEFINE_MAP(index, host, pid, secret, attempt);
 };
 
 /// The connections a worker opens after HELLO, each beginning with ATTACH.

@@ -62,7 +62,8 @@ class Worker {
     // A remote worker proves itself with the secret derived from the run key.
     const auto& secret =
         options_.index < 0 && options_.keys ? options_.keys->hello_secret : options_.secret;
-    protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid(), secret});
+    protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid(), secret,
+                                            options_.attempt});
     auto startup =
         options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
     silence_limit_ = startup;

@@ -24,6 +24,7 @@ struct WorkerOptions {
   std::string secret;  // the run's worker secret, for HELLO and ATTACH
   std::optional<RunKeys> keys;  // from the run key: CURVE to the controller
   std::string interface;  // the network interface Gloo binds, when the controller leaves it open
+  int attempt = 0;        // a node agent's worker: the attempt it was started for; 0 = any
 };
 
 /// Connects `socket` to the controller, with CURVE when there is a run key.
