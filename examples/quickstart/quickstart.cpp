@@ -1,6 +1,7 @@
 // The smallest useful plugin: a linear regression trained data-parallel on
-// synthetic data. Each rank draws its own batches; gradients are averaged with
-// an allreduce on the run's process group, and rank 0's loss is reported.
+// synthetic data. Each rank draws its own batches; train::prepare_model makes
+// the replicas identical and averages their gradients in backward, as
+// PyTorch's DistributedDataParallel does; the mean loss across ranks is reported.
 //
 //   trainrun --plugin build/examples/quickstart/libquickstart.so --num-workers 2 --config steps=5
 
@@ -17,8 +18,7 @@ void quickstart(const train::Config& config) {
   std::cout << "rank " << ctx.world_rank() << " of " << ctx.world_size() << " on " << ctx.device()
             << ", " << steps << " steps" << std::endl;
 
-  torch::manual_seed(0);  // the same initial weights on every rank
-  torch::nn::Linear model(4, 1);
+  auto model = train::prepare_model(torch::nn::Linear(4, 1));  // rank 0's weights everywhere
   torch::optim::SGD optimizer(model->parameters(), lr);
   torch::manual_seed(1000 + ctx.world_rank());  // a different data shard per rank
   const auto true_weight = torch::tensor({{1.0f, -2.0f, 3.0f, 0.5f}});
@@ -29,14 +29,7 @@ void quickstart(const train::Config& config) {
     auto y = x.matmul(true_weight.t()) + 0.7 + 0.01 * torch::randn({64, 1});
     auto loss = torch::mse_loss(model->forward(x), y);
     optimizer.zero_grad();
-    loss.backward();
-    std::vector<torch::Tensor> grads;
-    for (auto& p : model->parameters()) grads.push_back(p.grad());
-    for (auto& g : grads) {
-      std::vector<torch::Tensor> one{g};
-      group->allreduce(one)->wait();
-      g.div_(ctx.world_size());
-    }
+    loss.backward();  // the gradients arrive averaged across ranks
     optimizer.step();
     std::vector<torch::Tensor> mean_loss{loss.detach().clone()};
     group->allreduce(mean_loss)->wait();

@@ -2,6 +2,7 @@
 
 #include <trainrun/error.h>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +10,11 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+
+// bin/ relative to lib/ in an installed prefix (set by the build).
+#ifndef TRAINRUN_BIN_FROM_LIB
+#define TRAINRUN_BIN_FROM_LIB "../bin"
+#endif
 
 namespace trainrun {
 
@@ -30,6 +36,19 @@ std::filesystem::path find_worker_executable() {
   if (!ec) {
     auto beside = self.parent_path() / kName;
     if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  // The image this code is in: libtrainrun.so inside a host program, which
+  // finds the worker beside it (a build tree) or in the prefix's bin/.
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&find_worker_executable), &info) != 0 &&
+      info.dli_fname != nullptr) {
+    auto image = std::filesystem::weakly_canonical(info.dli_fname, ec);
+    if (!ec) {
+      for (const auto& dir : {image.parent_path(), image.parent_path() / TRAINRUN_BIN_FROM_LIB}) {
+        auto candidate = (dir / kName).lexically_normal();
+        if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+      }
+    }
   }
   if (const char* path = std::getenv("PATH")) {
     std::istringstream dirs(path);

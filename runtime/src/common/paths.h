@@ -9,8 +9,10 @@ namespace trainrun {
 /// else ~/.cache/trainrun.
 std::filesystem::path default_cache_dir();
 
-/// The `trainrun-worker` executable: beside the running executable, else on
-/// PATH. Throws UsageError when there is none.
+/// The `trainrun-worker` executable: beside the running executable, else
+/// beside the library this code is in (libtrainrun.so in a build tree) or in
+/// its prefix's bin/ (installed), else on PATH. Throws UsageError when there
+/// is none.
 std::filesystem::path find_worker_executable();
 
 /// A new, empty directory under the system's temporary directory, named

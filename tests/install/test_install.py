@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The installed package, as a user's project meets it.
+
+    tests/install/test_install.py SOURCE_DIR BUILD_DIR
+
+Installs BUILD_DIR into a temporary prefix (`cmake --install`), then configures,
+builds and runs examples/quickstart (a plugin: find_package(trainrun)) and
+examples/embedding (a host program: find_package(trainrun COMPONENTS runtime))
+out of tree with only CMAKE_PREFIX_PATH set, and runs them with a PATH that
+holds neither the build nor the prefix: the installed `trainrun` finds its
+library through its RPATH, and the library finds trainrun-worker in the
+prefix. The embedding example is also built against BUILD_DIR itself (the
+build-tree export).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd, env=None, cwd=None):
+    result = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=600)
+    if result.returncode != 0:
+        raise SystemExit(f"FAIL: {' '.join(cmd)} exited {result.returncode}\n"
+                         f"{result.stdout[-6000:]}")
+    return result.stdout
+
+
+def build_example(source, name, prefix_path, into):
+    out = os.path.join(into, name)
+    run(["cmake", "-S", os.path.join(source, "examples", name), "-B", out, "-G", "Ninja",
+         "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix_path}"])
+    run(["cmake", "--build", out])
+    return out
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    source, build = (os.path.abspath(p) for p in sys.argv[1:])
+    tmp = tempfile.mkdtemp(prefix="trainrun-install-")
+    try:
+        prefix = os.path.join(tmp, "prefix")
+        run(["cmake", "--install", build, "--prefix", prefix])
+        for path in ("bin/trainrun", "bin/trainrun-worker", "lib/libtrainrun.so",
+                     "include/trainrun/trainer.h", "include/train/train.h",
+                     "lib/cmake/trainrun/trainrunConfig.cmake",
+                     "lib/cmake/trainrun/trainrunRuntimeTargets.cmake"):
+            if not os.path.exists(os.path.join(prefix, path)):
+                raise SystemExit(f"FAIL: the install lacks {path}")
+        quickstart = build_example(source, "quickstart", prefix, tmp)
+        embedding = build_example(source, "embedding", prefix, tmp)
+        plugin = os.path.join(quickstart, "libquickstart.so")
+        # Nothing of trainrun on PATH: each finds the other through the prefix.
+        env = {"PATH": "/usr/bin:/bin", "HOME": tmp,
+               "TRAINRUN_CACHE_DIR": os.path.join(tmp, "cache")}
+        out = run([os.path.join(prefix, "bin", "trainrun"), "--plugin", plugin, "-n", "2",
+                   "--config", "steps=5", "--storage-path", os.path.join(tmp, "results"),
+                   "--name", "installed"], env=env, cwd=tmp)
+        if "run finished: 5 reports" not in out:
+            raise SystemExit(f"FAIL: the installed trainrun did not finish 5 reports:\n{out}")
+        out = run([os.path.join(embedding, "embedding"), plugin, os.path.join(tmp, "results")],
+                  env=env, cwd=tmp)
+        if "iteration 10:" not in out or "finished: 10 reports" not in out:
+            raise SystemExit(f"FAIL: the embedding example did not report 10 times:\n{out}")
+        # From the build directory, without installing.
+        from_build = build_example(source, "embedding", build, os.path.join(tmp, "build-tree"))
+        out = run([os.path.join(from_build, "embedding"), plugin,
+                   os.path.join(tmp, "results-build-tree")], env=env, cwd=tmp)
+        if "finished: 10 reports" not in out:
+            raise SystemExit(f"FAIL: the build-tree embedding did not finish:\n{out}")
+        print("passed: installed, built out of tree, and run from the prefix and the build tree")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
