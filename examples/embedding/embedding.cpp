@@ -1,6 +1,7 @@
 // A host program that trains through trainrun's C++ API instead of the
-// `trainrun` command: it runs a plugin's train function on 2 local workers and
-// prints each report's metrics from the Result.
+// `trainrun` command: it runs a plugin's train function on 2 local workers,
+// receives each report's metrics in a callback as the run goes, and keeps the
+// run's own output off its terminal.
 //
 //   embedding PLUGIN.so [STORAGE_PATH]
 
@@ -8,6 +9,7 @@
 #include <trainrun/trainer.h>
 
 #include <iostream>
+#include <string_view>
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -20,13 +22,14 @@ int main(int argc, char** argv) {
   options.config = {{"steps", 10}};
   options.run.name = "embedded";
   if (argc > 2) options.run.storage_path = argv[2];
-  options.verbose = false;  // the host prints what it wants
+  trainrun::Callbacks callbacks;
+  callbacks.on_report = [](const trainrun::ReportRecord& report) {
+    std::cout << "iteration " << report.iteration << ": " << report.metrics.dump() << std::endl;
+  };
+  callbacks.on_output = [](std::string_view) {};  // the run's own lines: its logs/ have them
   try {
-    trainrun::Trainer trainer(options);
+    trainrun::Trainer trainer(options, callbacks);
     trainrun::Result result = trainer.fit();
-    for (const auto& report : result.history) {
-      std::cout << "iteration " << report.iteration << ": " << report.metrics.dump() << "\n";
-    }
     if (result.error) {
       std::cerr << "training failed: " << result.error->summary() << "\n";
       return 1;

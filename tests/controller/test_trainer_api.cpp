@@ -5,6 +5,13 @@
 #include <trainrun/trainer.h>
 
 #include <doctest/doctest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "../unit/temp_dir.h"
 #include "fake_runs.h"
@@ -60,4 +67,73 @@ TEST_CASE("Trainer API: runs one after another in one process") {
     CHECK(result.iterations == 2);
     CHECK(result.path == tmp.path / "results" / name);
   }
+}
+
+TEST_CASE("Trainer API: callbacks hear every report, the attempt and the end, in order") {
+  TempDir tmp;
+  std::vector<std::string> events;
+  std::vector<std::string> lines;
+  // The handlers before the run (doctest's own among them) stay the run's.
+  struct sigaction before[3]{};
+  const int kSignals[3] = {SIGINT, SIGHUP, SIGCHLD};
+  for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], nullptr, &before[i]);
+  Callbacks callbacks;
+  callbacks.on_attempt_start = [&](const AttemptInfo& a) {
+    events.push_back("start " + std::to_string(a.attempt));
+  };
+  callbacks.on_report = [&](const ReportRecord& r) {
+    events.push_back("report " + std::to_string(r.iteration));
+    // No process-wide handler was installed for the run.
+    for (int i = 0; i < 3; ++i) {
+      struct sigaction current {};
+      ::sigaction(kSignals[i], nullptr, &current);
+      CHECK((current.sa_handler == before[i].sa_handler));
+    }
+    if (r.iteration == 2) throw std::runtime_error("a host's bug");  // logged, ignored
+  };
+  callbacks.on_attempt_end = [&](const AttemptInfo& a) {
+    events.push_back("end " + std::to_string(a.attempt) + (a.error ? " failed" : ""));
+  };
+  callbacks.on_end = [&](const Result& r) {
+    events.push_back("result " + std::to_string(r.iterations));
+  };
+  callbacks.on_output = [&](std::string_view line) { lines.emplace_back(line); };
+  auto options = fake_options(tmp.path, 2, {{"reports", 3}});
+  options.verbose = true;  // every line, to on_output
+  auto result = Trainer(options, callbacks).fit();
+  REQUIRE_FALSE(result.error);
+  std::string seen;
+  for (const auto& e : events) seen += e + "; ";
+  INFO(seen);
+  CHECK(events == std::vector<std::string>{"start 1", "report 1", "report 2", "report 3", "end 1",
+                                           "result 3"});
+  auto has = [&](const std::string& text) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(text) != std::string::npos; });
+  };
+  CHECK(has("[trainrun] report 3"));
+  CHECK(has("the on_report callback raised: a host's bug"));
+  CHECK(std::none_of(lines.begin(), lines.end(),
+                     [](const std::string& l) { return !l.empty() && l.back() == '\n'; }));
+}
+
+TEST_CASE("Trainer API: stop() from another thread ends the run as interrupted, in order") {
+  TempDir tmp;
+  Trainer trainer(fake_options(tmp.path, 2, {{"reports", 1000}, {"report_delay_ms", 20}}));
+  trainer.stop();  // no run yet: nothing happens
+  Result result;
+  std::thread run([&] { result = trainer.fit(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto asked = std::chrono::steady_clock::now();
+  trainer.stop();
+  run.join();
+  CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(5));
+  REQUIRE(result.error);
+  CHECK(result.interrupted());
+  CHECK(result.error->message.find("Trainer::stop") != std::string::npos);
+  CHECK(result.iterations > 0);
+  CHECK(load_result(result.path).status == RunStatus::kInterrupted);
+  // The same Trainer runs again.
+  auto again = Trainer(fake_options(tmp.path, 2, {{"reports", 2}}, "again")).fit();
+  CHECK_FALSE(again.error);
 }

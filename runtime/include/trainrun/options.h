@@ -121,6 +121,11 @@ struct TrainerOptions {
   std::filesystem::path cache_dir;
   /// Print rank 0's metrics and worker output on the terminal.
   bool verbose = true;
+  /// Handlers for SIGINT, SIGTERM and SIGHUP for the length of fit(), which
+  /// end the run as interrupted (the trainrun command sets this), and SIGPIPE
+  /// ignored. Off, the run installs no process-wide handler: a host program
+  /// keeps its own, and ends a run with Trainer::stop().
+  bool handle_signals = false;
 };
 
 }  // namespace trainrun

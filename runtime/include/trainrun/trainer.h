@@ -1,27 +1,72 @@
 #pragma once
 
-// Launching a run from C++: the API behind the `trainrun` command. A Trainer
-// owns one run at a time; fit() blocks until it ends and is not thread-safe.
-// The workers are processes of the `trainrun-worker` executable; this side
-// never loads LibTorch.
+// Launching a run from C++: the API behind the `trainrun` command, in the
+// shape of Ray Train's (Trainer, fit, Result, callbacks). The workers are
+// processes of the `trainrun-worker` executable; this side never loads
+// LibTorch.
+//
+// Threads: fit() blocks the calling thread until the run ends, and calls the
+// callbacks on that thread, in order. stop() may be called from any thread, at
+// any time. A Trainer runs one fit() at a time; a second concurrent fit() on
+// the same Trainer throws UsageError. Several Trainers may run one after
+// another in one process; two runs at once in one process are not supported.
+// Without TrainerOptions::handle_signals the run installs no process-wide
+// signal handler.
 
 #include <trainrun/options.h>
 #include <trainrun/result.h>
 
+#include <functional>
+#include <memory>
+#include <string_view>
+
 namespace trainrun {
+
+/// What a host program hears of a run (Ray Train's callbacks), each on the
+/// thread that runs fit(). A callback must not call fit(); stop() is fine. An
+/// exception from a callback is logged and ignored: the run goes on.
+struct Callbacks {
+  /// Every report, once recorded: rank 0's metrics, and the checkpoint
+  /// committed with it, if any.
+  std::function<void(const ReportRecord&)> on_report;
+  /// The group of workers starts: the first attempt, and each restart. Its
+  /// world_size is the most until the ranks are assigned (an elastic group
+  /// may start with fewer: on_attempt_end and run.json say how many).
+  std::function<void(const AttemptInfo&)> on_attempt_start;
+  /// An attempt ended; its error says why when it failed (a restart follows
+  /// when failures remain).
+  std::function<void(const AttemptInfo&)> on_attempt_end;
+  /// The run ended; fit() returns the same Result.
+  std::function<void(const Result&)> on_end;
+  /// Every line the run would print on the terminal (the controller's
+  /// messages, and worker output prefixed with its rank), instead of stdout
+  /// and stderr. Lines are whole, without their newline. The run's logs/
+  /// files are written either way.
+  std::function<void(std::string_view line)> on_output;
+};
 
 class Trainer {
  public:
   /// Checks the options. Throws UsageError on a bad value.
-  explicit Trainer(TrainerOptions options);
+  explicit Trainer(TrainerOptions options, Callbacks callbacks = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   /// Inspects the plugin, starts the workers, runs train_func on every rank and
   /// waits for the end. Throws PluginError (unusable plugin, before any worker
   /// starts) or IoError (storage); a failed run is a Result with an error.
   Result fit();
 
+  /// Ends the fit() in progress as interrupted, in order (workers stopped,
+  /// records written); without one, does nothing. Returns at once; any thread.
+  void stop();
+
  private:
+  struct State;
   TrainerOptions options_;
+  Callbacks callbacks_;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace trainrun

@@ -2,13 +2,18 @@
 #include <trainrun/error.h>
 #include <trainrun/trainer.h>
 
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -42,10 +47,38 @@ std::string read_file(const std::filesystem::path& path) {
   return bytes.str();
 }
 
-std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verbose) {
+// Hands each formatted line, without its newline, to a host program's function.
+class LineSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit LineSink(std::function<void(std::string_view)> out) : out_(std::move(out)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    std::string_view text(line.data(), line.size());
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+    out_(text);
+  }
+  void flush_() override {}
+
+ private:
+  std::function<void(std::string_view)> out_;
+};
+
+// The controller's messages: the terminal (or the host's function) and
+// logs/controller.log.
+std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verbose,
+                                            const std::function<void(std::string_view)>& output) {
   std::vector<spdlog::sink_ptr> sinks;
-  auto console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
-  console->set_pattern("[trainrun] %^%v%$");
+  spdlog::sink_ptr console;
+  if (output) {
+    console = std::make_shared<LineSink>(output);
+    console->set_pattern("[trainrun] %v");
+  } else {
+    console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
+    console->set_pattern("[trainrun] %^%v%$");
+  }
   console->set_level(verbose ? spdlog::level::info : spdlog::level::err);
   sinks.push_back(console);
   auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
@@ -56,6 +89,19 @@ std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verb
   logger->set_level(spdlog::level::info);
   logger->flush_on(spdlog::level::info);
   return logger;
+}
+
+// Calls a host's callback; what it throws is logged, and the run goes on.
+template <typename F, typename... Args>
+void call_host(spdlog::logger& log, const char* name, const F& callback, const Args&... args) {
+  if (!callback) return;
+  try {
+    callback(args...);
+  } catch (const std::exception& e) {
+    log.warn("the {} callback raised: {}", name, e.what());
+  } catch (...) {
+    log.warn("the {} callback raised a non-standard exception", name);
+  }
 }
 
 bool is_loopback_host(const std::string& host) {
@@ -94,7 +140,25 @@ void check_network(TrainerOptions& options) {
 
 }  // namespace
 
-Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+struct Trainer::State {
+  std::mutex mutex;
+  bool running = false;
+  int stop_fd = -1;  // the running fit()'s eventfd
+};
+
+Trainer::~Trainer() = default;
+
+void Trainer::stop() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->stop_fd < 0) return;
+  uint64_t one = 1;
+  [[maybe_unused]] auto written = ::write(state_->stop_fd, &one, sizeof(one));
+}
+
+Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
+    : options_(std::move(options)),
+      callbacks_(std::move(callbacks)),
+      state_(std::make_shared<State>()) {
   if (options_.plugin.empty()) throw UsageError("no plugin given");
   if (options_.scaling.num_workers < 1) {
     throw UsageError("num_workers must be at least 1, got " +
@@ -158,6 +222,24 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
 }
 
 Result Trainer::fit() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->running) throw UsageError("fit() is already running on this Trainer");
+    state_->stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (state_->stop_fd < 0) {
+      throw IoError(std::string("cannot create an eventfd: ") + std::strerror(errno));
+    }
+    state_->running = true;
+  }
+  struct Done {
+    State& state;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(state.mutex);
+      ::close(state.stop_fd);
+      state.stop_fd = -1;
+      state.running = false;
+    }
+  } done{*state_};
   // Inspect the plugin before anything starts: a bad one costs no worker.
   auto plugin = inspect_plugin_file(options_.plugin);
   auto entry = resolve_entry(plugin, options_.entry);
@@ -179,7 +261,8 @@ Result Trainer::fit() {
   RunStorage storage(options_.run.storage_path, options_.run.name);  // holds the run's lock
   CheckpointStore checkpoints(
       storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
-  auto logger = make_logger(storage, options_.verbose);  // outlives the controller
+  auto logger =
+      make_logger(storage, options_.verbose, callbacks_.on_output);  // outlives the controller
   setup.log = logger;
   auto& log = *logger;
   char host[256] = {0};
@@ -212,10 +295,25 @@ Result Trainer::fit() {
   // final status and error.json.
   RunOutcome run;
   // run.json lists every attempt as it starts and ends.
+  // (Also when an attempt's world size is decided: one start callback each.)
+  int started = 0;
   setup.on_attempts = [&](const std::vector<AttemptInfo>& attempts) {
     info.attempts = attempts;
     storage.write_run_info(info);
+    const auto& latest = attempts.back();
+    if (latest.ended_at.empty()) {
+      if (latest.attempt == started) return;
+      started = latest.attempt;
+      call_host(log, "on_attempt_start", callbacks_.on_attempt_start, latest);
+    } else {
+      call_host(log, "on_attempt_end", callbacks_.on_attempt_end, latest);
+    }
   };
+  setup.on_report = [&](const ReportRecord& record) {
+    call_host(log, "on_report", callbacks_.on_report, record);
+  };
+  setup.output = callbacks_.on_output;
+  setup.stop_fd = state_->stop_fd;
   try {
     Controller controller(std::move(setup), storage, checkpoints);
     run = controller.run();
@@ -252,6 +350,7 @@ Result Trainer::fit() {
     log.info("checkpoint {} (iteration {}): {}", c.name, c.iteration, format_metrics(c.metrics));
   }
   log.info("results: {}", storage.dir().string());
+  call_host(log, "on_end", callbacks_.on_end, result);
   return result;
 }
 

@@ -32,6 +32,7 @@ constexpr int kExitInterrupted = 130;
 int run_training(trainrun::TrainerOptions options, const std::filesystem::path& config_file,
                  const std::vector<std::string>& config_args) {
   options.config = trainrun::build_config(config_file, config_args);
+  options.handle_signals = true;  // Ctrl-C, kill and a closed terminal end the run in order
   trainrun::Trainer trainer(std::move(options));
   auto result = trainer.fit();
   if (!result.error) return kExitOk;

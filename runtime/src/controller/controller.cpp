@@ -56,6 +56,9 @@ double Controller::elapsed() const {
 
 RunOutcome Controller::run() {
   raise_descriptor_limit();
+  // Process-wide handlers only when asked (the trainrun command): workers'
+  // exits come through pidfds, a host's stop() through stop_fd.
+  if (setup_.options.handle_signals) signals_.emplace();
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::router_mandatory, false);
   // Bounds on what one peer costs: a frame larger than any message needs ends
@@ -83,7 +86,7 @@ RunOutcome Controller::run() {
   launch_.startup_timeout = setup_.options.run.startup_timeout;
   launch_.threads = setup_.cpus_per_worker;
   launch_.logs_dir = storage_.logs_dir();
-  launch_.echo = setup_.options.verbose;
+  launch_.echo = worker_echo();
   const int max_failures = setup_.options.failure.max_failures;
   std::optional<RunError> error;
   while (true) {
@@ -141,6 +144,18 @@ RunOutcome Controller::run() {
   summarize_dropped();
   if (error) error->attempt = attempt_;
   return RunOutcome{error, elapsed(), attempts_};
+}
+
+LineEcho Controller::worker_echo() const {
+  if (!setup_.options.verbose) return {};
+  if (setup_.output) {
+    return [output = setup_.output](int, std::string_view line) { output(line); };
+  }
+  return [](int stream, std::string_view line) {
+    std::FILE* out = stream == 0 ? stdout : stderr;
+    std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
+    std::fflush(out);
+  };
 }
 
 bool Controller::retryable(FailureKind kind) {
@@ -398,21 +413,28 @@ void Controller::listen() {
             keys ? "CURVE with the run key" : "no run key: neither encrypted nor authenticated");
 }
 
-// One pass of the loop: wait for the socket, the workers' output, signals and
-// the ZAP handler; handle them.
+// One pass of the loop: wait for the socket, the workers' output and exits,
+// signals (when the run handles them), a stop from the host program and the
+// ZAP handler; handle them.
 void Controller::poll_once(std::chrono::milliseconds timeout) {
+  // An absent descriptor is -1, which poll(2) skips.
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                             {nullptr, signals_.fd(), ZMQ_POLLIN, 0},
+                             {nullptr, signals_ ? signals_->fd() : -1, ZMQ_POLLIN, 0},
                              {nullptr, pool_->output_fd(), ZMQ_POLLIN, 0},
+                             {nullptr, setup_.stop_fd, ZMQ_POLLIN, 0},
                              {zap_ ? zap_->socket().handle() : nullptr, -1, ZMQ_POLLIN, 0},
                              {monitor_ ? monitor_->handle() : nullptr, -1, ZMQ_POLLIN, 0}};
-  // The optional items last: their slots are skipped when absent.
-  size_t count = monitor_ ? 5 : zap_ ? 4 : 3;
+  // The optional sockets last: their slots are skipped when absent.
+  size_t count = monitor_ ? 6 : zap_ ? 5 : 4;
   protocol::poll(items, count, timeout);
-  if (zap_ && (items[3].revents & ZMQ_POLLIN)) {
+  if ((items[3].revents & ZMQ_POLLIN) && !interrupted_) {
+    interrupted_ = RunError{FailureKind::kInterrupted,
+                            "stopped by the host program (Trainer::stop)", -1, "", 0};
+  }
+  if (zap_ && (items[4].revents & ZMQ_POLLIN)) {
     while (auto refused = zap_->answer()) on_refused_peer(*refused, "not this run's key");
   }
-  if (monitor_ && (items[4].revents & ZMQ_POLLIN)) {
+  if (monitor_ && (items[5].revents & ZMQ_POLLIN)) {
     while (true) {  // [event id and value] [endpoint]
       auto event = protocol::recv_frames(*monitor_, true);
       if (event.empty()) break;
@@ -423,6 +445,7 @@ void Controller::poll_once(std::chrono::milliseconds timeout) {
   if (items[2].revents & ZMQ_POLLIN) pool_->forward_output();
   // Standby workers write little (their start): read on every pass, not polled.
   if (standby_) standby_->forward_output();
+  if (pool_->take_exits() || (standby_ && standby_->take_exits())) child_exited_ = true;
   if (items[1].revents & ZMQ_POLLIN) on_signals();
   if (items[0].revents & ZMQ_POLLIN) {
     // Until the socket is empty (at most 256 messages, so that output and
@@ -433,7 +456,7 @@ void Controller::poll_once(std::chrono::milliseconds timeout) {
 }
 
 void Controller::on_signals() {
-  for (int sig : signals_.drain()) {
+  for (int sig : signals_->drain()) {
     if (sig == SIGCHLD) {
       child_exited_ = true;
     } else if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted_) {

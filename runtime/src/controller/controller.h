@@ -56,6 +56,13 @@ struct ControllerSetup {
   std::shared_ptr<spdlog::logger> log;
   /// Called on the controller's thread when an attempt starts and when it ends.
   std::function<void(const std::vector<AttemptInfo>&)> on_attempts;
+  /// Called on the controller's thread with each recorded report.
+  std::function<void(const ReportRecord&)> on_report;
+  /// Readable when the host program asks the run to stop (an eventfd); -1: none.
+  int stop_fd = -1;
+  /// Where worker output goes on its way to the terminal: the host program's
+  /// function (whole lines), or stdout and stderr when empty.
+  std::function<void(std::string_view)> output;
 };
 
 /// How a run ended.
@@ -131,6 +138,8 @@ class Controller {
   /// failures; drops node agents that fell silent.
   void reset_attempt();
   void notify_attempts();
+  /// Where worker output goes besides its log (ControllerSetup::output).
+  LineEcho worker_echo() const;
   /// Waits before the next attempt when attempts keep failing before any report.
   void back_off();
   /// Starts the standby workers once every rank's train function runs.
@@ -214,7 +223,7 @@ class Controller {
   // The router's failed handshakes (peers without the run key), once listening.
   std::optional<zmq::socket_t> monitor_;
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
-  SignalPipe signals_;
+  std::optional<SignalPipe> signals_;                 // with TrainerOptions::handle_signals
   std::unique_ptr<WorkerPool> pool_ = std::make_unique<WorkerPool>();
   // The next attempt's local workers, started while this attempt trains and
   // failures remain: connected, LibTorch loaded, waiting for ASSIGN. A restart
@@ -232,8 +241,8 @@ class Controller {
   std::optional<RunError> interrupted_;
   Clock::time_point start_ = Clock::now();
   int world_size_;
-  int attempt_ = 0;       // 1 for the first
-  bool regroup_ = false;  // a checkpoint was committed while node agents wait to join
+  int attempt_ = 0;          // 1 for the first
+  bool regroup_ = false;     // a checkpoint was committed while node agents wait to join
   bool restarting_ = false;  // stopping for a new attempt
   Clock::time_point assigned_at_;
   int failures_used_ = 0;

@@ -219,8 +219,8 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
     log_.info("{} joined with {} workers: they join the group at its next {}", agent.describe(),
               agent.workers.size(), assigned_ && !stopping_ ? "checkpoint" : "attempt");
     agents_.emplace(id, std::move(agent));
-    protocol::send(router_,
-                   protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {}, id);
+    protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()},
+                   {}, id);
     protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
     return;
   }
@@ -353,7 +353,7 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
   if (early != agent.early_output.end()) {
     WorkerOutput output(
         -1, -1, "[a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ")]",
-        storage_.logs_dir() / ("worker-pid-" + std::to_string(exited.pid) + ".log"), true);
+        storage_.logs_dir() / ("worker-pid-" + std::to_string(exited.pid) + ".log"), worker_echo());
     for (int stream : {protocol::kStdout, protocol::kStderr}) {
       const auto& bytes = early->second[static_cast<size_t>(stream)];
       output.feed(stream, bytes.data(), bytes.size());
@@ -657,6 +657,7 @@ void Controller::release_report() {
   try {
     storage_.append_result(record);
     ++reported_this_attempt_;
+    if (setup_.on_report) setup_.on_report(record);
   } catch (const IoError& e) {  // a full disk: what was recorded before stays
     fail_storage(std::string("cannot record a report: ") + e.what());
     return;

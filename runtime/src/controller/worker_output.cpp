@@ -16,8 +16,8 @@ constexpr size_t kMaxLine = 64 * 1024;
 }  // namespace
 
 WorkerOutput::WorkerOutput(int stdout_fd, int stderr_fd, std::string prefix,
-                           const std::filesystem::path& log_file, bool echo)
-    : prefix_(std::move(prefix)), log_path_(log_file), echo_(echo) {
+                           const std::filesystem::path& log_file, LineEcho echo)
+    : prefix_(std::move(prefix)), log_path_(log_file), echo_(std::move(echo)) {
   streams_[0].fd = stdout_fd;
   streams_[1].fd = stderr_fd;
 }
@@ -99,9 +99,10 @@ void WorkerOutput::emit(int stream, const std::string& line) {
 
 void WorkerOutput::write_line(int stream, std::string_view line) {
   if (echo_) {
-    std::FILE* out = stream == 0 ? stdout : stderr;
-    std::fprintf(out, "%s %.*s\n", prefix_.c_str(), static_cast<int>(line.size()), line.data());
-    std::fflush(out);
+    std::string shown = prefix_;
+    shown += ' ';
+    shown.append(line.data(), line.size());
+    echo_(stream, shown);
   }
   if (log_ == nullptr && !log_path_.empty()) {
     log_ = std::fopen(log_path_.c_str(), "a");

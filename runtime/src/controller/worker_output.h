@@ -9,15 +9,20 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
 namespace trainrun {
 
+/// Where a worker's prefixed lines go besides its log: stream 0 (stdout) or 1
+/// (stderr), and the line without its newline. Empty: nowhere.
+using LineEcho = std::function<void(int stream, std::string_view line)>;
+
 class WorkerOutput {
  public:
   WorkerOutput(int stdout_fd, int stderr_fd, std::string prefix,
-               const std::filesystem::path& log_file, bool echo);
+               const std::filesystem::path& log_file, LineEcho echo);
   ~WorkerOutput();
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
@@ -45,7 +50,7 @@ class WorkerOutput {
   std::string prefix_;
   std::filesystem::path log_path_;
   std::FILE* log_ = nullptr;
-  bool echo_;
+  LineEcho echo_;
 };
 
 }  // namespace trainrun

@@ -3,6 +3,7 @@
 #include <trainrun/error.h>
 
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,8 +36,13 @@ std::filesystem::path log_path(const std::filesystem::path& logs_dir, const std:
 
 std::string starting(int index) { return std::to_string(index) + ".starting"; }
 
-// An epoll event's data: the worker's launch index and the stream.
-uint64_t stream_key(int index, int stream) { return static_cast<uint64_t>(index) * 2 + stream; }
+// An epoll event's data: the worker's launch index and the stream (0 stdout,
+// 1 stderr), or kExitKey for its pidfd.
+constexpr int kExitKey = 2;
+uint64_t stream_key(int index, int stream) { return static_cast<uint64_t>(index) * 3 + stream; }
+
+// A descriptor that becomes readable when the process exits (Linux 5.3), or -1.
+int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 }  // namespace
 
@@ -44,7 +50,12 @@ WorkerPool::WorkerPool() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
   if (epoll_fd_ < 0) throw IoError(std::string("cannot create an epoll set: ") + strerror(errno));
 }
 
-WorkerPool::~WorkerPool() { ::close(epoll_fd_); }
+WorkerPool::~WorkerPool() {
+  for (auto& worker : workers_) {
+    if (worker.pidfd >= 0) ::close(worker.pidfd);
+  }
+  ::close(epoll_fd_);
+}
 
 void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   logs_dir_ = launch.logs_dir;
@@ -73,11 +84,14 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
     worker.output =
         std::make_unique<WorkerOutput>(process.stdout_fd, process.stderr_fd, output_prefix(worker),
                                        log_path(logs_dir_, starting(i)), echo_);
-    for (int stream = 0; stream < 2; ++stream) {
+    // Where pidfds are missing (before Linux 5.3) exits are found by polling.
+    worker.pidfd = open_pidfd(process.pid);
+    for (int stream = 0; stream <= kExitKey; ++stream) {
       epoll_event event{};
       event.events = EPOLLIN;
       event.data.u64 = stream_key(i, stream);
-      int fd = stream == 0 ? process.stdout_fd : process.stderr_fd;
+      int fd = stream == 0 ? process.stdout_fd : stream == 1 ? process.stderr_fd : worker.pidfd;
+      if (fd < 0) continue;
       if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
         throw IoError(std::string("cannot watch a worker's output: ") + strerror(errno));
       }
@@ -167,8 +181,14 @@ void WorkerPool::forward_output() {
     n = ::epoll_wait(epoll_fd_, events, 64, 0);
     for (int i = 0; i < n; ++i) {
       auto key = events[i].data.u64;
+      auto& worker = workers_[key / 3];
+      if (key % 3 == kExitKey) {  // it exited: reap() closes the pidfd
+        exits_ = true;
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker.pidfd, nullptr);
+        continue;
+      }
       // A closed descriptor leaves the epoll set by itself.
-      workers_[key / 2].output->read(static_cast<int>(key % 2));
+      worker.output->read(static_cast<int>(key % 3));
     }
   } while (n == 64);
 }
@@ -185,6 +205,11 @@ std::vector<std::pair<WorkerSlot*, std::optional<int>>> WorkerPool::reap() {
     if (got != worker.process.pid && !lost) continue;
     worker.exited = true;
     --running_;
+    if (worker.pidfd >= 0) {
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker.pidfd, nullptr);
+      ::close(worker.pidfd);
+      worker.pidfd = -1;
+    }
     worker.output->drain();
     std::error_code ec;
     std::filesystem::remove_all(worker.scratch, ec);  // however it ended

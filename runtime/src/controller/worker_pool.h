@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/local_worker.h"
@@ -37,6 +38,7 @@ struct WorkerSlot {
   std::string host;
   std::string attach_secret;      // a remote worker's, sent in its ASSIGN; ATTACH carries it
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
+  int pidfd = -1;                 // a local worker's: readable once it exits (watched by epoll)
   int rank = -1;                  // once assigned
   bool started = false;           // its train function was called (STARTED)
   bool shares_storage = false;    // a remote worker that sees the run directory (STARTED)
@@ -64,7 +66,7 @@ struct LaunchOptions {
   std::filesystem::path scratch_dir;  // where each worker gets worker-<index>/, its TMPDIR
   std::string secret;                 // the run's worker secret, in each one's environment
   std::filesystem::path logs_dir;
-  bool echo = true;  // worker output on the terminal too
+  LineEcho echo;  // worker output on the terminal too (or the host's function); empty: not
 };
 
 class WorkerPool {
@@ -105,10 +107,13 @@ class WorkerPool {
   /// Output logs are named by rank from here on.
   void assign(const std::vector<int>& ranks);
 
-  /// Readable when some worker has written output.
+  /// Readable when some worker has written output or exited.
   int output_fd() const { return epoll_fd_; }
   /// Forwards what the workers have written.
   void forward_output();
+  /// Whether a local worker exited since the last call (seen by forward_output
+  /// through its pidfd): time to reap. No SIGCHLD handler is needed.
+  bool take_exits() { return std::exchange(exits_, false); }
 
   /// The workers that exited since the last call, with their wait status
   /// (none when another part of this process collected it first).
@@ -129,9 +134,10 @@ class WorkerPool {
   std::unordered_map<std::string, WorkerSlot*> by_connection_;
   std::unordered_map<std::string, WorkerSlot*> remote_by_process_;  // "host/pid"
   std::filesystem::path logs_dir_;  // worker-<rank>.log files, from spawn's LaunchOptions
-  bool echo_ = true;
+  LineEcho echo_;
   int epoll_fd_ = -1;
   int running_ = 0;
+  bool exits_ = false;
 };
 
 }  // namespace trainrun
