@@ -6,8 +6,10 @@
 
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -136,4 +138,22 @@ TEST_CASE("Trainer API: stop() from another thread ends the run as interrupted, 
   // The same Trainer runs again.
   auto again = Trainer(fake_options(tmp.path, 2, {{"reports", 2}}, "again")).fit();
   CHECK_FALSE(again.error);
+}
+
+TEST_CASE("Trainer API: the run's lines go into a spdlog sink of the host's") {
+  TempDir tmp;
+  std::ostringstream text;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
+  sink->set_pattern("host %l: %v");
+  Callbacks callbacks;
+  callbacks.log_sink = sink;
+  auto options = fake_options(tmp.path, 2, {{"reports", 2}, {"scratch", true}});
+  options.verbose = true;
+  auto result = Trainer(options, callbacks).fit();
+  REQUIRE_FALSE(result.error);
+  auto out = text.str();
+  INFO(out);
+  CHECK(out.find("host info: report 2 ") != std::string::npos);  // the controller's
+  CHECK(out.find("host info: [rank 1 (") != std::string::npos);  // a worker's output
+  CHECK(out.find("host info: run finished: 2 reports") != std::string::npos);
 }

@@ -20,6 +20,10 @@
 #include <memory>
 #include <string_view>
 
+namespace spdlog::sinks {
+class sink;
+}  // namespace spdlog::sinks
+
 namespace trainrun {
 
 /// What a host program hears of a run (Ray Train's callbacks), each on the
@@ -43,6 +47,11 @@ struct Callbacks {
   /// and stderr. Lines are whole, without their newline. The run's logs/
   /// files are written either way.
   std::function<void(std::string_view line)> on_output;
+  /// The same lines into a spdlog sink of the host's, instead of stdout (with
+  /// on_output, both get them): the controller's at their level, worker
+  /// output at info; the sink's own level and pattern apply. It must come from
+  /// the spdlog the runtime was built with (Debian's libspdlog).
+  std::shared_ptr<spdlog::sinks::sink> log_sink;
 };
 
 class Trainer {

@@ -69,18 +69,22 @@ class LineSink : public spdlog::sinks::base_sink<std::mutex> {
 // The controller's messages: the terminal (or the host's function) and
 // logs/controller.log.
 std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verbose,
-                                            const std::function<void(std::string_view)>& output) {
+                                            const Callbacks& callbacks) {
   std::vector<spdlog::sink_ptr> sinks;
-  spdlog::sink_ptr console;
-  if (output) {
-    console = std::make_shared<LineSink>(output);
-    console->set_pattern("[trainrun] %v");
-  } else {
-    console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
-    console->set_pattern("[trainrun] %^%v%$");
+  const auto level = verbose ? spdlog::level::info : spdlog::level::err;
+  if (callbacks.on_output) {
+    auto lines = std::make_shared<LineSink>(callbacks.on_output);
+    lines->set_pattern("[trainrun] %v");
+    lines->set_level(level);
+    sinks.push_back(lines);
   }
-  console->set_level(verbose ? spdlog::level::info : spdlog::level::err);
-  sinks.push_back(console);
+  if (callbacks.log_sink) sinks.push_back(callbacks.log_sink);  // its level and pattern
+  if (sinks.empty()) {
+    auto console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
+    console->set_pattern("[trainrun] %^%v%$");
+    console->set_level(level);
+    sinks.push_back(console);
+  }
   auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
       (storage.logs_dir() / "controller.log").string());
   file->set_pattern("%Y-%m-%d %H:%M:%S.%e %l %v");
@@ -261,8 +265,7 @@ Result Trainer::fit() {
   RunStorage storage(options_.run.storage_path, options_.run.name);  // holds the run's lock
   CheckpointStore checkpoints(
       storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
-  auto logger =
-      make_logger(storage, options_.verbose, callbacks_.on_output);  // outlives the controller
+  auto logger = make_logger(storage, options_.verbose, callbacks_);  // outlives the controller
   setup.log = logger;
   auto& log = *logger;
   char host[256] = {0};
@@ -312,7 +315,14 @@ Result Trainer::fit() {
   setup.on_report = [&](const ReportRecord& record) {
     call_host(log, "on_report", callbacks_.on_report, record);
   };
-  setup.output = callbacks_.on_output;
+  // Worker output goes where the controller's lines go.
+  if (callbacks_.on_output || callbacks_.log_sink) {
+    setup.output = [on_output = callbacks_.on_output,
+                    sink = callbacks_.log_sink](std::string_view line) {
+      if (on_output) on_output(line);
+      if (sink) sink->log(spdlog::details::log_msg("trainrun", spdlog::level::info, line));
+    };
+  }
   setup.stop_fd = state_->stop_fd;
   try {
     Controller controller(std::move(setup), storage, checkpoints);
