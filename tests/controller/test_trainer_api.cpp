@@ -116,7 +116,7 @@ TEST_CASE("Trainer API: callbacks hear every report, the attempt and the end, in
   CHECK(has("[trainrun] report 3"));
   CHECK(has("the on_report callback raised: a host's bug"));
   CHECK(std::none_of(lines.begin(), lines.end(),
-                     [](const std::string& l) { return !l.empty() && l.back() == '\n'; }));
+                     [](const std::string& l) { return l.find('\n') != std::string::npos; }));
 }
 
 TEST_CASE("Trainer API: stop() from another thread ends the run as interrupted, in order") {
@@ -135,8 +135,10 @@ TEST_CASE("Trainer API: stop() from another thread ends the run as interrupted, 
   CHECK(result.error->message.find("Trainer::stop") != std::string::npos);
   CHECK(result.iterations > 0);
   CHECK(load_result(result.path).status == RunStatus::kInterrupted);
-  // The same Trainer runs again.
-  auto again = Trainer(fake_options(tmp.path, 2, {{"reports", 2}}, "again")).fit();
+  // A stop() before fit() is forgotten: the run goes to its end.
+  Trainer second(fake_options(tmp.path, 2, {{"reports", 2}}, "again"));
+  second.stop();
+  auto again = second.fit();
   CHECK_FALSE(again.error);
 }
 

@@ -44,13 +44,15 @@ struct Callbacks {
   std::function<void(const Result&)> on_end;
   /// Every line the run would print on the terminal (the controller's
   /// messages, and worker output prefixed with its rank), instead of stdout
-  /// and stderr. Lines are whole, without their newline. The run's logs/
-  /// files are written either way.
+  /// and stderr: with verbose off, only errors. Lines are whole, without
+  /// their newline (a message of several lines comes as several calls). The
+  /// run's logs/ files are written either way.
   std::function<void(std::string_view line)> on_output;
   /// The same lines into a spdlog sink of the host's, instead of stdout (with
   /// on_output, both get them): the controller's at their level, worker
-  /// output at info; the sink's own level and pattern apply. It must come from
-  /// the spdlog the runtime was built with (Debian's libspdlog).
+  /// output at info (none with verbose off); the sink's own level and pattern
+  /// apply. It must come from the spdlog the runtime was built with (Debian's
+  /// libspdlog).
   std::shared_ptr<spdlog::sinks::sink> log_sink;
 };
 
@@ -68,7 +70,9 @@ class Trainer {
   Result fit();
 
   /// Ends the fit() in progress as interrupted, in order (workers stopped,
-  /// records written); without one, does nothing. Returns at once; any thread.
+  /// records written); a stop() before fit() starts is forgotten. Returns at
+  /// once: one write() to an eventfd, safe from any thread and from a signal
+  /// handler.
   void stop();
 
  private:

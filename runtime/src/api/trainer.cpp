@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -47,6 +48,19 @@ std::string read_file(const std::filesystem::path& path) {
   return bytes.str();
 }
 
+// Calls `f` with each line of `text`, without its newline (or "\r\n").
+template <typename F>
+void for_each_line(std::string_view text, const F& f) {
+  while (!text.empty()) {
+    auto end = text.find('\n');
+    auto line = text.substr(0, end);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    f(line);
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+}
+
 // Hands each formatted line, without its newline, to a host program's function.
 class LineSink : public spdlog::sinks::base_sink<std::mutex> {
  public:
@@ -54,11 +68,15 @@ class LineSink : public spdlog::sinks::base_sink<std::mutex> {
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
-    spdlog::memory_buf_t line;
-    formatter_->format(msg, line);
-    std::string_view text(line.data(), line.size());
-    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
-    out_(text);
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    // A message of several lines (a multi-line exception) is several lines.
+    for_each_line(std::string_view(formatted.data(), formatted.size()), [&](std::string_view line) {
+      try {
+        out_(line);
+      } catch (...) {  // the host's bug: the run goes on without this line
+      }
+    });
   }
   void flush_() override {}
 
@@ -144,17 +162,24 @@ void check_network(TrainerOptions& options) {
 
 }  // namespace
 
+// The Trainer's eventfd lives as long as it does, so that stop() is one
+// write(): safe from any thread, and from a signal handler.
 struct Trainer::State {
-  std::mutex mutex;
-  bool running = false;
-  int stop_fd = -1;  // the running fit()'s eventfd
+  State() : stop_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (stop_fd < 0)
+      throw IoError(std::string("cannot create an eventfd: ") + std::strerror(errno));
+  }
+  ~State() { ::close(stop_fd); }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  std::atomic<bool> running{false};
+  const int stop_fd;
 };
 
 Trainer::~Trainer() = default;
 
 void Trainer::stop() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  if (state_->stop_fd < 0) return;
   uint64_t one = 1;
   [[maybe_unused]] auto written = ::write(state_->stop_fd, &one, sizeof(one));
 }
@@ -226,24 +251,16 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
 }
 
 Result Trainer::fit() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (state_->running) throw UsageError("fit() is already running on this Trainer");
-    state_->stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (state_->stop_fd < 0) {
-      throw IoError(std::string("cannot create an eventfd: ") + std::strerror(errno));
-    }
-    state_->running = true;
+  if (state_->running.exchange(true)) {
+    throw UsageError("fit() is already running on this Trainer");
   }
   struct Done {
     State& state;
-    ~Done() {
-      std::lock_guard<std::mutex> lock(state.mutex);
-      ::close(state.stop_fd);
-      state.stop_fd = -1;
-      state.running = false;
-    }
+    ~Done() { state.running = false; }
   } done{*state_};
+  // A stop() from before this fit() does not end it.
+  uint64_t stale = 0;
+  [[maybe_unused]] auto got = ::read(state_->stop_fd, &stale, sizeof(stale));
   // Inspect the plugin before anything starts: a bad one costs no worker.
   auto plugin = inspect_plugin_file(options_.plugin);
   auto entry = resolve_entry(plugin, options_.entry);
@@ -317,10 +334,17 @@ Result Trainer::fit() {
   };
   // Worker output goes where the controller's lines go.
   if (callbacks_.on_output || callbacks_.log_sink) {
-    setup.output = [on_output = callbacks_.on_output,
-                    sink = callbacks_.log_sink](std::string_view line) {
-      if (on_output) on_output(line);
-      if (sink) sink->log(spdlog::details::log_msg("trainrun", spdlog::level::info, line));
+    setup.output = [on_output = callbacks_.on_output, sink = callbacks_.log_sink,
+                    &log](std::string_view text) {
+      for_each_line(text, [&](std::string_view line) {
+        call_host(log, "on_output", on_output, line);
+        if (sink && sink->should_log(spdlog::level::info)) {
+          std::function<void()> to_sink = [&] {
+            sink->log(spdlog::details::log_msg("trainrun", spdlog::level::info, line));
+          };
+          call_host(log, "log_sink", to_sink);
+        }
+      });
     };
   }
   setup.stop_fd = state_->stop_fd;

@@ -4,6 +4,7 @@
 
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <thread>
@@ -427,9 +428,13 @@ void Controller::poll_once(std::chrono::milliseconds timeout) {
   // The optional sockets last: their slots are skipped when absent.
   size_t count = monitor_ ? 6 : zap_ ? 5 : 4;
   protocol::poll(items, count, timeout);
-  if ((items[3].revents & ZMQ_POLLIN) && !interrupted_) {
-    interrupted_ = RunError{FailureKind::kInterrupted,
-                            "stopped by the host program (Trainer::stop)", -1, "", 0};
+  if (items[3].revents & ZMQ_POLLIN) {
+    uint64_t count = 0;  // read, or it stays readable and every poll returns at once
+    [[maybe_unused]] auto got = ::read(setup_.stop_fd, &count, sizeof(count));
+    if (!interrupted_) {
+      interrupted_ = RunError{FailureKind::kInterrupted,
+                              "stopped by the host program (Trainer::stop)", -1, "", 0};
+    }
   }
   if (zap_ && (items[4].revents & ZMQ_POLLIN)) {
     while (auto refused = zap_->answer()) on_refused_peer(*refused, "not this run's key");

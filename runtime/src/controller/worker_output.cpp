@@ -98,12 +98,7 @@ void WorkerOutput::emit(int stream, const std::string& line) {
 }
 
 void WorkerOutput::write_line(int stream, std::string_view line) {
-  if (echo_) {
-    std::string shown = prefix_;
-    shown += ' ';
-    shown.append(line.data(), line.size());
-    echo_(stream, shown);
-  }
+  // The log first: it has every line, whatever the terminal's side does.
   if (log_ == nullptr && !log_path_.empty()) {
     log_ = std::fopen(log_path_.c_str(), "a");
     if (log_ == nullptr) log_path_.clear();  // unwritable: the terminal still has it
@@ -111,6 +106,12 @@ void WorkerOutput::write_line(int stream, std::string_view line) {
   if (log_ != nullptr) {
     std::fprintf(log_, "%.*s\n", static_cast<int>(line.size()), line.data());
     std::fflush(log_);
+  }
+  if (echo_) {
+    std::string shown = prefix_;
+    shown += ' ';
+    shown.append(line.data(), line.size());
+    echo_(stream, shown);
   }
 }
 
