@@ -21,6 +21,8 @@ const train_host_v1_t& current_host(const char* caller) {
   return *g_host;
 }
 
+const train_host_v1_t* current_host_or_null() { return g_host; }
+
 HostScope::HostScope(const train_host_v1_t* host) : previous_(g_host) { g_host = host; }
 HostScope::~HostScope() {
   for (auto& cleanup : std::exchange(g_cleanups, {})) cleanup();

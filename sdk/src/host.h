@@ -14,6 +14,9 @@ namespace train::detail {
 /// The host table of the entry being run; throws std::logic_error outside one.
 const train_host_v1_t& current_host(const char* caller);
 
+/// The host table of the entry being run, or nullptr outside one.
+const train_host_v1_t* current_host_or_null();
+
 /// Runs `cleanup` when the running entry returns (before its HostScope ends):
 /// state tied to one train function, such as prepared models, goes with it.
 void at_entry_end(std::function<void()> cleanup);

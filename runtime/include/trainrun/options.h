@@ -121,6 +121,11 @@ struct TrainerOptions {
   std::filesystem::path cache_dir;
   /// Print rank 0's metrics and worker output on the terminal.
   bool verbose = true;
+  /// Progress (epoch, batch, samples/s, ETA): on a terminal, a live status
+  /// line below the scrolling output; otherwise (a pipe, a log file, a
+  /// host's on_output or log_sink) a plain line this often. Zero: no
+  /// progress lines (nor the status line). Nothing with verbose off.
+  std::chrono::seconds progress_interval{30};
   /// Handlers for SIGINT, SIGTERM and SIGHUP for the length of fit(), which
   /// end the run as interrupted (the trainrun command sets this), and SIGPIPE
   /// ignored. Off, the run installs no process-wide handler: a host program

@@ -16,8 +16,10 @@
 #include <trainrun/options.h>
 #include <trainrun/result.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 namespace spdlog::sinks {
@@ -25,6 +27,25 @@ class sink;
 }  // namespace spdlog::sinks
 
 namespace trainrun {
+
+/// Where a live run is (Callbacks::on_progress): rank 0's training loader
+/// (train::prepare_data_loader) says its epoch and batch, with no change to
+/// the train function.
+struct Progress {
+  int attempt = 1;
+  int world_size = 1;
+  int64_t epoch = 0;    // the loader's (set_epoch), usually from 0
+  int64_t epochs = 0;   // the run's config "epochs", when it has that integer; else 0
+  int64_t batch = 0;    // batches done in this epoch, on each rank ...
+  int64_t batches = 0;  // ... of these
+  int64_t steps = 0;    // batches done in this attempt
+  double samples_per_second = 0;  // all ranks together, over the last seconds; 0 until known
+  double elapsed_seconds = 0;     // since fit() began
+  /// Seconds to the end of the run when `epochs` is known, else to the end
+  /// of this epoch; empty until a rate is known.
+  std::optional<double> eta_seconds;
+  nlohmann::json metrics;  // the latest report's (null before the first)
+};
 
 /// What a host program hears of a run (Ray Train's callbacks), each on the
 /// thread that runs fit(). A callback must not call fit(); stop() is fine. An
@@ -40,6 +61,9 @@ struct Callbacks {
   /// An attempt ended; its error says why when it failed (a restart follows
   /// when failures remain).
   std::function<void(const AttemptInfo&)> on_attempt_end;
+  /// Where the run is, a few times a second while rank 0's training loader
+  /// runs (Progress). Nothing when the train function uses no prepared loader.
+  std::function<void(const Progress&)> on_progress;
   /// The run ended; fit() returns the same Result.
   std::function<void(const Result&)> on_end;
   /// Every line the run would print on the terminal (the controller's

@@ -4,7 +4,6 @@
 
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/basic_file_sink.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -18,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "api/console.h"
+#include "api/progress.h"
 #include "common/constants.h"
 #include "common/hash.h"
 #include "common/metrics_format.h"
@@ -87,7 +88,7 @@ class LineSink : public spdlog::sinks::base_sink<std::mutex> {
 // The controller's messages: the terminal (or the host's function) and
 // logs/controller.log.
 std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verbose,
-                                            const Callbacks& callbacks) {
+                                            const Callbacks& callbacks, Console* console) {
   std::vector<spdlog::sink_ptr> sinks;
   const auto level = verbose ? spdlog::level::info : spdlog::level::err;
   if (callbacks.on_output) {
@@ -97,11 +98,11 @@ std::shared_ptr<spdlog::logger> make_logger(const RunStorage& storage, bool verb
     sinks.push_back(lines);
   }
   if (callbacks.log_sink) sinks.push_back(callbacks.log_sink);  // its level and pattern
-  if (sinks.empty()) {
-    auto console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
-    console->set_pattern("[trainrun] %^%v%$");
-    console->set_level(level);
-    sinks.push_back(console);
+  if (console != nullptr) {
+    auto terminal = console->sink();
+    terminal->set_pattern("[trainrun] %v");
+    terminal->set_level(level);
+    sinks.push_back(terminal);
   }
   auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
       (storage.logs_dir() / "controller.log").string());
@@ -282,7 +283,16 @@ Result Trainer::fit() {
   RunStorage storage(options_.run.storage_path, options_.run.name);  // holds the run's lock
   CheckpointStore checkpoints(
       storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
-  auto logger = make_logger(storage, options_.verbose, callbacks_);  // outlives the controller
+  // Without the host's own output, the run's lines go to the terminal.
+  std::unique_ptr<Console> console;
+  if (!callbacks_.on_output && !callbacks_.log_sink) {
+    console = std::make_unique<Console>(options_.verbose &&
+                                            options_.progress_interval.count() > 0 &&
+                                            Console::stdout_is_terminal(),
+                                        ::isatty(STDOUT_FILENO) == 1);
+  }
+  // Outlives the controller.
+  auto logger = make_logger(storage, options_.verbose, callbacks_, console.get());
   setup.log = logger;
   auto& log = *logger;
   char host[256] = {0};
@@ -314,6 +324,8 @@ Result Trainer::fit() {
   // From here on the run has a record: whatever goes wrong ends it with a
   // final status and error.json.
   RunOutcome run;
+  ProgressTracker progress(ProgressTracker::planned_epochs(options_.config),
+                           ProgressTracker::Clock::now());
   // run.json lists every attempt as it starts and ends.
   // (Also when an attempt's world size is decided: one start callback each.)
   int started = 0;
@@ -330,12 +342,32 @@ Result Trainer::fit() {
     }
   };
   setup.on_report = [&](const ReportRecord& record) {
+    progress.set_metrics(record.metrics);
     call_host(log, "on_report", callbacks_.on_report, record);
   };
+  // Progress: to the host, and on the terminal's status line, or a plain line
+  // every progress interval.
+  auto next_progress_line = ProgressTracker::Clock::now() + options_.progress_interval;
+  setup.on_progress = [&](const ProgressSample& sample) {
+    auto now = ProgressTracker::Clock::now();
+    auto p = progress.update(sample, now);
+    call_host(log, "on_progress", callbacks_.on_progress, p);
+    if (!options_.verbose || options_.progress_interval.count() <= 0) return;
+    if (console && console->live()) {
+      console->status(status_line(p, Console::status_width()));
+    } else if (now >= next_progress_line) {
+      next_progress_line = now + options_.progress_interval;
+      log.info("{}", progress_line(p));
+    }
+  };
   // Worker output goes where the controller's lines go.
-  if (callbacks_.on_output || callbacks_.log_sink) {
-    setup.output = [on_output = callbacks_.on_output, sink = callbacks_.log_sink,
-                    &log](std::string_view text) {
+  if (console) {
+    setup.output = [&console = *console](int stream, std::string_view line) {
+      console.line(stream, line);
+    };
+  } else {
+    setup.output = [on_output = callbacks_.on_output, sink = callbacks_.log_sink, &log](
+                       int, std::string_view text) {
       for_each_line(text, [&](std::string_view line) {
         call_host(log, "on_output", on_output, line);
         if (sink && sink->should_log(spdlog::level::info)) {
@@ -358,6 +390,7 @@ Result Trainer::fit() {
         RunError{FailureKind::kInternal, std::string("internal error: ") + e.what(), -1, "", 0};
   }
 
+  if (console) console->clear();  // the closing lines go below the run's output
   info.ended_at = run_directory::timestamp_now();
   if (!run.attempts.empty()) info.attempts = run.attempts;
   info.status = !run.error                                     ? RunStatus::kFinished

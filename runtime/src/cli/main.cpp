@@ -160,6 +160,12 @@ int main(int argc, char** argv) {
       "(saves an idle process per local worker; restarts take longer)");
   app.add_flag(
       "-q,--quiet", [&](int64_t) { options.verbose = false; }, "only errors on the terminal");
+  int progress_s = static_cast<int>(options.progress_interval.count());
+  app.add_option("--progress-interval", progress_s,
+                 "seconds between progress lines when the output is not a terminal (a "
+                 "terminal gets a live status line); 0: neither")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
 
   auto* results =
       app.add_subcommand("results", "print what a run left: metrics, checkpoints, error");
@@ -209,6 +215,7 @@ int main(int argc, char** argv) {
     options.run.heartbeat_timeout = seconds(heartbeat_s);
     options.run.startup_timeout = seconds(startup_s);
     options.run.collective_timeout = seconds(collective_s);
+    options.progress_interval = std::chrono::seconds(progress_s);
     return run_training(std::move(options), config_file, config_args);
   } catch (const trainrun::PluginError& e) {
     std::cerr << "trainrun: " << e.what() << "\n";

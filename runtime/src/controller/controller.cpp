@@ -149,9 +149,7 @@ RunOutcome Controller::run() {
 
 LineEcho Controller::worker_echo() const {
   if (!setup_.options.verbose) return {};
-  if (setup_.output) {
-    return [output = setup_.output](int, std::string_view line) { output(line); };
-  }
+  if (setup_.output) return setup_.output;
   return [](int stream, std::string_view line) {
     std::FILE* out = stream == 0 ? stdout : stderr;
     std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());

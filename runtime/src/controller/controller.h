@@ -46,6 +46,17 @@
 
 namespace trainrun {
 
+/// Where rank 0's training loader is, as its worker said (checked).
+struct ProgressSample {
+  int attempt = 1;
+  int world_size = 1;
+  int64_t epoch = 0;
+  int64_t batch = 0;
+  int64_t batches = 0;
+  int64_t steps = 0;
+  int64_t samples = 0;  // on rank 0
+};
+
 struct ControllerSetup {
   TrainerOptions options;
   std::string entry;
@@ -58,11 +69,15 @@ struct ControllerSetup {
   std::function<void(const std::vector<AttemptInfo>&)> on_attempts;
   /// Called on the controller's thread with each recorded report.
   std::function<void(const ReportRecord&)> on_report;
+  /// Called on the controller's thread with rank 0's progress, at most every
+  /// kProgressInterval and at each epoch's end.
+  std::function<void(const ProgressSample&)> on_progress;
   /// Readable when the host program asks the run to stop (an eventfd); -1: none.
   int stop_fd = -1;
-  /// Where worker output goes on its way to the terminal: the host program's
-  /// function (whole lines), or stdout and stderr when empty.
-  std::function<void(std::string_view)> output;
+  /// Where worker output goes on its way to the terminal (whole lines; stream
+  /// 0 is stdout, 1 stderr): the console or the host program's function;
+  /// stdout and stderr when empty.
+  LineEcho output;
 };
 
 /// How a run ended.
@@ -199,6 +214,7 @@ class Controller {
   void on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch);
   void on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& fetch);
   void on_done(WorkerSlot& worker);
+  void on_progress(const WorkerSlot& worker, const protocol::Progress& progress);
   void release_report();
   void check_stalled();
 
@@ -236,6 +252,7 @@ class Controller {
   CheckpointService checkpoints_;
   FailureCollector failures_;
   RateLimiter dropped_{10, std::chrono::seconds(1)};  // "dropped a message" log lines
+  RateLimiter progress_{1, std::chrono::milliseconds(100)};  // PROGRESS passed on
   ChunkSource plugin_;
   LaunchOptions launch_;  // how local workers start
   std::optional<RunError> interrupted_;

@@ -517,6 +517,8 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
       log_.info("{} shares the run directory's filesystem: it copies its checkpoints there",
                 worker.describe());
     }
+  } else if (type == protocol::Progress::kType) {
+    on_progress(worker, message.as<protocol::Progress>());
   } else if (type == protocol::Done::kType) {
     on_done(worker);
   } else if (type == protocol::Failed::kType) {
@@ -629,6 +631,21 @@ void Controller::on_done(WorkerSlot& worker) {
   worker.done = true;
   reports_.finished(worker.rank);
   check_stalled();
+}
+
+void Controller::on_progress(const WorkerSlot& worker, const protocol::Progress& progress) {
+  constexpr int64_t kMost = int64_t{1} << 50;  // beyond any real count; keeps the arithmetic safe
+  auto in = [&](int64_t v, int64_t most) { return v >= 0 && v <= most; };
+  if (!in(progress.epoch, kMost) || !in(progress.batches, kMost) ||
+      !in(progress.batch, progress.batches) || !in(progress.steps, kMost) ||
+      !in(progress.samples, kMost)) {
+    throw ProtocolError("PROGRESS with counts out of range");
+  }
+  if (worker.rank != 0 || !setup_.on_progress || failures_.any() || stopping_) return;
+  // An epoch's end always passes: the display shows it complete.
+  if (!progress_.allow(Clock::now()) && progress.batch != progress.batches) return;
+  setup_.on_progress(ProgressSample{attempt_, world_size(), progress.epoch, progress.batch,
+                                    progress.batches, progress.steps, progress.samples});
 }
 
 // Once every rank has reported and every checkpoint file is in, the report is

@@ -20,7 +20,7 @@
 namespace trainrun::protocol {
 
 /// Bumped on any incompatible change to a message.
-constexpr int kProtocolVersion = 5;
+constexpr int kProtocolVersion = 6;
 
 /// A received message. `payload` points into `handle`, which owns the memory.
 class Incoming {
@@ -73,6 +73,19 @@ void send(zmq::socket_t& socket, const T& payload, std::vector<zmq::message_t> b
   for (size_t i = 0; i < blobs.size(); ++i) {
     socket.send(blobs[i], i + 1 < blobs.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
+}
+
+/// Sends a message of two frames on a DEALER unless its queue is full: then
+/// returns false and sends nothing (the rest of a message whose first frame
+/// was queued is queued too).
+template <typename T>
+bool try_send(zmq::socket_t& socket, const T& payload) {
+  if (!socket.send(zmq::buffer(std::string(T::kType)),
+                   zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+    return false;
+  }
+  socket.send(pack_body(payload), zmq::send_flags::none);
+  return true;
 }
 
 /// train::report's metrics as a REPORT carries them (msgpack): a map of names

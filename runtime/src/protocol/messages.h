@@ -6,7 +6,8 @@
 // opens a connection of its own, which begins with ATTACH and carries all the
 // train function says and waits for, with no hop through the main thread:
 // STARTED once the plugin is loaded and the process group formed; then REPORTs
-// (acknowledged once every rank reached the same one), and DONE or FAILED. The
+// (acknowledged once every rank reached the same one), rank 0's PROGRESS (never
+// answered), and DONE or FAILED. The
 // controller ends every worker with SHUTDOWN, on the main connection.
 //
 // The process group's rendezvous store is the controller's: a third
@@ -141,6 +142,16 @@ struct Started {  // the train thread is about to call the entry: the plugin loa
   int32_t rank = 0;
   bool shares_storage = false;  // it read ASSIGN's storage probe: it copies its checkpoints itself
   MSGPACK_DEFINE_MAP(rank, shares_storage);
+};
+
+struct Progress {  // rank 0's training loader, at most a few times a second; no reply
+  static constexpr const char* kType = "PROGRESS";
+  int64_t epoch = 0;    // the loader's
+  int64_t batch = 0;    // batches done in this epoch ...
+  int64_t batches = 0;  // ... of these
+  int64_t steps = 0;    // batches done since the train function began
+  int64_t samples = 0;  // samples done on this rank since then
+  MSGPACK_DEFINE_MAP(epoch, batch, batches, steps, samples);
 };
 
 struct Done {

@@ -14,7 +14,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <fstream>
 
 #include "common/network.h"
@@ -39,6 +41,8 @@ struct HostState {
   bool checkpoint_ready = false;  // verified, or fetched: local_checkpoint is it
   std::filesystem::path local_checkpoint;
   std::filesystem::path downloads;  // where fetched checkpoints go, made when needed
+  std::thread::id train_thread = std::this_thread::get_id();
+  std::chrono::steady_clock::time_point progress_sent;  // the last PROGRESS
 
   // Called before DONE or FAILED goes out: after that the process may end at
   // any moment.
@@ -88,6 +92,25 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
     copy_message(e.what(), error, error_size);
   }
   return 1;
+}
+
+// Rank 0 sends where its loader is, at most every kProgressInterval (and at
+// each epoch's end), without waiting: a full queue drops it. Only from the
+// train thread, which owns the connection.
+constexpr auto kProgressInterval = std::chrono::milliseconds(250);
+
+void host_progress(void* handle, int64_t epoch, int64_t batch, int64_t batches, int64_t steps,
+                   int64_t samples) {
+  auto& state = *static_cast<HostState*>(handle);
+  if (state.world_rank != 0 || std::this_thread::get_id() != state.train_thread) return;
+  auto now = std::chrono::steady_clock::now();
+  if (now - state.progress_sent < kProgressInterval && batch != batches) return;
+  state.progress_sent = now;
+  try {
+    (void)protocol::try_send(*state.controller,
+                             protocol::Progress{epoch, batch, batches, steps, samples});
+  } catch (const std::exception&) {  // progress is never worth failing the run
+  }
 }
 
 int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
@@ -244,6 +267,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.process_group = group.get();
     host.report = &host_report;
     host.get_checkpoint = &host_get_checkpoint;
+    host.progress = &host_progress;
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});

@@ -58,7 +58,23 @@ typedef struct train_host_v1_s {
    * there is none), after checking its files. Returns 0, or non-zero with a
    * message. */
   int (*get_checkpoint)(void* handle, char* path, size_t path_size, char* error, size_t error_size);
+
+  /* Fields below were added to ABI 1 later: a plugin reads one only when
+   * struct_size covers it (TRAIN_HOST_HAS).
+   *
+   * Where the train function is in its data: the loader's epoch, the batches
+   * done in it of `batches`, and since the entry began, the batches and samples
+   * done on this rank. Never blocks and never fails; the host drops what it
+   * does not need (ranks other than 0, calls faster than it sends). */
+  void (*progress)(void* handle, int64_t epoch, int64_t batch, int64_t batches, int64_t steps,
+                   int64_t samples);
 } train_host_v1_t;
+
+/* The size of the first host table of ABI 1: a plugin accepts a table at least
+ * this big, and uses later fields only when struct_size covers them. */
+#define TRAIN_HOST_V1_MIN_SIZE offsetof(train_host_v1_t, progress)
+#define TRAIN_HOST_HAS(host, field) \
+  ((host)->struct_size >= offsetof(train_host_v1_t, field) + sizeof((host)->field))
 
 typedef int (*train_entry_fn_v1_t)(const train_host_v1_t* host, char* error, size_t error_size);
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <train/abi.h>
 #include <train/context.h>
 
 #include <torch/arg.h>
@@ -25,7 +26,37 @@ struct LoaderOptions {
   /// (every rank must run the same number of backward passes); false gives each
   /// sample to exactly one rank, for evaluation.
   TORCH_ARG(bool, allow_duplicates) = true;
+  /// Shows where this loader is (epoch, batch of batches) in the run's progress
+  /// display. Rank 0's first loader that is alive and has it on is the one
+  /// shown: usually the training loader; an evaluation loader made while it
+  /// lives is not.
+  TORCH_ARG(bool, progress) = true;
 };
+
+namespace detail {
+
+/// A loader's place in its epochs, sent to the host when it is the loader
+/// shown (LoaderOptions::progress). Sending never blocks: the host drops what
+/// it does not forward.
+class LoaderProgress {
+ public:
+  LoaderProgress();
+  ~LoaderProgress();
+  LoaderProgress(const LoaderProgress&) = delete;
+  LoaderProgress& operator=(const LoaderProgress&) = delete;
+
+  /// Whether this loader is the one shown.
+  bool active() const { return host_ != nullptr; }
+  void begin_epoch(int64_t epoch, int64_t batches);
+  void batch_done(int64_t samples);
+
+ private:
+  void send() const;
+  const train_host_v1_t* host_ = nullptr;
+  int64_t epoch_ = 0, batch_ = 0, batches_ = 0, steps_ = 0, samples_ = 0;
+};
+
+}  // namespace detail
 
 /// Samples for this rank: LibTorch's DistributedRandomSampler (shuffle) or
 /// DistributedSequentialSampler behind one type. set_epoch reseeds the shuffle.
@@ -77,11 +108,20 @@ class DataLoader {
       : dataset_(std::move(dataset)),
         sampler_(std::move(sampler)),
         options_(options),
-        device_(device) {}
+        device_(device) {
+    if (options_.progress()) {
+      auto progress = std::make_shared<detail::LoaderProgress>();
+      if (progress->active()) progress_ = std::move(progress);
+    }
+  }
 
-  /// Reseeds the shuffle: every rank gets a new, consistent order for this epoch.
+  /// Reseeds the shuffle: every rank gets a new, consistent order for this
+  /// epoch. The progress display shows this epoch (without set_epoch, it
+  /// counts the epochs begun).
   void set_epoch(size_t epoch) {
     if constexpr (has_set_epoch<Sampler>::value) sampler_.set_epoch(epoch);
+    epoch_ = static_cast<int64_t>(epoch);
+    epoch_set_ = true;
   }
 
   /// Batches on this rank in one epoch.
@@ -99,7 +139,8 @@ class DataLoader {
   class Iterator {
    public:
     using InnerIterator = torch::data::Iterator<Batch>;
-    Iterator(InnerIterator it, c10::Device device) : it_(std::move(it)), device_(device) {}
+    Iterator(InnerIterator it, c10::Device device, detail::LoaderProgress* progress = nullptr)
+        : it_(std::move(it)), device_(device), progress_(progress) {}
     Batch& operator*() {
       if (!current_) {
         Batch& batch = *it_;
@@ -110,6 +151,10 @@ class DataLoader {
       return *current_;
     }
     Iterator& operator++() {
+      if (progress_ != nullptr) {
+        const auto& data = current_ ? current_->data : (*it_).data;
+        progress_->batch_done(data.dim() > 0 ? data.size(0) : 1);
+      }
       ++it_;
       current_.reset();
       return *this;
@@ -120,6 +165,7 @@ class DataLoader {
     InnerIterator it_;
     c10::Device device_;
     c10::optional<Batch> current_;
+    detail::LoaderProgress* progress_;
   };
 
   /// Starts an epoch (in the order set by set_epoch).
@@ -129,7 +175,10 @@ class DataLoader {
                                          .batch_size(options_.batch_size())
                                          .drop_last(options_.drop_last())
                                          .workers(options_.workers()));
-    return Iterator(inner_->begin(), device_);
+    const int64_t epoch = epoch_set_ ? epoch_ : epochs_begun_;
+    ++epochs_begun_;
+    if (progress_) progress_->begin_epoch(epoch, static_cast<int64_t>(size()));
+    return Iterator(inner_->begin(), device_, progress_.get());
   }
   Iterator end() { return Iterator(inner_->end(), device_); }
 
@@ -153,6 +202,10 @@ class DataLoader {
   LoaderOptions options_;
   c10::Device device_;
   std::unique_ptr<Inner> inner_;
+  std::shared_ptr<detail::LoaderProgress> progress_;  // when this loader is the one shown
+  int64_t epoch_ = 0;
+  bool epoch_set_ = false;
+  int64_t epochs_begun_ = 0;
 };
 
 /// Shards a LibTorch dataset across ranks, like Ray Train's prepare_data_loader:
