@@ -159,3 +159,39 @@ TEST_CASE("Trainer API: the run's lines go into a spdlog sink of the host's") {
   CHECK(out.find("host info: [rank 1 (") != std::string::npos);  // a worker's output
   CHECK(out.find("host info: run finished: 2 reports") != std::string::npos);
 }
+
+TEST_CASE("Trainer API: on_progress hears rank 0's loader, with the run's epochs and a rate") {
+  TempDir tmp;
+  auto options = fake_options(tmp.path, 2, {{"epochs", 2}, {"sleep_ms", 100}});
+  options.worker_executable = TRAINRUN_WORKER;
+  options.entry = "epochs";
+  std::vector<Progress> seen;
+  std::vector<std::string> lines;
+  Callbacks callbacks;
+  callbacks.on_progress = [&](const Progress& p) { seen.push_back(p); };
+  callbacks.on_output = [&](std::string_view line) { lines.emplace_back(line); };
+  auto result = Trainer(options, callbacks).fit();
+  REQUIRE_FALSE(result.error);
+  REQUIRE(seen.size() >= 4);
+  for (const auto& p : seen) {
+    CHECK(p.attempt == 1);
+    CHECK(p.world_size == 2);
+    CHECK(p.epochs == 2);
+    CHECK(p.batches == 5);  // 10 samples over 2 ranks, one a batch
+    CHECK(p.batch <= p.batches);
+    CHECK(p.epoch <= 1);
+  }
+  // Each epoch's end is passed on, complete; the second epoch's comes with
+  // the first report's metrics, a rate and an ETA of nothing left.
+  const auto& last = seen.back();
+  CHECK(last.epoch == 1);
+  CHECK(last.batch == 5);
+  CHECK(last.steps == 10);
+  CHECK(last.metrics["epoch"] == 0);
+  CHECK(last.samples_per_second > 0);
+  REQUIRE(last.eta_seconds);
+  CHECK(*last.eta_seconds == doctest::Approx(0));
+  // With verbose off, no progress line reaches the output.
+  CHECK(std::none_of(lines.begin(), lines.end(),
+                     [](const std::string& l) { return l.find("progress:") != std::string::npos; }));
+}

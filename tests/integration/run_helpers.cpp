@@ -34,6 +34,21 @@ RunOutput Sandbox::run(const std::string& args) const {
   return out;
 }
 
+RunOutput Sandbox::run_on_terminal(const std::string& args, int columns) const {
+  auto script = root_ / "on_terminal.sh";
+  std::ofstream(script) << "stty cols " << columns << " rows 40\n" << command(args) << "\n";
+  // -e: script(1) exits with the command's status.
+  auto line = "TERM=xterm script -qec \"sh '" + script.string() + "'\" /dev/null < /dev/null";
+  RunOutput out;
+  std::FILE* pipe = ::popen((line + " 2>&1").c_str(), "r");
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.output.append(buffer, n);
+  int status = ::pclose(pipe);
+  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
 pid_t Sandbox::start(const std::string& args) const {
   auto line = command(args) + " > '" + (root_ / "out.txt").string() + "' 2>&1";
   pid_t pid = ::fork();

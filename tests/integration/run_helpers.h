@@ -27,6 +27,9 @@ class Sandbox {
 
   /// Runs `trainrun --storage-path <root>/results ARGS` to completion.
   RunOutput run(const std::string& args) const;
+  /// The same on a terminal (a pseudo-terminal `columns` wide, from
+  /// script(1)): what a person at a terminal sees, control characters and all.
+  RunOutput run_on_terminal(const std::string& args, int columns = 100) const;
   /// Starts it in the background with output going to <root>/out.txt.
   pid_t start(const std::string& args) const;
   /// Starts `trainrun worker ARGS` in the background (a remote worker: its own

@@ -311,3 +311,39 @@ void resumable(const train::Config& config) {
 }
 
 TRAIN_FUNC(resumable);
+
+// A small training loop through a prepared loader, to watch: `epochs` epochs
+// of the 10 numbers in batches of `batch_size` per rank, `sleep_ms` per batch;
+// each epoch reports falling loss and rising accuracy (and a text note) with a
+// checkpoint. An evaluation loader made during the epoch is not the one shown.
+void epochs(const train::Config& config) {
+  const int epochs = config.get<int>("epochs", 3);
+  const int sleep_ms = config.get<int>("sleep_ms", 0);
+  auto loader = train::prepare_data_loader(
+      Numbers(), train::LoaderOptions().batch_size(
+                     static_cast<size_t>(config.get<int>("batch_size", 1))));
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    loader.set_epoch(static_cast<size_t>(epoch));
+    for (auto& batch : loader) {
+      (void)batch;
+      std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+      if (config.get<bool>("evaluate", false)) {
+        auto eval = train::prepare_data_loader(
+            Numbers(), train::LoaderOptions().shuffle(false).allow_duplicates(false));
+        for (auto& b : eval) (void)b;
+      }
+    }
+    train::Metrics metrics{{"epoch", epoch},
+                           {"loss", 1.0 / (epoch + 1)},
+                           {"accuracy", 0.5 + 0.1 * epoch},
+                           {"note", "<b>epoch</b>"}};
+    if (train::get_context().world_rank() == 0) {  // rank 0 checkpoints for all
+      train::TempDir dir;
+      std::ofstream(dir.path() / "epoch.txt") << epoch;
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+    } else {
+      train::report(metrics);
+    }
+  }
+}
+TRAIN_FUNC(epochs);

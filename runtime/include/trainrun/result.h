@@ -103,6 +103,14 @@ struct Result {
 /// UsageError if `run_dir` holds no run, IoError if a file is unreadable.
 Result load_result(const std::filesystem::path& run_dir);
 
+/// Writes the run's page, report.html (self-contained, Chart.js inlined):
+/// every numeric metric against iteration and time, the checkpoints (the
+/// best marked), the attempts, the run's facts and error. A run writes it in
+/// its directory as it goes; this writes it for any run: `trainrun results
+/// DIR --html FILE`. Atomic: a reader sees the old page or the new. Throws as
+/// load_result does, or IoError.
+void write_html_report(const std::filesystem::path& run_dir, const std::filesystem::path& file);
+
 /// The summary `trainrun results` prints: status, iterations, last metrics,
 /// latest and best checkpoints, error.
 std::string describe(const Result& result);

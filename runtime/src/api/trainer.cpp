@@ -19,6 +19,7 @@
 
 #include "api/console.h"
 #include "api/progress.h"
+#include "api/report_page.h"
 #include "common/constants.h"
 #include "common/hash.h"
 #include "common/metrics_format.h"
@@ -160,6 +161,40 @@ void check_network(TrainerOptions& options) {
   }
   if (!network.auth_key_file.empty()) (void)read_run_key(network.auth_key_file);  // fails early
 }
+
+// Keeps the run directory's report.html current without letting a long
+// history make the run pay for it: a page that took t to write waits 10 t
+// (and at least kPageInterval) before the next. A page that cannot be
+// written costs a warning, once, and never the run.
+class ReportPageWriter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kPageInterval = std::chrono::seconds(2);
+
+  ReportPageWriter(std::filesystem::path run_dir, spdlog::logger& log)
+      : run_dir_(std::move(run_dir)), log_(log) {}
+
+  void maybe_write() {
+    if (Clock::now() >= next_) write(/*live=*/true);
+  }
+  void write(bool live) {
+    auto start = Clock::now();
+    try {
+      write_report_page(run_dir_, run_dir_ / "report.html", live);
+    } catch (const std::exception& e) {
+      if (!warned_) log_.warn("cannot write report.html: {}", e.what());
+      warned_ = true;
+    }
+    auto took = Clock::now() - start;
+    next_ = Clock::now() + std::max<Clock::duration>(kPageInterval, 10 * took);
+  }
+
+ private:
+  std::filesystem::path run_dir_;
+  spdlog::logger& log_;
+  Clock::time_point next_{};
+  bool warned_ = false;
+};
 
 }  // namespace
 
@@ -341,7 +376,12 @@ Result Trainer::fit() {
       call_host(log, "on_attempt_end", callbacks_.on_attempt_end, latest);
     }
   };
+  // report.html in the run directory: at the start, after reports (at most
+  // every few seconds, and never more than a tenth of the time), at the end.
+  ReportPageWriter page(storage.dir(), log);
+  page.write(/*live=*/true);
   setup.on_report = [&](const ReportRecord& record) {
+    page.maybe_write();
     progress.set_metrics(record.metrics);
     call_host(log, "on_report", callbacks_.on_report, record);
   };
@@ -398,6 +438,7 @@ Result Trainer::fit() {
                                                                : RunStatus::kFailed;
   storage.write_run_info(info);
   if (run.error) storage.write_error(run.error);
+  page.write(/*live=*/false);
   // What the run left, read back as `trainrun results` would.
   Result result = load_result(storage.dir());
   result.status = info.status;

@@ -171,6 +171,10 @@ int main(int argc, char** argv) {
       app.add_subcommand("results", "print what a run left: metrics, checkpoints, error");
   std::filesystem::path results_dir;
   results->add_option("run_dir", results_dir, "<storage_path>/<name>")->required();
+  std::filesystem::path html_file;
+  results->add_option("--html", html_file,
+                      "also write the run's page (charts of every metric, checkpoints, error) "
+                      "to this file");
 
   auto* keygen = app.add_subcommand(
       "keygen",
@@ -193,6 +197,10 @@ int main(int argc, char** argv) {
   try {
     if (*results) {
       std::cout << trainrun::describe(trainrun::load_result(results_dir));
+      if (!html_file.empty()) {
+        trainrun::write_html_report(results_dir, html_file);
+        std::cout << "wrote " << html_file.string() << "\n";
+      }
       return kExitOk;
     }
     if (*keygen) {

@@ -1,0 +1,317 @@
+#include "api/report_page.h"
+
+#include <trainrun/error.h>
+#include <trainrun/result.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "api/chart_js.h"
+#include "common/atomic_file.h"
+#include "common/metrics_format.h"
+#include "storage/run_directory.h"
+
+namespace trainrun {
+namespace {
+
+// Text from the run (metric names, error messages, config) inside HTML.
+std::string escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// JSON inside a <script> element: no "</script>" or "<!--" can end it early.
+std::string script_json(const nlohmann::json& value) {
+  auto text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "\\u003c"; break;
+      case '>': out += "\\u003e"; break;
+      case '&': out += "\\u0026"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string dump(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// How a report's point is drawn: 0 a report, 1 a committed checkpoint still
+// kept, 2 the best kept checkpoint.
+enum Mark { kReport = 0, kCheckpoint = 1, kBest = 2 };
+
+struct Point {
+  int64_t iteration;
+  double time;
+  double value;
+  int mark;
+};
+
+// At most kMaxChartPoints: the lowest and highest value of each stretch, and
+// every marked point, in order.
+std::vector<Point> thin(std::vector<Point> points) {
+  if (points.size() <= kMaxChartPoints) return points;
+  const size_t stretch = (points.size() + kMaxChartPoints / 2 - 1) / (kMaxChartPoints / 2);
+  std::vector<Point> kept;
+  for (size_t begin = 0; begin < points.size(); begin += stretch) {
+    const size_t end = std::min(points.size(), begin + stretch);
+    std::set<size_t> chosen;
+    size_t low = begin, high = begin;
+    for (size_t i = begin; i < end; ++i) {
+      if (points[i].value < points[low].value) low = i;
+      if (points[i].value > points[high].value) high = i;
+      if (points[i].mark != kReport) chosen.insert(i);
+    }
+    chosen.insert(low);
+    chosen.insert(high);
+    for (size_t i : chosen) kept.push_back(points[i]);
+  }
+  if (kept.back().iteration != points.back().iteration) kept.push_back(points.back());
+  return kept;
+}
+
+// Every numeric metric (booleans as 0 and 1) as a series of points.
+nlohmann::json metric_series(const Result& result, const std::map<std::string, int>& marks) {
+  std::map<std::string, std::vector<Point>> series;  // by name: the page's order
+  for (const auto& record : result.history) {
+    if (!record.metrics.is_object()) continue;
+    auto mark = marks.find(record.checkpoint);
+    const int m = record.checkpoint.empty() || mark == marks.end() ? kReport : mark->second;
+    for (const auto& [name, value] : record.metrics.items()) {
+      if (!value.is_number() && !value.is_boolean()) continue;
+      double v = value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>();
+      series[name].push_back({record.iteration, record.time_total_s, v, m});
+    }
+  }
+  auto out = nlohmann::json::array();
+  for (auto& [name, points] : series) {
+    auto rows = nlohmann::json::array();
+    for (const auto& p : thin(std::move(points))) {
+      rows.push_back({p.iteration, p.time, p.value, p.mark});
+    }
+    out.push_back({{"name", name}, {"points", std::move(rows)}});
+  }
+  return out;
+}
+
+void fact(std::ostringstream& out, std::string_view name, const std::string& value) {
+  out << "<tr><th>" << escape(name) << "</th><td>" << escape(value) << "</td></tr>\n";
+}
+
+constexpr const char* kStyle = R"css(
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2330; background: #fff; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
+.status { display: inline-block; padding: 2px 10px; border-radius: 10px; color: #fff; font-weight: 600; }
+.finished { background: #2e7d32; } .running { background: #1565c0; } .failed, .crashed { background: #c62828; }
+.interrupted { background: #ef6c00; }
+.error { border-left: 4px solid #c62828; background: #fdecea; padding: 8px 12px; white-space: pre-wrap; }
+table { border-collapse: collapse; } th, td { text-align: left; padding: 3px 12px 3px 0; vertical-align: top; }
+tbody tr:nth-child(even) { background: #f5f6f8; } .num { font-variant-numeric: tabular-nums; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 16px; }
+.chart { border: 1px solid #dde1e7; border-radius: 6px; padding: 8px; height: 260px; }
+.best { color: #b8860b; font-weight: 600; } code { font-size: 12px; }
+.axis button { margin-right: 4px; } .axis button.on { font-weight: 700; }
+)css";
+
+// Draws the charts from the JSON in #run-data; sets data-charts on <body>
+// to the number drawn.
+constexpr const char* kScript = R"js(
+(function () {
+  const data = JSON.parse(document.getElementById('run-data').textContent);
+  const charts = [];
+  let axis = 'iteration';
+  const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf', '#8c564b'];
+  function draw() {
+    charts.forEach(c => c.destroy());
+    charts.length = 0;
+    const x = axis === 'iteration' ? 0 : 1;
+    data.metrics.forEach((metric, i) => {
+      const canvas = document.getElementById('chart-' + i);
+      const points = metric.points.map(p => ({x: p[x], y: p[2], mark: p[3]}));
+      charts.push(new Chart(canvas, {
+        type: 'line',
+        data: {datasets: [{
+          label: metric.name, data: points, borderColor: colors[i % colors.length],
+          backgroundColor: colors[i % colors.length], borderWidth: 1.5, tension: 0,
+          pointRadius: c => [1.5, 4, 7][c.raw ? c.raw.mark : 0],
+          pointStyle: c => (c.raw && c.raw.mark === 2 ? 'star' : c.raw && c.raw.mark === 1 ? 'rectRot' : 'circle'),
+          pointBorderColor: c => (c.raw && c.raw.mark === 2 ? '#b8860b' : colors[i % colors.length]),
+          pointBorderWidth: c => (c.raw && c.raw.mark === 2 ? 2 : 1)
+        }]},
+        options: {
+          animation: false, maintainAspectRatio: false, parsing: {xAxisKey: 'x', yAxisKey: 'y'},
+          scales: {x: {type: 'linear', ticks: {precision: axis === 'iteration' ? 0 : undefined},
+                       title: {display: true, text: axis === 'iteration' ? 'iteration' : 'seconds'}}},
+          plugins: {legend: {display: false}, title: {display: true, text: metric.name},
+                    tooltip: {callbacks: {footer: items => {
+                      const m = items[0].raw.mark;
+                      return m === 2 ? 'best checkpoint' : m === 1 ? 'checkpoint' : '';
+                    }}}}
+        }
+      }));
+    });
+    document.body.dataset.charts = String(charts.length);
+  }
+  document.querySelectorAll('.axis button').forEach(button => {
+    button.addEventListener('click', () => {
+      axis = button.dataset.axis;
+      document.querySelectorAll('.axis button').forEach(b => b.classList.toggle('on', b === button));
+      draw();
+    });
+  });
+  draw();
+})();
+)js";
+
+}  // namespace
+
+std::string report_page(const std::filesystem::path& run_dir, bool live) {
+  Result result = load_result(run_dir);  // throws UsageError without run.json
+  auto info = run_directory::read_run_info(run_dir);
+  if (!info) throw UsageError(run_dir.string() + " holds no trainrun run (no run.json)");
+  const auto& cfg = info->checkpoint;
+  // Kept checkpoints; the best is the first of best_checkpoints when a score ranks them.
+  std::map<std::string, int> marks;
+  for (const auto& c : result.best_checkpoints) marks[c.name] = kCheckpoint;
+  const bool scored = !cfg.score_attribute.empty();
+  if (scored && !result.best_checkpoints.empty()) marks[result.best_checkpoints[0].name] = kBest;
+
+  const auto status = std::string(to_string(result.status));
+  std::ostringstream out;
+  out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
+  if (live) out << "<meta http-equiv=\"refresh\" content=\"5\">\n";
+  out << "<title>" << escape(info->name) << " - trainrun</title>\n<style>" << kStyle
+      << "</style>\n</head>\n<body>\n";
+  out << "<h1>" << escape(info->name) << " <span class=\"status " << status << "\" id=\"status\">"
+      << status << "</span></h1>\n";
+  out << "<div>" << result.iterations << " reports";
+  if (!result.history.empty()) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%.1f", result.history.back().time_total_s);
+    out << " in " << seconds << " s";
+  }
+  if (live) out << " &middot; live: this page reloads every 5 s";
+  out << "</div>\n";
+  if (result.error) {
+    out << "<h2>Error</h2>\n<div class=\"error\" id=\"error\">"
+        << escape(result.error->summary());
+    if (result.error->attempt > 1) out << " (attempt " << result.error->attempt << ")";
+    out << "</div>\n";
+  }
+
+  auto series = metric_series(result, marks);
+  out << "<h2>Metrics</h2>\n";
+  if (series.empty()) {
+    out << "<p>No numeric metric reported yet.</p>\n";
+  } else {
+    out << "<div class=\"axis\">x axis: <button data-axis=\"iteration\" class=\"on\">iteration"
+           "</button><button data-axis=\"time\">time (s)</button></div>\n<div class=\"charts\">\n";
+    for (size_t i = 0; i < series.size(); ++i) {
+      out << "<div class=\"chart\"><canvas id=\"chart-" << i << "\"></canvas></div>\n";
+    }
+    out << "</div>\n";
+  }
+  if (!result.history.empty()) {
+    out << "<h2>Latest metrics</h2>\n<table id=\"latest\"><tbody>\n";
+    for (const auto& [name, value] : result.metrics.items()) {
+      out << "<tr><th>" << escape(name) << "</th><td class=\"num\">" << escape(format_value(value))
+          << "</td></tr>\n";
+    }
+    out << "</tbody></table>\n";
+  }
+
+  out << "<h2>Checkpoints</h2>\n";
+  if (result.best_checkpoints.empty()) {
+    out << "<p>None committed.</p>\n";
+  } else {
+    out << "<p>" << (scored ? "Best first by " + escape(cfg.score_attribute) + " (" +
+                                  (cfg.score_max ? "max" : "min") + ")"
+                            : std::string("Most recent first"))
+        << "; marked on the charts (&#9733; the best).</p>\n"
+        << "<table id=\"checkpoints\"><thead><tr><th>checkpoint</th><th>iteration</th>"
+           "<th>metrics</th><th></th></tr></thead><tbody>\n";
+    for (const auto& c : result.best_checkpoints) {
+      const bool best = marks[c.name] == kBest;
+      out << "<tr" << (best ? " class=\"best\"" : "") << "><td>" << escape(c.name)
+          << "</td><td class=\"num\">" << c.iteration << "</td><td>"
+          << escape(format_metrics(c.metrics)) << "</td><td>" << (best ? "&#9733; best" : "")
+          << (c.path == result.checkpoint ? " latest" : "") << "</td></tr>\n";
+    }
+    out << "</tbody></table>\n";
+  }
+
+  if (!result.attempts.empty()) {
+    out << "<h2>Attempts</h2>\n<table id=\"attempts\"><thead><tr><th>attempt</th><th>workers</th>"
+           "<th>started</th><th>ended</th><th>resumed from</th><th>ended by</th></tr></thead>"
+           "<tbody>\n";
+    for (const auto& a : result.attempts) {
+      out << "<tr><td>" << a.attempt << "</td><td>" << a.world_size << "</td><td>"
+          << escape(a.started_at) << "</td><td>" << escape(a.ended_at) << "</td><td>"
+          << escape(a.resumed_from) << "</td><td>"
+          << escape(a.error       ? a.error->summary()
+                    : a.regrouped ? std::string("regrouped to take more workers")
+                                  : std::string())
+          << "</td></tr>\n";
+    }
+    out << "</tbody></table>\n";
+  }
+
+  out << "<h2>Run</h2>\n<table id=\"facts\"><tbody>\n";
+  fact(out, "directory", run_dir.string());
+  fact(out, "started", info->started_at);
+  fact(out, "ended", info->ended_at.empty() ? "-" : info->ended_at);
+  auto workers = std::to_string(info->scaling.num_workers);
+  if (info->scaling.min_workers > 0 && info->scaling.min_workers < info->scaling.num_workers) {
+    workers = std::to_string(info->scaling.min_workers) + ":" + workers;
+  }
+  fact(out, "workers",
+       workers + (info->scaling.use_gpu ? " (one GPU each)" : " (CPU)") + ", " +
+           std::to_string(info->scaling.cpus_per_worker) + " threads each");
+  fact(out, "plugin", info->plugin.path + " (" + info->plugin.entry + ")");
+  fact(out, "plugin sha256", info->plugin.sha256);
+  fact(out, "config", dump(info->config));
+  fact(out, "max failures", std::to_string(info->max_failures));
+  fact(out, "controller host", info->controller_host);
+  fact(out, "versions",
+       "trainrun " + info->trainrun_version + ", LibTorch " + info->torch_version);
+  out << "</tbody></table>\n";
+
+  out << "<p><small>trainrun report, charts by Chart.js " << kChartJsVersion
+      << " (MIT License)</small></p>\n";
+  nlohmann::json data = {{"name", info->name}, {"status", status}, {"metrics", series}};
+  out << "<script id=\"run-data\" type=\"application/json\">" << script_json(data)
+      << "</script>\n<script>" << kChartJs << "</script>\n<script>" << kScript
+      << "</script>\n</body></html>\n";
+  return out.str();
+}
+
+void write_report_page(const std::filesystem::path& run_dir, const std::filesystem::path& file,
+                       bool live) {
+  write_file_atomic(file, report_page(run_dir, live));
+}
+
+void write_html_report(const std::filesystem::path& run_dir, const std::filesystem::path& file) {
+  write_report_page(run_dir, file, /*live=*/false);
+}
+
+}  // namespace trainrun
