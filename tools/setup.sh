@@ -10,6 +10,10 @@ packages=(
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev pkg-config doctest-dev
   zlib1g-dev dataset-fashion-mnist
+  # report.html's charts (inlined at build time).
+  libjs-chart.js
+  # The test that renders report.html in a headless browser.
+  chromium fonts-liberation
   # The launcher tests: a one-node Slurm cluster, network namespaces.
   slurm-wlm munge iproute2 util-linux
 )

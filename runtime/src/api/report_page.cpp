@@ -139,7 +139,8 @@ constexpr const char* kScript = R"js(
 (function () {
   const data = JSON.parse(document.getElementById('run-data').textContent);
   const charts = [];
-  let axis = 'iteration';
+  // report.html#time opens with time on the x axis.
+  let axis = location.hash === '#time' ? 'time' : 'iteration';
   const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf', '#8c564b'];
   function draw() {
     charts.forEach(c => c.destroy());
@@ -173,6 +174,7 @@ constexpr const char* kScript = R"js(
     document.body.dataset.charts = String(charts.length);
   }
   document.querySelectorAll('.axis button').forEach(button => {
+    button.classList.toggle('on', button.dataset.axis === axis);
     button.addEventListener('click', () => {
       axis = button.dataset.axis;
       document.querySelectorAll('.axis button').forEach(b => b.classList.toggle('on', b === button));
