@@ -125,10 +125,10 @@ TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact"
   for (std::string upload : {"auto", "stream"}) {
     CAPTURE(upload);
     Sandbox box;
-    auto small = box.results();  // the run's storage, on a 1 MiB filesystem
+    auto small = box.results();  // the run's storage, on a 2 MiB filesystem
     std::filesystem::create_directories(small);
     if (std::system(
-            ("mount -t tmpfs -o size=1m tmpfs '" + small.string() + "' 2>/dev/null").c_str())) {
+            ("mount -t tmpfs -o size=2m tmpfs '" + small.string() + "' 2>/dev/null").c_str())) {
       MESSAGE("skipped: mounting a small tmpfs needs root");
       return;
     }
@@ -136,8 +136,9 @@ TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact"
       std::string path;
       ~Unmount() { std::system(("umount '" + path + "'").c_str()); }
     } unmount{small.string()};
-    // 400 KiB per checkpoint: the third does not fit in 1 MiB.
-    auto run = box.run(kCheckpoints + " --config reports=3 --config pad_kb=400" +
+    // 700 KiB per checkpoint, beside report.html (about 200 KiB): the third
+    // does not fit in 2 MiB.
+    auto run = box.run(kCheckpoints + " --config reports=3 --config pad_kb=700" +
                        " --checkpoint-upload " + upload);
     INFO(run.output);
     auto dir = small / "c";

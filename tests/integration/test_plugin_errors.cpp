@@ -77,7 +77,7 @@ TEST_CASE("inspect prints the entries and versions") {
   INFO(run.output);
   CHECK(run.exit_code == 0);
   CHECK(run.output.find(
-            "entries:     bad_config, big_checkpoint, checkpoints, context, crash, hangs, "
+            "entries:     bad_config, big_checkpoint, checkpoints, context, crash, epochs, hangs, "
             "mismatch, report_latency, resumable, sleeps, stacked, steps, throws") != std::string::npos);
   CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
   CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);
