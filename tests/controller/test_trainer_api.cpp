@@ -9,6 +9,8 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -191,7 +193,55 @@ TEST_CASE("Trainer API: on_progress hears rank 0's loader, with the run's epochs
   CHECK(last.samples_per_second > 0);
   REQUIRE(last.eta_seconds);
   CHECK(*last.eta_seconds == doctest::Approx(0));
-  // With verbose off, no progress line reaches the output.
-  CHECK(std::none_of(lines.begin(), lines.end(),
-                     [](const std::string& l) { return l.find("progress:") != std::string::npos; }));
+  // Plain progress lines go to on_output every interval, and none with verbose off.
+  auto progress_lines = [](const std::vector<std::string>& all) {
+    return std::count_if(all.begin(), all.end(), [](const std::string& l) {
+      return l.find("[trainrun] progress: epoch ") == 0;
+    });
+  };
+  CHECK(progress_lines(lines) == 0);
+  for (bool verbose : {true, false}) {
+    CAPTURE(verbose);
+    lines.clear();
+    options.config = {{"epochs", 2}, {"sleep_ms", 300}};  // 3 s of batches
+    options.run.name = verbose ? "verbose" : "quiet";
+    options.verbose = verbose;
+    options.progress_interval = std::chrono::seconds(1);
+    REQUIRE_FALSE(Trainer(options, callbacks).fit().error);
+    if (verbose) {
+      CHECK(progress_lines(lines) >= 1);
+    } else {
+      CHECK(progress_lines(lines) == 0);
+    }
+  }
+  options.progress_interval = std::chrono::hours(25);
+  CHECK_THROWS_WITH_AS(Trainer{options}, doctest::Contains("progress interval"), UsageError);
+}
+
+TEST_CASE("Trainer API: report.html keeps a hostile metric name out of its markup and script") {
+  TempDir tmp;
+  auto options = fake_options(tmp.path, 1, {{"reports", 1}});
+  options.worker_executable = TRAINRUN_WORKER;
+  auto result = Trainer(options).fit();
+  REQUIRE_FALSE(result.error);
+  // A record as a hostile rank 0 could have it written: names that close the
+  // script, open markup, and are not UTF-8.
+  {
+    std::ofstream jsonl(result.path / "result.jsonl", std::ios::app);
+    jsonl << R"({"iteration":2,"timestamp":1,"time_total_s":2,"attempt":1,"checkpoint":"",)"
+          << R"("metrics":{"</script><script>alert(1)</script>":1,"<img src=x>":"</b>"}})"
+          << "\n";
+  }
+  auto page = tmp.path / "page.html";
+  write_html_report(result.path, page);
+  std::ifstream in(page);
+  std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(html.find("<script>alert(1)") == std::string::npos);
+  CHECK(html.find("<img src=x>") == std::string::npos);
+  CHECK(html.find("\\u003c/script\\u003e\\u003cscript\\u003ealert(1)") != std::string::npos);
+  CHECK(html.find("&lt;img src=x&gt;") != std::string::npos);
+  // Only the page's own script elements: data, Chart.js, the drawing.
+  size_t scripts = 0;
+  for (size_t at = 0; (at = html.find("</script>", at)) != std::string::npos; ++at) ++scripts;
+  CHECK(scripts == 3);
 }

@@ -36,6 +36,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::FetchCheckpoint::kType] = sample_body(p::FetchCheckpoint{"checkpoint_000001"});
     m[p::StoreRequest::kType] = sample_body(p::StoreRequest{1, "SET", {"k"}, {{1, 2}}, 0});
     m[p::Started::kType] = sample_body(p::Started{0});
+    m[p::Progress::kType] = sample_body(p::Progress{0, 3, 10, 3, 12});
     m[p::Done::kType] = sample_body(p::Done{1});
     m[p::Failed::kType] = sample_body(p::Failed{"boom", "exception"});
     m[p::Heartbeat::kType] = sample_body(p::Heartbeat{1});

@@ -105,3 +105,25 @@ TEST_CASE("progress: the plain line") {
 
 }  // namespace
 }  // namespace trainrun
+
+namespace trainrun {
+namespace {
+
+TEST_CASE("progress: batches not known (a sampler of the user's own): no bar, no ETA") {
+  auto t0 = Clock::now();
+  ProgressTracker tracker(3, t0);
+  tracker.update(ProgressSample{1, 1, 0, 1, 0, 1, 8}, t0);
+  auto p = tracker.update(ProgressSample{1, 1, 0, 5, 0, 5, 40}, t0 + std::chrono::seconds(2));
+  CHECK(p.samples_per_second == doctest::Approx(16));
+  CHECK_FALSE(p.eta_seconds);
+  CHECK(status_line(p, 100) == "epoch 1/3  batch 5  16 samples/s  0:02");
+  CHECK(progress_line(p) == "progress: epoch 1/3, batch 5, 16 samples/s, elapsed 0:02");
+  p.eta_seconds = 1e300;  // a rate near zero: the clock stops at its most
+  CHECK(status_line(p, 100).find("ETA 99999:00:00") != std::string::npos);
+  // Names that are not ASCII are shown as '?' (a byte is a column).
+  p.metrics = {{"\xc3\xa9t\xc3\xa9", 1}};
+  CHECK(status_line(p, 100).find("  ?\?t?\?=1  ") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainrun

@@ -121,16 +121,20 @@ struct TrainerOptions {
   std::filesystem::path cache_dir;
   /// Print rank 0's metrics and worker output on the terminal.
   bool verbose = true;
-  /// Progress (epoch, batch, samples/s, ETA): on a terminal, a live status
-  /// line below the scrolling output; otherwise (a pipe, a log file, a
-  /// host's on_output or log_sink) a plain line this often. Zero: no
-  /// progress lines (nor the status line). Nothing with verbose off.
-  std::chrono::seconds progress_interval{30};
   /// Handlers for SIGINT, SIGTERM and SIGHUP for the length of fit(), which
   /// end the run as interrupted (the trainrun command sets this), and SIGPIPE
   /// ignored. Off, the run installs no process-wide handler: a host program
   /// keeps its own, and ends a run with Trainer::stop().
   bool handle_signals = false;
+  /// Progress (epoch, batch, samples/s, ETA) as a plain line this often,
+  /// wherever the run's lines go (stdout, on_output, log_sink). Zero: none
+  /// (nor the status line). Nothing with verbose off. At most a day.
+  std::chrono::seconds progress_interval{30};
+  /// When stdout is a terminal (and there is no on_output or log_sink), a
+  /// live status line below the scrolling output instead of the plain lines
+  /// (the trainrun command sets this). Off, the run never writes control
+  /// characters to a host program's terminal.
+  bool status_line = false;
 };
 
 }  // namespace trainrun

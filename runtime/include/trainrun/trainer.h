@@ -37,12 +37,14 @@ struct Progress {
   int64_t epoch = 0;    // the loader's (set_epoch), usually from 0
   int64_t epochs = 0;   // the run's config "epochs", when it has that integer; else 0
   int64_t batch = 0;    // batches done in this epoch, on each rank ...
-  int64_t batches = 0;  // ... of these
+  int64_t batches = 0;  // ... of these; 0 when not known (a sampler of the user's own)
   int64_t steps = 0;    // batches done in this attempt
-  double samples_per_second = 0;  // all ranks together, over the last seconds; 0 until known
+  /// Rank 0's samples times the world size, a second, over the last 10
+  /// seconds; 0 until known.
+  double samples_per_second = 0;
   double elapsed_seconds = 0;     // since fit() began
   /// Seconds to the end of the run when `epochs` is known, else to the end
-  /// of this epoch; empty until a rate is known.
+  /// of this epoch; empty until a rate is known, and without `batches`.
   std::optional<double> eta_seconds;
   nlohmann::json metrics;  // the latest report's (null before the first)
 };
@@ -61,9 +63,6 @@ struct Callbacks {
   /// An attempt ended; its error says why when it failed (a restart follows
   /// when failures remain).
   std::function<void(const AttemptInfo&)> on_attempt_end;
-  /// Where the run is, a few times a second while rank 0's training loader
-  /// runs (Progress). Nothing when the train function uses no prepared loader.
-  std::function<void(const Progress&)> on_progress;
   /// The run ended; fit() returns the same Result.
   std::function<void(const Result&)> on_end;
   /// Every line the run would print on the terminal (the controller's
@@ -78,6 +77,10 @@ struct Callbacks {
   /// apply. It must come from the spdlog the runtime was built with (Debian's
   /// libspdlog).
   std::shared_ptr<spdlog::sinks::sink> log_sink;
+  /// Where the run is, up to ten times a second while rank 0's training
+  /// loader runs (Progress). Nothing when the train function uses no
+  /// prepared loader.
+  std::function<void(const Progress&)> on_progress;
 };
 
 class Trainer {

@@ -26,8 +26,18 @@ class ConsoleSink : public spdlog::sinks::base_sink<std::mutex> {
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t formatted;
     formatter_->format(msg, formatted);
-    std::string_view text(formatted.data(), formatted.size());
-    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+    std::string text(formatted.data(), formatted.size());
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    // The controller's lines carry workers' text (metric names, error
+    // messages): control characters other than tabs and newlines do nothing.
+    // (C1 controls, U+0080 to U+009F, included).
+    for (size_t i = 0; i < text.size(); ++i) {
+      auto u = static_cast<unsigned char>(text[i]);
+      if ((u < 0x20 && text[i] != '\t' && text[i] != '\n') || u == 0x7f) text[i] = '?';
+      if (u == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) < 0xA0) {
+        text.replace(i, 2, "?");
+      }
+    }
     const char* on = !color_                               ? nullptr
                      : msg.level >= spdlog::level::err    ? "\033[31m"
                      : msg.level == spdlog::level::warn   ? "\033[33m"
@@ -35,7 +45,7 @@ class ConsoleSink : public spdlog::sinks::base_sink<std::mutex> {
     if (on == nullptr) {
       console_.line(0, text);
     } else {
-      console_.line(0, std::string(on) + std::string(text) + "\033[0m");
+      console_.line(0, on + text + "\033[0m");
     }
   }
   void flush_() override {}

@@ -1,9 +1,13 @@
 #pragma once
 
-// The trainrun command's terminal: the controller's lines and worker output
-// scroll, and on a terminal one live status line stays below them (the run's
-// progress). Each line first erases the status line, then draws it again
-// under itself; nothing but whole lines reaches a pipe or a file.
+// The run's terminal, when no host callback takes its lines: the controller's
+// lines and worker output scroll, and with a live status line (a TTY) one
+// line stays below them, the run's progress. Each line first erases the
+// status line, then draws it again under itself; nothing but whole lines
+// reaches a pipe or a file. fit() owns it; every method takes its mutex, so
+// the logger's sink and the output echo may call it from any thread. Writes
+// are synchronous, as the controller's log lines always were: a terminal that
+// stops reading (Ctrl-S) stalls the controller's loop.
 
 #include <spdlog/sinks/base_sink.h>
 

@@ -35,21 +35,26 @@ Progress ProgressTracker::update(const ProgressSample& sample, Clock::time_point
   p.metrics = metrics_;
   const auto& first = window_.front();
   const double seconds = std::chrono::duration<double>(now - first.at).count();
-  if (seconds > 0 && sample.steps > first.steps) {
+  if (seconds > 0 && sample.steps > first.steps) {  // a rate; an ETA needs the batches too
     const double steps_per_second = static_cast<double>(sample.steps - first.steps) / seconds;
     p.samples_per_second =
         static_cast<double>(sample.samples - first.samples) * sample.world_size / seconds;
-    double remaining = static_cast<double>(sample.batches - sample.batch);
-    if (epochs_ > 0 && sample.epoch + 1 < epochs_) {
-      remaining += static_cast<double>(epochs_ - sample.epoch - 1) *
-                   static_cast<double>(sample.batches);
+    if (sample.batches > 0) {
+      double remaining = static_cast<double>(sample.batches - sample.batch);
+      if (epochs_ > 0 && sample.epoch + 1 < epochs_) {
+        remaining += static_cast<double>(epochs_ - sample.epoch - 1) *
+                     static_cast<double>(sample.batches);
+      }
+      p.eta_seconds = remaining / steps_per_second;
     }
-    p.eta_seconds = remaining / steps_per_second;
   }
   return p;
 }
 
 std::string format_duration(double seconds) {
+  // Beyond 99999 hours (or not a number) the clock stops: nobody waits that long.
+  constexpr double kMost = 99999.0 * 3600;
+  if (!(seconds < kMost)) seconds = kMost;
   auto total = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
   char out[32];
   if (total >= 3600) {
@@ -71,6 +76,13 @@ std::string epoch_text(const Progress& p) {
   return text;
 }
 
+// "3/8", or "3" when the batches are not known.
+std::string batch_text(const Progress& p) {
+  auto text = std::to_string(p.batch);
+  if (p.batches > 0) text += "/" + std::to_string(p.batches);
+  return text;
+}
+
 std::string rate_text(const Progress& p) {
   char out[48];
   if (p.samples_per_second >= 10000) {
@@ -89,35 +101,31 @@ std::string times_text(const Progress& p) {
   return text;
 }
 
-// Text from a worker, safe on a terminal: control characters (an escape
-// sequence in a metric's name) become '?'.
+// Text from a worker on the status line: printable ASCII only, so that an
+// escape sequence in a metric's name does nothing, and a byte is a column
+// (the line must never wrap: "\r" would then erase only its last row).
 std::string printable(std::string text) {
   for (auto& c : text) {
     auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) c = '?';
+    if (u < 0x20 || u >= 0x7f) c = '?';
   }
   return text;
-}
-
-// Cuts `line` to at most `width` bytes, never inside a UTF-8 character.
-void cut(std::string& line, size_t width) {
-  if (line.size() <= width) return;
-  size_t n = width;
-  while (n > 0 && (static_cast<unsigned char>(line[n]) & 0xC0) == 0x80) --n;
-  line.resize(n);
 }
 
 }  // namespace
 
 std::string status_line(const Progress& p, size_t width) {
   constexpr size_t kBar = 20;
-  const auto filled =
-      p.batches > 0 ? static_cast<size_t>(kBar * static_cast<double>(p.batch) /
-                                          static_cast<double>(p.batches))
-                    : 0;
-  auto head = epoch_text(p) + " [" + std::string(std::min(filled, kBar), '#') +
-              std::string(kBar - std::min(filled, kBar), '-') + "] " + std::to_string(p.batch) +
-              "/" + std::to_string(p.batches);
+  auto head = epoch_text(p);
+  if (p.batches > 0) {
+    const auto filled = std::min(
+        kBar, static_cast<size_t>(kBar * static_cast<double>(p.batch) /
+                                  static_cast<double>(p.batches)));
+    head += " [" + std::string(filled, '#') + std::string(kBar - filled, '-') + "] " +
+            batch_text(p);
+  } else {
+    head += "  batch " + batch_text(p);
+  }
   if (p.samples_per_second > 0) head += "  " + rate_text(p);
   auto tail = "  " + times_text(p);
   // Metrics in the middle, as many whole ones as fit.
@@ -130,13 +138,12 @@ std::string status_line(const Progress& p, size_t width) {
     }
   }
   auto line = head + middle + tail;
-  cut(line, width);
+  if (line.size() > width) line.resize(width);
   return line;
 }
 
 std::string progress_line(const Progress& p) {
-  auto line = "progress: " + epoch_text(p) + ", batch " + std::to_string(p.batch) + "/" +
-              std::to_string(p.batches);
+  auto line = "progress: " + epoch_text(p) + ", batch " + batch_text(p);
   if (p.samples_per_second > 0) line += ", " + rate_text(p);
   line += ", elapsed " + format_duration(p.elapsed_seconds);
   if (p.eta_seconds) {

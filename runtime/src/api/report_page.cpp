@@ -67,11 +67,16 @@ struct Point {
   int mark;
 };
 
-// At most kMaxChartPoints: the lowest and highest value of each stretch, and
-// every marked point, in order.
+// At most about kMaxChartPoints: the lowest and highest value of each
+// stretch, the best checkpoint, and the other checkpoints while they are few
+// enough to leave room for the curve.
 std::vector<Point> thin(std::vector<Point> points) {
   if (points.size() <= kMaxChartPoints) return points;
-  const size_t stretch = (points.size() + kMaxChartPoints / 2 - 1) / (kMaxChartPoints / 2);
+  const size_t marked = static_cast<size_t>(std::count_if(
+      points.begin(), points.end(), [](const Point& p) { return p.mark != kReport; }));
+  const bool keep_marks = marked <= kMaxChartPoints / 4;
+  const size_t budget = kMaxChartPoints - (keep_marks ? marked : 1);
+  const size_t stretch = (points.size() + budget / 2 - 1) / (budget / 2);
   std::vector<Point> kept;
   for (size_t begin = 0; begin < points.size(); begin += stretch) {
     const size_t end = std::min(points.size(), begin + stretch);
@@ -80,7 +85,7 @@ std::vector<Point> thin(std::vector<Point> points) {
     for (size_t i = begin; i < end; ++i) {
       if (points[i].value < points[low].value) low = i;
       if (points[i].value > points[high].value) high = i;
-      if (points[i].mark != kReport) chosen.insert(i);
+      if (points[i].mark == kBest || (keep_marks && points[i].mark != kReport)) chosen.insert(i);
     }
     chosen.insert(low);
     chosen.insert(high);
@@ -105,6 +110,7 @@ nlohmann::json metric_series(const Result& result, const std::map<std::string, i
   }
   auto out = nlohmann::json::array();
   for (auto& [name, points] : series) {
+    if (out.size() == kMaxCharts) break;
     auto rows = nlohmann::json::array();
     for (const auto& p : thin(std::move(points))) {
       rows.push_back({p.iteration, p.time, p.value, p.mark});
@@ -129,7 +135,7 @@ table { border-collapse: collapse; } th, td { text-align: left; padding: 3px 12p
 tbody tr:nth-child(even) { background: #f5f6f8; } .num { font-variant-numeric: tabular-nums; }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 16px; }
 .chart { border: 1px solid #dde1e7; border-radius: 6px; padding: 8px; height: 260px; }
-.best { color: #b8860b; font-weight: 600; } code { font-size: 12px; }
+.best { font-weight: 600; } code { font-size: 12px; }
 .axis button { margin-right: 4px; } .axis button.on { font-weight: 700; }
 )css";
 
@@ -223,6 +229,9 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
 
   auto series = metric_series(result, marks);
   out << "<h2>Metrics</h2>\n";
+  if (series.size() == kMaxCharts) {
+    out << "<p>The first " << kMaxCharts << " numeric metrics by name are charted.</p>\n";
+  }
   if (series.empty()) {
     out << "<p>No numeric metric reported yet.</p>\n";
   } else {
@@ -309,7 +318,8 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
 
 void write_report_page(const std::filesystem::path& run_dir, const std::filesystem::path& file,
                        bool live) {
-  write_file_atomic(file, report_page(run_dir, live));
+  // Derived from the run's records: a power cut may lose it, never half of it.
+  write_file_atomic(file, report_page(run_dir, live), Durability::kUnsynced);
 }
 
 void write_html_report(const std::filesystem::path& run_dir, const std::filesystem::path& file) {

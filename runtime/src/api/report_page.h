@@ -6,6 +6,7 @@
 // the run directory holds, so a finished run's page can be written again at
 // any time (`trainrun results DIR --html FILE`).
 
+#include <cstddef>
 #include <filesystem>
 #include <string>
 
@@ -20,8 +21,11 @@ std::string report_page(const std::filesystem::path& run_dir, bool live);
 void write_report_page(const std::filesystem::path& run_dir, const std::filesystem::path& file,
                        bool live);
 
-/// The most points a chart draws of one metric: longer series are thinned
-/// to the lowest and highest value of each stretch (checkpoints kept).
+/// About the most points a chart draws of one metric: longer series are
+/// thinned to the lowest and highest value of each stretch, keeping the best
+/// checkpoint, and the others while there are at most a quarter as many.
 inline constexpr size_t kMaxChartPoints = 2000;
+/// The most charts on a page (metrics in name order): a report may carry 4096.
+inline constexpr size_t kMaxCharts = 64;
 
 }  // namespace trainrun

@@ -262,6 +262,11 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
   if (options_.run.startup_timeout.count() <= 0 || options_.run.collective_timeout.count() <= 0) {
     throw UsageError("timeouts must be positive");
   }
+  if (options_.progress_interval < std::chrono::seconds(0) ||
+      options_.progress_interval > std::chrono::hours(24)) {
+    throw UsageError("the progress interval must be 0 to 86400 seconds, got " +
+                     std::to_string(options_.progress_interval.count()));
+  }
   check_network(options_);
   auto& run = options_.run;
   if (!run.resume_from.empty()) {
@@ -321,7 +326,7 @@ Result Trainer::fit() {
   // Without the host's own output, the run's lines go to the terminal.
   std::unique_ptr<Console> console;
   if (!callbacks_.on_output && !callbacks_.log_sink) {
-    console = std::make_unique<Console>(options_.verbose &&
+    console = std::make_unique<Console>(options_.status_line && options_.verbose &&
                                             options_.progress_interval.count() > 0 &&
                                             Console::stdout_is_terminal(),
                                         ::isatty(STDOUT_FILENO) == 1);

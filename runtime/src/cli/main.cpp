@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
     options.run.startup_timeout = seconds(startup_s);
     options.run.collective_timeout = seconds(collective_s);
     options.progress_interval = std::chrono::seconds(progress_s);
+    options.status_line = true;
     return run_training(std::move(options), config_file, config_args);
   } catch (const trainrun::PluginError& e) {
     std::cerr << "trainrun: " << e.what() << "\n";

@@ -41,13 +41,15 @@ void fsync_path(const std::filesystem::path& path) {
   if (::fsync(fd.get()) != 0) fail("cannot fsync", path);
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
+void write_file_atomic(const std::filesystem::path& path, std::string_view content,
+                       Durability durability) {
+  const bool durable = durability == Durability::kSynced;
   auto temp = path;
   temp += ".tmp." + std::to_string(::getpid());
   {
     Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) fail("cannot create", temp);
-    if (!write_all(fd.get(), content) || ::fsync(fd.get()) != 0) {
+    if (!write_all(fd.get(), content) || (durable && ::fsync(fd.get()) != 0)) {
       int saved = errno;
       ::unlink(temp.c_str());
       errno = saved;
@@ -61,7 +63,9 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
     errno = saved;
     fail("cannot rename into place", path);
   }
-  fsync_path(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+  if (durable) {
+    fsync_path(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+  }
 }
 
 void AppendFile::append(std::string_view content) {

@@ -6,10 +6,16 @@
 
 namespace trainrun {
 
+/// Whether a replaced file must survive a power cut, or only never be seen
+/// half-written (a page derived from other records).
+enum class Durability { kSynced, kUnsynced };
+
 /// Replaces `path` with `content` atomically: writes a temporary file beside it,
-/// fsyncs it, renames it over `path` and fsyncs the directory. A reader sees the
-/// old content or the new, never a mix. Throws IoError naming the file.
-void write_file_atomic(const std::filesystem::path& path, std::string_view content);
+/// fsyncs it, renames it over `path` and fsyncs the directory (kUnsynced: no
+/// fsyncs). A reader sees the old content or the new, never a mix. Throws
+/// IoError naming the file.
+void write_file_atomic(const std::filesystem::path& path, std::string_view content,
+                       Durability durability = Durability::kSynced);
 
 /// A file appended to many times, kept open between appends (a file per
 /// report would otherwise cost an open and a close each). Reopen it after the

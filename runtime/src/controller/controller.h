@@ -52,7 +52,7 @@ struct ProgressSample {
   int world_size = 1;
   int64_t epoch = 0;
   int64_t batch = 0;
-  int64_t batches = 0;
+  int64_t batches = 0;  // 0: not known (the loader's sampler cannot be counted)
   int64_t steps = 0;
   int64_t samples = 0;  // on rank 0
 };
@@ -69,8 +69,8 @@ struct ControllerSetup {
   std::function<void(const std::vector<AttemptInfo>&)> on_attempts;
   /// Called on the controller's thread with each recorded report.
   std::function<void(const ReportRecord&)> on_report;
-  /// Called on the controller's thread with rank 0's progress, at most every
-  /// kProgressInterval and at each epoch's end.
+  /// Called on the controller's thread with rank 0's progress: at most every
+  /// kProgressGap, and at an epoch's end.
   std::function<void(const ProgressSample&)> on_progress;
   /// Readable when the host program asks the run to stop (an eventfd); -1: none.
   int stop_fd = -1;
@@ -252,7 +252,11 @@ class Controller {
   CheckpointService checkpoints_;
   FailureCollector failures_;
   RateLimiter dropped_{10, std::chrono::seconds(1)};  // "dropped a message" log lines
-  RateLimiter progress_{1, std::chrono::milliseconds(100)};  // PROGRESS passed on
+  // PROGRESS passed on to on_progress: at most one every kProgressGap, and an
+  // epoch's end after kProgressMinGap.
+  static constexpr auto kProgressGap = std::chrono::milliseconds(100);
+  static constexpr auto kProgressMinGap = std::chrono::milliseconds(20);
+  Clock::time_point progress_passed_{};
   ChunkSource plugin_;
   LaunchOptions launch_;  // how local workers start
   std::optional<RunError> interrupted_;

@@ -635,17 +635,23 @@ void Controller::on_done(WorkerSlot& worker) {
 
 void Controller::on_progress(const WorkerSlot& worker, const protocol::Progress& progress) {
   constexpr int64_t kMost = int64_t{1} << 50;  // beyond any real count; keeps the arithmetic safe
-  auto in = [&](int64_t v, int64_t most) { return v >= 0 && v <= most; };
-  if (!in(progress.epoch, kMost) || !in(progress.batches, kMost) ||
-      !in(progress.batch, progress.batches) || !in(progress.steps, kMost) ||
-      !in(progress.samples, kMost)) {
+  auto in = [&](int64_t v) { return v >= 0 && v <= kMost; };
+  if (!in(progress.epoch) || !in(progress.batch) || !in(progress.batches) ||
+      !in(progress.steps) || !in(progress.samples)) {
     throw ProtocolError("PROGRESS with counts out of range");
   }
   if (worker.rank != 0 || !setup_.on_progress || failures_.any() || stopping_) return;
-  // An epoch's end always passes: the display shows it complete.
-  if (!progress_.allow(Clock::now()) && progress.batch != progress.batches) return;
-  setup_.on_progress(ProgressSample{attempt_, world_size(), progress.epoch, progress.batch,
-                                    progress.batches, progress.steps, progress.samples});
+  ProgressSample sample{attempt_,        world_size(),  progress.epoch, progress.batch,
+                        progress.batches, progress.steps, progress.samples};
+  // A sampler that yields more than the loader counted: the epoch is done.
+  if (sample.batches > 0) sample.batch = std::min(sample.batch, sample.batches);
+  // At most ten a second; an epoch's end passes too (the display shows it
+  // complete), unless one passed within kProgressMinGap.
+  const auto now = Clock::now();
+  const bool epoch_end = sample.batches > 0 && sample.batch == sample.batches;
+  if (now - progress_passed_ < (epoch_end ? kProgressMinGap : kProgressGap)) return;
+  progress_passed_ = now;
+  setup_.on_progress(sample);
 }
 
 // Once every rank has reported and every checkpoint file is in, the report is

@@ -80,12 +80,12 @@ void send(zmq::socket_t& socket, const T& payload, std::vector<zmq::message_t> b
 /// was queued is queued too).
 template <typename T>
 bool try_send(zmq::socket_t& socket, const T& payload) {
+  auto body = pack_body(payload);  // first: nothing can fail between the two frames
   if (!socket.send(zmq::buffer(std::string(T::kType)),
                    zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
     return false;
   }
-  socket.send(pack_body(payload), zmq::send_flags::none);
-  return true;
+  return socket.send(body, zmq::send_flags::dontwait).has_value();
 }
 
 /// train::report's metrics as a REPORT carries them (msgpack): a map of names

@@ -94,17 +94,20 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
   return 1;
 }
 
-// Rank 0 sends where its loader is, at most every kProgressInterval (and at
-// each epoch's end), without waiting: a full queue drops it. Only from the
+// Rank 0 sends where its loader is at most every kProgressInterval, and an
+// epoch's end (so the display shows it complete) unless one went out within
+// kProgressMinInterval, without waiting: a full queue drops it. Only from the
 // train thread, which owns the connection.
 constexpr auto kProgressInterval = std::chrono::milliseconds(250);
+constexpr auto kProgressMinInterval = std::chrono::milliseconds(20);
 
 void host_progress(void* handle, int64_t epoch, int64_t batch, int64_t batches, int64_t steps,
                    int64_t samples) {
   auto& state = *static_cast<HostState*>(handle);
   if (state.world_rank != 0 || std::this_thread::get_id() != state.train_thread) return;
   auto now = std::chrono::steady_clock::now();
-  if (now - state.progress_sent < kProgressInterval && batch != batches) return;
+  const bool epoch_end = batches > 0 && batch >= batches;
+  if (now - state.progress_sent < (epoch_end ? kProgressMinInterval : kProgressInterval)) return;
   state.progress_sent = now;
   try {
     (void)protocol::try_send(*state.controller,

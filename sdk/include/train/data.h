@@ -6,6 +6,7 @@
 #include <torch/arg.h>
 #include <torch/data.h>
 
+#include <algorithm>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -27,33 +28,37 @@ struct LoaderOptions {
   /// sample to exactly one rank, for evaluation.
   TORCH_ARG(bool, allow_duplicates) = true;
   /// Shows where this loader is (epoch, batch of batches) in the run's progress
-  /// display. Rank 0's first loader that is alive and has it on is the one
-  /// shown: usually the training loader; an evaluation loader made while it
-  /// lives is not.
+  /// display, from rank 0. The loader shown is the first to begin an epoch
+  /// while no other shown loader is alive; a training loader (allow_duplicates)
+  /// takes over from an evaluation loader. Iterate it on the train function's
+  /// thread: progress from other threads is dropped.
   TORCH_ARG(bool, progress) = true;
 };
 
 namespace detail {
 
-/// A loader's place in its epochs, sent to the host when it is the loader
-/// shown (LoaderOptions::progress). Sending never blocks: the host drops what
-/// it does not forward.
+/// A loader's side of the progress display: claims it at begin() and sends
+/// its epoch and batches through the host table, which never blocks (the host
+/// drops what it does not forward). Counts of batches and samples run on
+/// across the loaders shown in one train function. One per DataLoader, used on
+/// the train function's thread.
 class LoaderProgress {
  public:
-  LoaderProgress();
+  explicit LoaderProgress(bool evaluation) : evaluation_(evaluation) {}
   ~LoaderProgress();
   LoaderProgress(const LoaderProgress&) = delete;
   LoaderProgress& operator=(const LoaderProgress&) = delete;
 
-  /// Whether this loader is the one shown.
-  bool active() const { return host_ != nullptr; }
+  /// Whether this loader is (now) the one shown: rank 0, a host that takes
+  /// progress, and no other shown loader alive (or only an evaluation one).
+  bool claim();
+  /// A new epoch of `batches` batches (0: not known); `epoch` is set_epoch's,
+  /// or -1 to count the epochs begun.
   void begin_epoch(int64_t epoch, int64_t batches);
   void batch_done(int64_t samples);
 
  private:
-  void send() const;
-  const train_host_v1_t* host_ = nullptr;
-  int64_t epoch_ = 0, batch_ = 0, batches_ = 0, steps_ = 0, samples_ = 0;
+  bool evaluation_;
 };
 
 }  // namespace detail
@@ -62,9 +67,13 @@ class LoaderProgress {
 /// DistributedSequentialSampler behind one type. set_epoch reseeds the shuffle.
 class DistributedSampler : public torch::data::samplers::Sampler<> {
  public:
-  DistributedSampler(size_t size, const Context& ctx, bool shuffle, bool allow_duplicates) {
-    auto replicas = static_cast<size_t>(ctx.world_size());
-    auto rank = static_cast<size_t>(ctx.world_rank());
+  DistributedSampler(size_t size, const Context& ctx, bool shuffle, bool allow_duplicates)
+      : size_(size),
+        replicas_(static_cast<size_t>(ctx.world_size())),
+        rank_(static_cast<size_t>(ctx.world_rank())),
+        allow_duplicates_(allow_duplicates) {
+    const auto replicas = replicas_;
+    const auto rank = rank_;
     if (shuffle) {
       sampler_ = std::make_shared<torch::data::samplers::DistributedRandomSampler>(
           size, replicas, rank, allow_duplicates);
@@ -81,8 +90,22 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   void save(torch::serialize::OutputArchive& archive) const override { sampler_->save(archive); }
   void load(torch::serialize::InputArchive& archive) override { sampler_->load(archive); }
 
+  /// Samples this rank gets in an epoch, counted on a fresh sampler of the
+  /// same split (shuffling does not change the count): this one's state, which
+  /// copies share, is left alone.
+  size_t local_size() const {
+    torch::data::samplers::DistributedSequentialSampler counter(size_, replicas_, rank_,
+                                                                allow_duplicates_);
+    counter.reset(size_);
+    size_t samples = 0;
+    while (auto indices = counter.next(4096)) samples += indices->size();
+    return samples;
+  }
+
  private:
   std::shared_ptr<torch::data::samplers::DistributedSampler<>> sampler_;
+  size_t size_, replicas_, rank_;
+  bool allow_duplicates_;
 };
 
 /// Whether a dataset's batches are stacked already: it was mapped with
@@ -110,29 +133,35 @@ class DataLoader {
         options_(options),
         device_(device) {
     if (options_.progress()) {
-      auto progress = std::make_shared<detail::LoaderProgress>();
-      if (progress->active()) progress_ = std::move(progress);
+      progress_ = std::make_shared<detail::LoaderProgress>(!options_.allow_duplicates());
     }
   }
 
   /// Reseeds the shuffle: every rank gets a new, consistent order for this
-  /// epoch. The progress display shows this epoch (without set_epoch, it
-  /// counts the epochs begun).
+  /// epoch. The progress display shows this epoch, counted from 0 as PyTorch's
+  /// DistributedSampler counts them (without set_epoch it counts the epochs
+  /// begun).
   void set_epoch(size_t epoch) {
     if constexpr (has_set_epoch<Sampler>::value) sampler_.set_epoch(epoch);
     epoch_ = static_cast<int64_t>(epoch);
-    epoch_set_ = true;
   }
 
-  /// Batches on this rank in one epoch.
+  /// Batches on this rank in one epoch. With the DistributedSampler it is
+  /// counted on a fresh sampler; another sampler is run through on a copy.
   size_t size() const {
-    Sampler sampler = sampler_;
-    sampler.reset(dataset_.size().value());
-    size_t batches = 0;
-    while (auto indices = sampler.next(options_.batch_size())) {
-      if (!options_.drop_last() || indices->size() == options_.batch_size()) ++batches;
+    if constexpr (has_local_size<Sampler>::value) {
+      const size_t samples = sampler_.local_size();
+      const size_t batch = options_.batch_size();
+      return options_.drop_last() ? samples / batch : (samples + batch - 1) / batch;
+    } else {
+      Sampler sampler = sampler_;
+      sampler.reset(dataset_.size().value());
+      size_t batches = 0;
+      while (auto indices = sampler.next(options_.batch_size())) {
+        if (!options_.drop_last() || indices->size() == options_.batch_size()) ++batches;
+      }
+      return batches;
     }
-    return batches;
   }
 
   /// Forward iterator over this epoch's batches; moves each batch to the device once.
@@ -175,10 +204,15 @@ class DataLoader {
                                          .batch_size(options_.batch_size())
                                          .drop_last(options_.drop_last())
                                          .workers(options_.workers()));
-    const int64_t epoch = epoch_set_ ? epoch_ : epochs_begun_;
-    ++epochs_begun_;
-    if (progress_) progress_->begin_epoch(epoch, static_cast<int64_t>(size()));
-    return Iterator(inner_->begin(), device_, progress_.get());
+    detail::LoaderProgress* shown = progress_ && progress_->claim() ? progress_.get() : nullptr;
+    if (shown != nullptr) {
+      // Counted once, and only where a sampler can be counted without running it.
+      if constexpr (has_local_size<Sampler>::value) {
+        if (batches_ < 0) batches_ = static_cast<int64_t>(size());
+      }
+      shown->begin_epoch(epoch_, std::max<int64_t>(batches_, 0));
+    }
+    return Iterator(inner_->begin(), device_, shown);
   }
   Iterator end() { return Iterator(inner_->end(), device_); }
 
@@ -192,6 +226,11 @@ class DataLoader {
   }
 
   template <typename S, typename = void>
+  struct has_local_size : std::false_type {};
+  template <typename S>
+  struct has_local_size<S, std::void_t<decltype(std::declval<const S&>().local_size())>>
+      : std::true_type {};
+  template <typename S, typename = void>
   struct has_set_epoch : std::false_type {};
   template <typename S>
   struct has_set_epoch<S, std::void_t<decltype(std::declval<S&>().set_epoch(size_t{0}))>>
@@ -202,10 +241,9 @@ class DataLoader {
   LoaderOptions options_;
   c10::Device device_;
   std::unique_ptr<Inner> inner_;
-  std::shared_ptr<detail::LoaderProgress> progress_;  // when this loader is the one shown
-  int64_t epoch_ = 0;
-  bool epoch_set_ = false;
-  int64_t epochs_begun_ = 0;
+  std::shared_ptr<detail::LoaderProgress> progress_;  // with LoaderOptions::progress
+  int64_t epoch_ = -1;                                // set_epoch's; -1: never set
+  int64_t batches_ = -1;                              // per epoch, once counted
 };
 
 /// Shards a LibTorch dataset across ranks, like Ray Train's prepare_data_loader:
