@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <train/version.h>
 
 #include "run_helpers.h"
 
@@ -62,7 +63,7 @@ TEST_CASE("usage errors exit 2") {
   CHECK(help.output.find("--num-workers") != std::string::npos);
   auto version = box.run("--version");
   CHECK(version.exit_code == 0);
-  CHECK(version.output.find("trainrun 0.1.0") != std::string::npos);
+  CHECK(version.output.find("trainrun " TRAIN_SDK_VERSION) != std::string::npos);
 }
 
 TEST_CASE("--use-gpu without a CUDA LibTorch is refused before any worker starts") {
