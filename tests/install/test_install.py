@@ -50,6 +50,14 @@ def main():
                      "lib/cmake/trainrun/trainrunRuntimeTargets.cmake"):
             if not os.path.exists(os.path.join(prefix, path)):
                 raise SystemExit(f"FAIL: the install lacks {path}")
+        # The library exports the API and nothing else (api/exports.map).
+        symbols = run(["nm", "-DC", "--defined-only", os.path.join(prefix, "lib", "libtrainrun.so")])
+        for line in symbols.splitlines():
+            name = line.split(" ", 2)[2]
+            if "trainrun::" not in name or "run_directory" in name or "Controller" in name:
+                raise SystemExit(f"FAIL: libtrainrun.so exports {name}")
+        if "trainrun::Trainer::fit()" not in symbols:
+            raise SystemExit(f"FAIL: libtrainrun.so does not export Trainer::fit\n{symbols}")
         quickstart = build_example(source, "quickstart", prefix, tmp)
         embedding = build_example(source, "embedding", prefix, tmp)
         plugin = os.path.join(quickstart, "libquickstart.so")
