@@ -8,6 +8,8 @@
 namespace train::detail {
 namespace {
 const train_host_v1_t* g_host = nullptr;
+std::thread::id g_entry_thread;
+uint64_t g_entry_serial = 0;
 std::vector<std::function<void()>> g_cleanups;
 }  // namespace
 
@@ -23,10 +25,22 @@ const train_host_v1_t& current_host(const char* caller) {
 
 const train_host_v1_t* current_host_or_null() { return g_host; }
 
-HostScope::HostScope(const train_host_v1_t* host) : previous_(g_host) { g_host = host; }
+const train_host_v1_t* entry_host_on_this_thread() {
+  return std::this_thread::get_id() == g_entry_thread ? g_host : nullptr;
+}
+
+uint64_t entry_serial() { return g_entry_serial; }
+
+HostScope::HostScope(const train_host_v1_t* host)
+    : previous_(g_host), previous_thread_(g_entry_thread) {
+  g_host = host;
+  g_entry_thread = std::this_thread::get_id();
+  ++g_entry_serial;
+}
 HostScope::~HostScope() {
   for (auto& cleanup : std::exchange(g_cleanups, {})) cleanup();
   g_host = previous_;
+  g_entry_thread = previous_thread_;
 }
 
 }  // namespace train::detail

@@ -7,7 +7,9 @@
 #include <train/abi.h>
 #include <train/report.h>
 
+#include <cstdint>
 #include <functional>
+#include <thread>
 
 namespace train::detail {
 
@@ -16,6 +18,13 @@ const train_host_v1_t& current_host(const char* caller);
 
 /// The host table of the entry being run, or nullptr outside one.
 const train_host_v1_t* current_host_or_null();
+
+/// The same, but nullptr on any thread other than the entry's own.
+const train_host_v1_t* entry_host_on_this_thread();
+
+/// Which entry runs: a new number for each, so that state of one train
+/// function is never taken for the next one's.
+uint64_t entry_serial();
 
 /// Runs `cleanup` when the running entry returns (before its HostScope ends):
 /// state tied to one train function, such as prepared models, goes with it.
@@ -34,6 +43,7 @@ class HostScope {
 
  private:
   const train_host_v1_t* previous_;
+  std::thread::id previous_thread_;
 };
 
 }  // namespace train::detail

@@ -132,8 +132,8 @@ struct TrainerOptions {
   std::chrono::seconds progress_interval{30};
   /// When stdout is a terminal (and there is no on_output or log_sink), a
   /// live status line below the scrolling output instead of the plain lines
-  /// (the trainrun command sets this). Off, the run never writes control
-  /// characters to a host program's terminal.
+  /// (the trainrun command sets this). Off, a host program's terminal gets
+  /// whole lines only (errors in red on a terminal, unless NO_COLOR is set).
   bool status_line = false;
 };
 

@@ -77,9 +77,9 @@ struct Callbacks {
   /// apply. It must come from the spdlog the runtime was built with (Debian's
   /// libspdlog).
   std::shared_ptr<spdlog::sinks::sink> log_sink;
-  /// Where the run is, up to ten times a second while rank 0's training
-  /// loader runs (Progress). Nothing when the train function uses no
-  /// prepared loader.
+  /// Where the run is while rank 0's training loader runs (Progress): up to
+  /// ten times a second, and at each epoch's end. Nothing when the train
+  /// function uses no prepared loader.
   std::function<void(const Progress&)> on_progress;
 };
 

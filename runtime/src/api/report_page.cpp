@@ -139,8 +139,8 @@ tbody tr:nth-child(even) { background: #f5f6f8; } .num { font-variant-numeric: t
 .axis button { margin-right: 4px; } .axis button.on { font-weight: 700; }
 )css";
 
-// Draws the charts from the JSON in #run-data; sets data-charts on <body>
-// to the number drawn.
+// Draws the charts from the JSON in #run-data; sets data-charts and
+// data-axis on <body>, and each canvas's data-x to its x extent.
 constexpr const char* kScript = R"js(
 (function () {
   const data = JSON.parse(document.getElementById('run-data').textContent);
@@ -155,6 +155,8 @@ constexpr const char* kScript = R"js(
     data.metrics.forEach((metric, i) => {
       const canvas = document.getElementById('chart-' + i);
       const points = metric.points.map(p => ({x: p[x], y: p[2], mark: p[3]}));
+      // The x extent drawn, for a reader of the DOM (the Chromium test).
+      canvas.dataset.x = points.length ? points[0].x + '..' + points[points.length - 1].x : '';
       charts.push(new Chart(canvas, {
         type: 'line',
         data: {datasets: [{
@@ -178,6 +180,7 @@ constexpr const char* kScript = R"js(
       }));
     });
     document.body.dataset.charts = String(charts.length);
+    document.body.dataset.axis = axis;
   }
   document.querySelectorAll('.axis button').forEach(button => {
     button.classList.toggle('on', button.dataset.axis === axis);
@@ -288,7 +291,11 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
   }
 
   out << "<h2>Run</h2>\n<table id=\"facts\"><tbody>\n";
-  fact(out, "directory", run_dir.string());
+  // Spelled one way however the directory was named: the run and `trainrun
+  // results --html` write the same page.
+  auto directory = std::filesystem::absolute(run_dir).lexically_normal();
+  if (directory.filename().empty()) directory = directory.parent_path();
+  fact(out, "directory", directory.string());
   fact(out, "started", info->started_at);
   fact(out, "ended", info->ended_at.empty() ? "-" : info->ended_at);
   auto workers = std::to_string(info->scaling.num_workers);

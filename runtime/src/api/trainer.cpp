@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -329,7 +330,8 @@ Result Trainer::fit() {
     console = std::make_unique<Console>(options_.status_line && options_.verbose &&
                                             options_.progress_interval.count() > 0 &&
                                             Console::stdout_is_terminal(),
-                                        ::isatty(STDOUT_FILENO) == 1);
+                                        Console::stdout_is_terminal() &&
+                                            std::getenv("NO_COLOR") == nullptr);
   }
   // Outlives the controller.
   auto logger = make_logger(storage, options_.verbose, callbacks_, console.get());

@@ -70,7 +70,7 @@ struct ControllerSetup {
   /// Called on the controller's thread with each recorded report.
   std::function<void(const ReportRecord&)> on_report;
   /// Called on the controller's thread with rank 0's progress: at most every
-  /// kProgressGap, and at an epoch's end.
+  /// kProgressGap, and at each epoch's end.
   std::function<void(const ProgressSample&)> on_progress;
   /// Readable when the host program asks the run to stop (an eventfd); -1: none.
   int stop_fd = -1;
@@ -252,11 +252,13 @@ class Controller {
   CheckpointService checkpoints_;
   FailureCollector failures_;
   RateLimiter dropped_{10, std::chrono::seconds(1)};  // "dropped a message" log lines
-  // PROGRESS passed on to on_progress: at most one every kProgressGap, and an
-  // epoch's end after kProgressMinGap.
+  // PROGRESS passed on to on_progress: at most one every kProgressGap, and
+  // each epoch's end once, at most kProgressEnds a second.
   static constexpr auto kProgressGap = std::chrono::milliseconds(100);
-  static constexpr auto kProgressMinGap = std::chrono::milliseconds(20);
+  static constexpr int kProgressEnds = 50;
   Clock::time_point progress_passed_{};
+  int64_t progress_end_steps_ = -1;  // the steps of the last epoch's end passed
+  RateLimiter progress_ends_{kProgressEnds, std::chrono::seconds(1)};
   ChunkSource plugin_;
   LaunchOptions launch_;  // how local workers start
   std::optional<RunError> interrupted_;

@@ -645,11 +645,17 @@ void Controller::on_progress(const WorkerSlot& worker, const protocol::Progress&
                         progress.batches, progress.steps, progress.samples};
   // A sampler that yields more than the loader counted: the epoch is done.
   if (sample.batches > 0) sample.batch = std::min(sample.batch, sample.batches);
-  // At most ten a second; an epoch's end passes too (the display shows it
-  // complete), unless one passed within kProgressMinGap.
+  // At most one every kProgressGap. An epoch's end passes too, so the display
+  // shows it complete, once (the worker already spaces them; messages can
+  // arrive bunched), and never more than kProgressEnds a second.
   const auto now = Clock::now();
   const bool epoch_end = sample.batches > 0 && sample.batch == sample.batches;
-  if (now - progress_passed_ < (epoch_end ? kProgressMinGap : kProgressGap)) return;
+  if (epoch_end) {
+    if (sample.steps == progress_end_steps_ || !progress_ends_.allow(now)) return;
+    progress_end_steps_ = sample.steps;
+  } else if (now - progress_passed_ < kProgressGap) {
+    return;
+  }
   progress_passed_ = now;
   setup_.on_progress(sample);
 }

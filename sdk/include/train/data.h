@@ -30,8 +30,8 @@ struct LoaderOptions {
   /// Shows where this loader is (epoch, batch of batches) in the run's progress
   /// display, from rank 0. The loader shown is the first to begin an epoch
   /// while no other shown loader is alive; a training loader (allow_duplicates)
-  /// takes over from an evaluation loader. Iterate it on the train function's
-  /// thread: progress from other threads is dropped.
+  /// takes over from an evaluation loader. Only a loader iterated on the train
+  /// function's own thread is shown.
   TORCH_ARG(bool, progress) = true;
 };
 
@@ -39,9 +39,8 @@ namespace detail {
 
 /// A loader's side of the progress display: claims it at begin() and sends
 /// its epoch and batches through the host table, which never blocks (the host
-/// drops what it does not forward). Counts of batches and samples run on
-/// across the loaders shown in one train function. One per DataLoader, used on
-/// the train function's thread.
+/// drops what it does not forward). One per DataLoader; calls from any thread
+/// but the train function's do nothing.
 class LoaderProgress {
  public:
   explicit LoaderProgress(bool evaluation) : evaluation_(evaluation) {}
@@ -59,6 +58,7 @@ class LoaderProgress {
 
  private:
   bool evaluation_;
+  int64_t epochs_begun_ = 0;  // shown, for loaders without set_epoch
 };
 
 }  // namespace detail
@@ -90,16 +90,12 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   void save(torch::serialize::OutputArchive& archive) const override { sampler_->save(archive); }
   void load(torch::serialize::InputArchive& archive) override { sampler_->load(archive); }
 
-  /// Samples this rank gets in an epoch, counted on a fresh sampler of the
-  /// same split (shuffling does not change the count): this one's state, which
-  /// copies share, is left alone.
+  /// Samples this rank gets in an epoch: LibTorch's split (local_sample_count),
+  /// the same shuffled or not, computed without touching the sampler's
+  /// state, which copies share.
   size_t local_size() const {
-    torch::data::samplers::DistributedSequentialSampler counter(size_, replicas_, rank_,
-                                                                allow_duplicates_);
-    counter.reset(size_);
-    size_t samples = 0;
-    while (auto indices = counter.next(4096)) samples += indices->size();
-    return samples;
+    if (replicas_ == 1) return size_;
+    return allow_duplicates_ ? (size_ + replicas_ - 1) / replicas_ : size_ / replicas_;
   }
 
  private:
