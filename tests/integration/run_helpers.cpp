@@ -21,10 +21,13 @@ std::string Sandbox::command(const std::string& args) const {
          "'; exec '" TRAINRUN_EXE "' --storage-path '" + results().string() + "' " + args;
 }
 
-RunOutput Sandbox::run(const std::string& args) const {
+namespace {
+
+// Runs a shell command line to its end, stdout and stderr together.
+RunOutput run_shell(const std::string& line) {
   RunOutput out;
   auto start = std::chrono::steady_clock::now();
-  std::FILE* pipe = ::popen((command(args) + " 2>&1").c_str(), "r");
+  std::FILE* pipe = ::popen((line + " 2>&1").c_str(), "r");
   char buffer[4096];
   size_t n;
   while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.output.append(buffer, n);
@@ -34,19 +37,15 @@ RunOutput Sandbox::run(const std::string& args) const {
   return out;
 }
 
+}  // namespace
+
+RunOutput Sandbox::run(const std::string& args) const { return run_shell(command(args)); }
+
 RunOutput Sandbox::run_on_terminal(const std::string& args, int columns) const {
   auto script = root_ / "on_terminal.sh";
   std::ofstream(script) << "stty cols " << columns << " rows 40\n" << command(args) << "\n";
   // -e: script(1) exits with the command's status.
-  auto line = "TERM=xterm script -qec \"sh '" + script.string() + "'\" /dev/null < /dev/null";
-  RunOutput out;
-  std::FILE* pipe = ::popen((line + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.output.append(buffer, n);
-  int status = ::pclose(pipe);
-  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return out;
+  return run_shell("TERM=xterm script -qec \"sh '" + script.string() + "'\" /dev/null < /dev/null");
 }
 
 pid_t Sandbox::start(const std::string& args) const {
