@@ -45,7 +45,12 @@ int run_epochs(uint32_t size, Calls& calls, std::string& error) {
     if (std::strcmp(plugin->entries[i].name, "epochs") == 0) entry = plugin->entries[i].fn;
   }
   REQUIRE((entry != nullptr));
-  const char config[] = "\x82\xa6" "epochs" "\x02\xa8" "sleep_ms" "\x00";  // msgpack map
+  const char config[] =
+      "\x82\xa6"
+      "epochs"
+      "\x02\xa8"
+      "sleep_ms"
+      "\x00";  // msgpack map
   train_host_v1_t host{};
   host.abi_version = TRAIN_PLUGIN_ABI_VERSION;
   host.struct_size = size;

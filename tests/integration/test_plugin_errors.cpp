@@ -1,5 +1,6 @@
-#include <doctest/doctest.h>
 #include <train/version.h>
+
+#include <doctest/doctest.h>
 
 #include "run_helpers.h"
 
@@ -79,7 +80,8 @@ TEST_CASE("inspect prints the entries and versions") {
   CHECK(run.exit_code == 0);
   CHECK(run.output.find(
             "entries:     bad_config, big_checkpoint, checkpoints, context, crash, epochs, hangs, "
-            "mismatch, report_latency, resumable, sleeps, stacked, steps, throws") != std::string::npos);
+            "mismatch, report_latency, resumable, sleeps, stacked, steps, throws") !=
+        std::string::npos);
   CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
   CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);
   CHECK(box.run(std::string("inspect '") + BAD_ABI_PLUGIN + "'").exit_code == 2);

@@ -70,8 +70,8 @@ TEST_CASE("--quiet and --progress-interval 0 print no progress") {
 
 TEST_CASE("on a terminal, a live status line stays below the output and is gone at the end") {
   Sandbox box;
-  auto run = box.run_on_terminal(
-      kEpochs + " -n 2 --name t --config epochs=3 --config sleep_ms=200", /*columns=*/90);
+  auto run = box.run_on_terminal(kEpochs + " -n 2 --name t --config epochs=3 --config sleep_ms=200",
+                                 /*columns=*/90);
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   // Each status is drawn with a carriage return and an erase to the line's end.
@@ -115,7 +115,8 @@ TEST_CASE("report.html is written while the run goes on, and again by trainrun r
   for (int i = 0; i < 200 && !live; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     std::error_code ec;
-    if (std::filesystem::exists(page, ec)) live = contains(read_text(page), "http-equiv=\"refresh\"");
+    if (std::filesystem::exists(page, ec))
+      live = contains(read_text(page), "http-equiv=\"refresh\"");
   }
   CHECK(live);
   REQUIRE(Sandbox::wait(pid) == 0);
@@ -135,8 +136,8 @@ TEST_CASE("report.html is written while the run goes on, and again by trainrun r
 
   // The same page, written again from the run directory.
   auto again = box.root() / "again.html";
-  auto results = box.run("results '" + box.run_dir("h").string() + "' --html '" +
-                         again.string() + "'");
+  auto results =
+      box.run("results '" + box.run_dir("h").string() + "' --html '" + again.string() + "'");
   INFO(results.output);
   CHECK(results.exit_code == 0);
   CHECK(read_text(again) == html);
@@ -150,7 +151,8 @@ TEST_CASE("a failed run's report.html shows its error") {
   CHECK(run.exit_code == 1);
   auto html = read_text(box.run_dir("f") / "report.html");
   CHECK(contains(html, "class=\"status failed\""));
-  std::regex error(R"(<div class="error" id="error">rank 1 \([^)]*\) raised: boom on rank 1</div>)");
+  std::regex error(
+      R"(<div class="error" id="error">rank 1 \([^)]*\) raised: boom on rank 1</div>)");
   CHECK(std::regex_search(html, error));
   // --html on something that is not a run: a usage error, nothing written.
   auto bad = box.run("results '" + box.root().string() + "' --html '" +

@@ -320,8 +320,8 @@ void epochs(const train::Config& config) {
   const int epochs = config.get<int>("epochs", 3);
   const int sleep_ms = config.get<int>("sleep_ms", 0);
   auto loader = train::prepare_data_loader(
-      Numbers(), train::LoaderOptions().batch_size(
-                     static_cast<size_t>(config.get<int>("batch_size", 1))));
+      Numbers(),
+      train::LoaderOptions().batch_size(static_cast<size_t>(config.get<int>("batch_size", 1))));
   for (int epoch = 0; epoch < epochs; ++epoch) {
     loader.set_epoch(static_cast<size_t>(epoch));
     for (auto& batch : loader) {

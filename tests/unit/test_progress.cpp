@@ -77,8 +77,9 @@ TEST_CASE("progress: the status line fits its width and keeps control characters
   p.eta_seconds = 61;
   p.metrics = {{"loss", 0.25}, {"\x1b[2Jevil", 1}};
   auto line = status_line(p, 200);
-  CHECK(line == "epoch 2/4 [##########----------] 5/10  12.3k samples/s  ?[2Jevil=1  loss=0.25"
-                "  1:02:05  ETA 1:01");
+  CHECK(line ==
+        "epoch 2/4 [##########----------] 5/10  12.3k samples/s  ?[2Jevil=1  loss=0.25"
+        "  1:02:05  ETA 1:01");
   for (size_t width : {20, 45, 60, 79}) {
     auto narrow = status_line(p, width);
     CHECK(narrow.size() <= width);

@@ -42,7 +42,7 @@ struct Progress {
   /// Rank 0's samples times the world size, a second, over the last 10
   /// seconds; 0 until known.
   double samples_per_second = 0;
-  double elapsed_seconds = 0;     // since fit() began
+  double elapsed_seconds = 0;  // since fit() began
   /// Seconds to the end of the run when `epochs` is known, else to the end
   /// of this epoch; empty until a rate is known, and without `batches`.
   std::optional<double> eta_seconds;

@@ -38,10 +38,10 @@ class ConsoleSink : public spdlog::sinks::base_sink<std::mutex> {
         text.replace(i, 2, "?");
       }
     }
-    const char* on = !color_                               ? nullptr
-                     : msg.level >= spdlog::level::err    ? "\033[31m"
-                     : msg.level == spdlog::level::warn   ? "\033[33m"
-                                                          : nullptr;
+    const char* on = !color_                            ? nullptr
+                     : msg.level >= spdlog::level::err  ? "\033[31m"
+                     : msg.level == spdlog::level::warn ? "\033[33m"
+                                                        : nullptr;
     if (on == nullptr) {
       console_.line(0, text);
     } else {

@@ -42,8 +42,8 @@ Progress ProgressTracker::update(const ProgressSample& sample, Clock::time_point
     if (sample.batches > 0) {
       double remaining = static_cast<double>(sample.batches - sample.batch);
       if (epochs_ > 0 && sample.epoch + 1 < epochs_) {
-        remaining += static_cast<double>(epochs_ - sample.epoch - 1) *
-                     static_cast<double>(sample.batches);
+        remaining +=
+            static_cast<double>(epochs_ - sample.epoch - 1) * static_cast<double>(sample.batches);
       }
       p.eta_seconds = remaining / steps_per_second;
     }
@@ -118,11 +118,10 @@ std::string status_line(const Progress& p, size_t width) {
   constexpr size_t kBar = 20;
   auto head = epoch_text(p);
   if (p.batches > 0) {
-    const auto filled = std::min(
-        kBar, static_cast<size_t>(kBar * static_cast<double>(p.batch) /
-                                  static_cast<double>(p.batches)));
-    head += " [" + std::string(filled, '#') + std::string(kBar - filled, '-') + "] " +
-            batch_text(p);
+    const auto filled = std::min(kBar, static_cast<size_t>(kBar * static_cast<double>(p.batch) /
+                                                           static_cast<double>(p.batches)));
+    head +=
+        " [" + std::string(filled, '#') + std::string(kBar - filled, '-') + "] " + batch_text(p);
   } else {
     head += "  batch " + batch_text(p);
   }

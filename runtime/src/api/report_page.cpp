@@ -224,8 +224,7 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
   if (live) out << " &middot; live: this page reloads every 5 s";
   out << "</div>\n";
   if (result.error) {
-    out << "<h2>Error</h2>\n<div class=\"error\" id=\"error\">"
-        << escape(result.error->summary());
+    out << "<h2>Error</h2>\n<div class=\"error\" id=\"error\">" << escape(result.error->summary());
     if (result.error->attempt > 1) out << " (attempt " << result.error->attempt << ")";
     out << "</div>\n";
   }
@@ -258,9 +257,10 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
   if (result.best_checkpoints.empty()) {
     out << "<p>None committed.</p>\n";
   } else {
-    out << "<p>" << (scored ? "Best first by " + escape(cfg.score_attribute) + " (" +
-                                  (cfg.score_max ? "max" : "min") + ")"
-                            : std::string("Most recent first"))
+    out << "<p>"
+        << (scored ? "Best first by " + escape(cfg.score_attribute) + " (" +
+                         (cfg.score_max ? "max" : "min") + ")"
+                   : std::string("Most recent first"))
         << "; marked on the charts (&#9733; the best).</p>\n"
         << "<table id=\"checkpoints\"><thead><tr><th>checkpoint</th><th>iteration</th>"
            "<th>metrics</th><th></th></tr></thead><tbody>\n";
@@ -310,8 +310,7 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
   fact(out, "config", dump(info->config));
   fact(out, "max failures", std::to_string(info->max_failures));
   fact(out, "controller host", info->controller_host);
-  fact(out, "versions",
-       "trainrun " + info->trainrun_version + ", LibTorch " + info->torch_version);
+  fact(out, "versions", "trainrun " + info->trainrun_version + ", LibTorch " + info->torch_version);
   out << "</tbody></table>\n";
 
   out << "<p><small>trainrun report, charts by Chart.js " << kChartJsVersion

@@ -327,11 +327,10 @@ Result Trainer::fit() {
   // Without the host's own output, the run's lines go to the terminal.
   std::unique_ptr<Console> console;
   if (!callbacks_.on_output && !callbacks_.log_sink) {
-    console = std::make_unique<Console>(options_.status_line && options_.verbose &&
-                                            options_.progress_interval.count() > 0 &&
-                                            Console::stdout_is_terminal(),
-                                        Console::stdout_is_terminal() &&
-                                            std::getenv("NO_COLOR") == nullptr);
+    console = std::make_unique<Console>(
+        options_.status_line && options_.verbose && options_.progress_interval.count() > 0 &&
+            Console::stdout_is_terminal(),
+        Console::stdout_is_terminal() && std::getenv("NO_COLOR") == nullptr);
   }
   // Outlives the controller.
   auto logger = make_logger(storage, options_.verbose, callbacks_, console.get());

@@ -636,12 +636,12 @@ void Controller::on_done(WorkerSlot& worker) {
 void Controller::on_progress(const WorkerSlot& worker, const protocol::Progress& progress) {
   constexpr int64_t kMost = int64_t{1} << 50;  // beyond any real count; keeps the arithmetic safe
   auto in = [&](int64_t v) { return v >= 0 && v <= kMost; };
-  if (!in(progress.epoch) || !in(progress.batch) || !in(progress.batches) ||
-      !in(progress.steps) || !in(progress.samples)) {
+  if (!in(progress.epoch) || !in(progress.batch) || !in(progress.batches) || !in(progress.steps) ||
+      !in(progress.samples)) {
     throw ProtocolError("PROGRESS with counts out of range");
   }
   if (worker.rank != 0 || !setup_.on_progress || failures_.any() || stopping_) return;
-  ProgressSample sample{attempt_,        world_size(),  progress.epoch, progress.batch,
+  ProgressSample sample{attempt_,         world_size(),   progress.epoch,  progress.batch,
                         progress.batches, progress.steps, progress.samples};
   // A sampler that yields more than the loader counted: the epoch is done.
   if (sample.batches > 0) sample.batch = std::min(sample.batch, sample.batches);

@@ -16,8 +16,8 @@
 
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <fstream>
+#include <thread>
 
 #include "common/network.h"
 #include "common/paths.h"
