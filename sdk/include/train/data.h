@@ -25,7 +25,9 @@ struct LoaderOptions {
   TORCH_ARG(size_t, workers) = 0;
   /// Pad with repeated samples so every rank gets as many batches as the others
   /// (every rank must run the same number of backward passes); false gives each
-  /// sample to exactly one rank, for evaluation.
+  /// sample to at most one rank, for evaluation (LibTorch's split: when the
+  /// world size does not divide the dataset, the last size % world_size
+  /// samples are left out).
   TORCH_ARG(bool, allow_duplicates) = true;
   /// Shows where this loader is (epoch, batch of batches) in the run's progress
   /// display, from rank 0. The loader shown is the first to begin an epoch
