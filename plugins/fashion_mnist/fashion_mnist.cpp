@@ -6,7 +6,7 @@
 // Config: epochs (10), batch_size (128), lr (1e-3), data_dir, max_steps (per
 // epoch, 0 = all), eval (true), eval_steps (test batches per rank, 0 = all), warmup_steps (5: steps
 // before the throughput clock starts), seed (0), log_every (50), bucket_cap_mb (25),
-// broadcast_buffers (true).
+// broadcast_buffers (true), compression ("none", "fp16", or "bf16" with NCCL).
 
 #include <train/train.h>
 
@@ -17,6 +17,8 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
+#include <string>
 
 #include "fashion_mnist_dataset.h"
 #include "resnet.h"
@@ -73,6 +75,13 @@ std::pair<double, double> evaluate(fashion_mnist::ResNet18& model,
   return {totals[0] / totals[2], totals[1] / totals[2]};
 }
 
+train::Compression compression_of(const std::string& name) {
+  if (name == "none") return train::Compression::kNone;
+  if (name == "fp16") return train::Compression::kFP16;
+  if (name == "bf16") return train::Compression::kBF16;
+  throw std::invalid_argument("config compression must be none, fp16 or bf16, got '" + name + "'");
+}
+
 }  // namespace
 
 void fashion_mnist_train(const train::Config& config) {
@@ -106,7 +115,8 @@ void fashion_mnist_train(const train::Config& config) {
   auto model = train::prepare_model(
       net, train::ModelOptions()
                .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
-               .broadcast_buffers(config.get<bool>("broadcast_buffers", true)));
+               .broadcast_buffers(config.get<bool>("broadcast_buffers", true))
+               .compression(compression_of(config.get("compression", "none"))));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lr));
   if (checkpoint) torch::load(optimizer, (checkpoint->path() / "optimizer.pt").string());
   auto loader = train::prepare_data_loader(

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "bucket_assignment.h"
@@ -47,6 +48,15 @@ std::vector<PreparedModel>& registry() {
   return models;
 }
 
+// "gloo", "nccl", or "" for a group that does not say.
+std::string backend_name(const c10d::ProcessGroup& group) {
+  try {
+    return group.getBackendName();
+  } catch (const c10::Error&) {
+    return "";
+  }
+}
+
 }  // namespace
 
 Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -54,7 +64,15 @@ Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGrou
     : group_(std::move(group)),
       buffers_(module.buffers()),
       find_unused_(options.find_unused_parameters()),
-      broadcast_buffers_(options.broadcast_buffers()) {
+      broadcast_buffers_(options.broadcast_buffers()),
+      compression_(options.compression()) {
+  // LibTorch 1.13's Gloo has no bfloat16 allreduce ("Invalid scalar type"
+  // from the first bucket); NCCL has. Refused here, where it is one line.
+  if (compression_ == Compression::kBF16 && backend_name(*group_) == "gloo") {
+    throw std::invalid_argument(
+        "prepare_model: bf16 gradient compression needs NCCL (--use-gpu); this LibTorch's Gloo "
+        "has no bfloat16 allreduce. Use train::Compression::kFP16 on CPU");
+  }
   // Reverse registration order approximates the order gradients become ready.
   auto named = module.named_parameters();
   for (auto it = named.end(); it != named.begin();) {
@@ -67,6 +85,22 @@ Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGrou
   }
   build_buckets(options);
 }
+
+namespace {
+
+// The type a bucket of `type` travels in: a half-width float with
+// compression, for float32 and float64 buckets; none for the rest.
+std::optional<torch::ScalarType> wire_type(torch::ScalarType type, Compression compression) {
+  if (type != torch::kFloat && type != torch::kDouble) return std::nullopt;
+  switch (compression) {
+    case Compression::kBF16: return torch::kBFloat16;
+    case Compression::kFP16: return torch::kHalf;
+    case Compression::kNone: break;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 void Reducer::build_buckets(const ModelOptions& options) {
   std::vector<BucketInput> inputs;
@@ -100,6 +134,9 @@ void Reducer::build_buckets(const ModelOptions& options) {
       slot.param.mutable_grad() = slot.view;  // autograd accumulates into the bucket
     }
     bucket.pending = bucket.slots.size();
+    if (auto wire = wire_type(bucket.contents.scalar_type(), compression_)) {
+      bucket.wire = torch::empty({total}, bucket.contents.options().dtype(*wire));
+    }
   }
 }
 
@@ -214,8 +251,9 @@ void Reducer::launch_ready_buckets() {
   const double world = group_->getSize();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     auto& bucket = buckets_[next_bucket_++];
-    bucket.contents.div_(world);
-    std::vector<torch::Tensor> tensors{bucket.contents};
+    bucket.contents.div_(world);  // before the cast: the sum stays in range
+    if (bucket.wire.defined()) bucket.wire.copy_(bucket.contents);
+    std::vector<torch::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.contents};
     bucket.work = group_->allreduce(tensors);
   }
 }
@@ -248,6 +286,10 @@ void Reducer::finalize() {
   for (auto& bucket : buckets_) {
     bucket.work->wait();
     bucket.work.reset();
+    if (bucket.wire.defined()) {
+      torch::NoGradGuard no_grad;
+      bucket.contents.copy_(bucket.wire);
+    }
   }
   reset_iteration();
   if (broadcast_buffers_ && !buffers_.empty()) broadcast_from_rank0(*group_, buffers_);

@@ -5,7 +5,9 @@
 // .grad shares its bucket's storage), so autograd accumulates straight into
 // what is allreduced. A post-hook on each parameter's gradient accumulator marks it
 // ready; a bucket whose parameters are all ready is divided by the world size
-// and its allreduce launched asynchronously, buckets strictly in order so every
+// (and with compression cast to bf16 or fp16 into a second buffer, cast back
+// once its allreduce is done) and its allreduce launched asynchronously,
+// buckets strictly in order so every
 // rank issues the same collectives in the same order. A callback queued on the
 // autograd engine finalises at the end of backward: unused parameters, waiting
 // for every bucket, buffer broadcast. A hook on each parameter itself, which
@@ -48,6 +50,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   };
   struct Bucket {
     torch::Tensor contents;
+    torch::Tensor wire;  // with compression: contents as sent (bf16 or fp16); else undefined
     std::vector<size_t> slots;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
@@ -68,6 +71,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<torch::Tensor> buffers_;
   bool find_unused_;
   bool broadcast_buffers_;
+  Compression compression_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   // By slot: the accumulator carrying its post-hook (autograd holds only weak

@@ -363,3 +363,56 @@ TEST_CASE("a parameter reshaped after prepare_model fails the next backward with
     CHECK(errors[rank].find("before prepare_model") != std::string::npos);
   }
 }
+
+TEST_CASE("fp16-compressed gradients average within fp16's precision, over Gloo") {
+  const int world = 3;
+  std::vector<ByName> local;
+  for (int rank = 0; rank < world; ++rank) {
+    local.push_back(local_grads(Net(Layers::kTwo), {input(rank)}));
+  }
+  const auto expected = mean(local);
+  // Relative precision of the wire type, and a floor for values near zero.
+  {
+    const auto compression = train::Compression::kFP16;
+    const double rtol = 2e-3;  // fp16 keeps 11 bits
+    std::vector<ByName> synced(world);
+    run_ranks(world, [&](int rank, Group group) {
+      Net net(Layers::kTwo);
+      auto reducer = attach(net, group, train::ModelOptions().compression(compression));
+      for (int step = 0; step < 2; ++step) {  // the wire buffers are reused
+        for (auto& p : net->parameters()) p.mutable_grad().zero_();
+        net->loss(input(rank)).backward();
+      }
+      synced[rank] = grads_of(*net);
+    });
+    bool inexact = false;
+    for (int rank = 0; rank < world; ++rank) {
+      CAPTURE(rank);
+      for (const auto& [name, grad] : expected) {
+        CAPTURE(name);
+        const auto& got = synced[rank].at(name);
+        CHECK((got.scalar_type() == torch::kFloat));  // cast back into the float32 gradients
+        CHECK(torch::allclose(got, grad, rtol, 1e-4));
+        inexact = inexact || !torch::equal(got, grad);
+        CHECK(torch::equal(got, synced[0].at(name)));  // every rank the same
+      }
+    }
+    CHECK(inexact);  // it did travel in fewer bits
+  }
+}
+
+TEST_CASE("bf16 compression over Gloo is refused at prepare_model, naming the way out") {
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    try {
+      attach(net, group, train::ModelOptions().compression(train::Compression::kBF16));
+    } catch (const std::invalid_argument& e) {
+      errors[rank] = e.what();
+    }
+  });
+  for (const auto& error : errors) {
+    CHECK(error.find("bf16 gradient compression needs NCCL") != std::string::npos);
+    CHECK(error.find("kFP16") != std::string::npos);
+  }
+}

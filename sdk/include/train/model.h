@@ -9,6 +9,13 @@
 
 namespace train {
 
+/// How gradients travel in their allreduce (DDP's compress hooks).
+enum class Compression {
+  kNone,  ///< in their own type
+  kBF16,  ///< bfloat16: half the bytes, float32's range, 8 bits of precision
+  kFP16,  ///< float16: half the bytes, 11 bits of precision, values up to 65504
+};
+
 /// Options of prepare_model, the counterpart of DistributedDataParallel's arguments.
 struct ModelOptions {
   /// Size of the gradient buckets allreduced together, in MiB (DDP's bucket_cap_mb).
@@ -27,6 +34,13 @@ struct ModelOptions {
   /// report); if not, train::report throws std::runtime_error on every rank
   /// naming the first parameter that differs and the ranks.
   TORCH_ARG(bool, check_divergence) = true;
+  /// Allreduce float32 and float64 gradients as bf16 or fp16, as DDP's
+  /// bf16_compress_hook and fp16_compress_hook do: each bucket is divided by
+  /// the world size, cast, averaged, and cast back into the gradients. Halves
+  /// the bytes on the wire at the cost of precision; it pays when the
+  /// allreduce is the bottleneck (many workers, a slow network), not when
+  /// compute is (the casts cost a pass over the gradients).
+  TORCH_ARG(Compression, compression) = Compression::kNone;
 };
 
 namespace detail {
