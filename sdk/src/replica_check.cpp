@@ -23,6 +23,15 @@ std::string number(double value) {
 
 std::string flag(bool value) { return value ? "true" : "false"; }
 
+std::string compression_name(Compression compression) {
+  switch (compression) {
+    case Compression::kNone: return "none";
+    case Compression::kBF16: return "bf16";
+    case Compression::kFP16: return "fp16";
+  }
+  return "unknown";
+}
+
 ModelEntry option(const char* name, std::string value) {
   return {std::string("ModelOptions' ") + name, {{"", std::move(value)}}};
 }
@@ -83,6 +92,8 @@ std::vector<ModelEntry> describe_model(const torch::nn::Module& module,
       option("find_unused_parameters", flag(options.find_unused_parameters())),
       option("broadcast_buffers", flag(options.broadcast_buffers())),
       option("check_divergence", flag(options.check_divergence())),
+      // Ranks that compress differently would allreduce buckets of different types.
+      option("compression", compression_name(options.compression())),
   };
   for (const auto& p : module.named_parameters()) {
     entries.push_back(tensor_entry("parameter", p.key(), p.value(), true));

@@ -71,10 +71,13 @@ train::detail::ModelEntry parameter(const std::string& name, const std::string& 
 TEST_CASE("a model's description lists its options, parameters and buffers, and reads back") {
   auto model = torch::nn::Sequential(torch::nn::Linear(kIn, 2), torch::nn::BatchNorm1d(2));
   model[0]->as<torch::nn::Linear>()->bias.set_requires_grad(false);
-  auto entries = train::detail::describe_model(*model, train::ModelOptions().bucket_cap_mb(0.5));
+  auto entries = train::detail::describe_model(
+      *model,
+      train::ModelOptions().bucket_cap_mb(0.5).compression(train::Compression::kFP16));
   auto text = train::detail::encode_entries(entries);
   CHECK((train::detail::decode_entries(text) == entries));  // not printable
   CHECK(text.find("ModelOptions' bucket_cap_mb\t=0.5\n") != std::string::npos);
+  CHECK(text.find("ModelOptions' compression\t=fp16\n") != std::string::npos);
   CHECK(text.find("parameter '0.weight'\tshape=[2, 4]\tdtype=Float\trequires_grad=true\n") !=
         std::string::npos);
   CHECK(text.find("parameter '0.bias'\tshape=[2]\tdtype=Float\trequires_grad=false\n") !=

@@ -6,9 +6,13 @@ Runs, alternating, in this invocation:
   torchrun  --nproc_per_node 2 the same loop in Python with DistributedDataParallel
   ceiling   trainrun -n 1, one thread, the same per-worker batch, times two
 and prints steady-state samples/s (after warm-up), the ratios and peak RSS per
-worker. Targets: trainrun >= 1.05x torchrun, >= 0.90 of the ceiling.
+worker. Targets: trainrun >= 1.05x torchrun, >= 0.90 of the ceiling. With
+--compression fp16 each round also runs trainrun with that gradient compression
+(ModelOptions::compression) and prints its ratio to uncompressed trainrun;
+--skip-torchrun leaves the torchrun baseline out (no PyTorch needed).
 
   tools/bench/ddp_throughput.py [--build build] [--rounds 2] [--steps 30] [--warmup 5]
+                                [--compression fp16|bf16] [--skip-torchrun]
 """
 import argparse
 import json
@@ -28,14 +32,15 @@ def run(cmd, env):
     return result.stdout.decode()
 
 
-def trainrun(args, tmp, env, workers, name):
+def trainrun(args, tmp, env, workers, name, compression="none"):
     results = os.path.join(tmp, "results")
     run([os.path.join(args.build, "trainrun"), "--plugin",
          os.path.join(args.build, "plugins", "fashion_mnist", "libfashion_mnist.so"),
          "-n", str(workers), "--cpus-per-worker", "1", "-q", "--storage-path", results,
          "--name", name, "--config", "epochs=1", "--config", "eval=false",
          "--config", "log_every=0", "--config", f"warmup_steps={args.warmup}",
-         "--config", f"max_steps={args.warmup + args.steps}"], env)
+         "--config", f"max_steps={args.warmup + args.steps}",
+         "--config", f"compression={compression}"], env)
     with open(os.path.join(results, name, "result.jsonl")) as f:
         metrics = json.loads(f.readlines()[-1])["metrics"]
     return metrics["samples_per_s"], metrics["peak_rss_mb"]
@@ -56,27 +61,43 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--compression", choices=["fp16", "bf16"])
+    parser.add_argument("--skip-torchrun", action="store_true")
     args = parser.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    ours, theirs, ceiling = [], [], []
+    ours, theirs, ceiling, compressed = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
         for r in range(args.rounds):
             ours.append(trainrun(args, tmp, env, 2, f"ddp{r}"))
-            theirs.append(torchrun(args, tmp, env, f"torchrun{r}"))
+            line = f"round {r}: trainrun {ours[-1][0]:.1f}"
+            if args.compression:
+                compressed.append(trainrun(args, tmp, env, 2, f"{args.compression}{r}",
+                                           args.compression))
+                line += f"  {args.compression} {compressed[-1][0]:.1f}"
+            if not args.skip_torchrun:
+                theirs.append(torchrun(args, tmp, env, f"torchrun{r}"))
+                line += f"  torchrun {theirs[-1][0]:.1f}"
             one = trainrun(args, tmp, env, 1, f"one{r}")
             ceiling.append((2 * one[0], one[1]))
-            print(f"round {r}: trainrun {ours[-1][0]:.1f}  torchrun {theirs[-1][0]:.1f}  "
-                  f"ceiling {ceiling[-1][0]:.1f} samples/s", flush=True)
+            print(f"{line}  ceiling {ceiling[-1][0]:.1f} samples/s", flush=True)
     med = lambda rows, i: statistics.median(row[i] for row in rows)
-    t, b, c = med(ours, 0), med(theirs, 0), med(ceiling, 0)
+    t, c = med(ours, 0), med(ceiling, 0)
     print(f"FashionMNIST ResNet-18, 2 workers x 1 thread, batch 128/worker, "
           f"{args.steps} steps after {args.warmup} warm-up (median of {args.rounds}):")
     print(f"  trainrun + prepare_model   {t:7.1f} samples/s   peak RSS/worker {med(ours, 1):6.0f} MB")
-    print(f"  torchrun + DDP (Python)    {b:7.1f} samples/s   peak RSS/worker {med(theirs, 1):6.0f} MB")
+    if compressed:
+        print(f"  ... with {args.compression} gradients  {med(compressed, 0):7.1f} samples/s   "
+              f"peak RSS/worker {med(compressed, 1):6.0f} MB")
+    if theirs:
+        b = med(theirs, 0)
+        print(f"  torchrun + DDP (Python)    {b:7.1f} samples/s   peak RSS/worker {med(theirs, 1):6.0f} MB")
     print(f"  ceiling (1 worker x 2)     {c:7.1f} samples/s   peak RSS/worker {med(ceiling, 1):6.0f} MB")
-    print(f"  trainrun / torchrun = {t / b:.3f}  (target >= 1.05)")
+    if theirs:
+        print(f"  trainrun / torchrun = {t / b:.3f}  (target >= 1.05)")
     print(f"  trainrun / ceiling  = {t / c:.3f}  (target >= 0.90)")
+    if compressed:
+        print(f"  {args.compression} / uncompressed = {med(compressed, 0) / t:.3f}")
 
 
 if __name__ == "__main__":
