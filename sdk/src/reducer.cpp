@@ -48,6 +48,10 @@ std::vector<PreparedModel>& registry() {
   return models;
 }
 
+constexpr const char* kBf16OnGloo =
+    "prepare_model: bf16 gradient compression needs NCCL (--use-gpu); this LibTorch's Gloo has no "
+    "bfloat16 allreduce. Use train::Compression::kFP16 on CPU";
+
 // "gloo", "nccl", or "" for a group that does not say.
 std::string backend_name(const c10d::ProcessGroup& group) {
   try {
@@ -67,11 +71,11 @@ Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGrou
       broadcast_buffers_(options.broadcast_buffers()),
       compression_(options.compression()) {
   // LibTorch 1.13's Gloo has no bfloat16 allreduce ("Invalid scalar type"
-  // from the first bucket); NCCL has. Refused here, where it is one line.
+  // from the first bucket); NCCL has. Refused here, where it is one line, and
+  // after verify_same_model: every rank agrees on the option, so every rank
+  // throws and none waits in a collective for the others.
   if (compression_ == Compression::kBF16 && backend_name(*group_) == "gloo") {
-    throw std::invalid_argument(
-        "prepare_model: bf16 gradient compression needs NCCL (--use-gpu); this LibTorch's Gloo "
-        "has no bfloat16 allreduce. Use train::Compression::kFP16 on CPU");
+    throw std::invalid_argument(kBf16OnGloo);
   }
   // Reverse registration order approximates the order gradients become ready.
   auto named = module.named_parameters();
@@ -89,9 +93,10 @@ Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGrou
 namespace {
 
 // The type a bucket of `type` travels in: a half-width float with
-// compression, for float32 and float64 buckets; none for the rest.
+// compression, for float32 buckets; none for the rest (a model trained in
+// double wants its bits, and one in half precision has nothing to gain).
 std::optional<torch::ScalarType> wire_type(torch::ScalarType type, Compression compression) {
-  if (type != torch::kFloat && type != torch::kDouble) return std::nullopt;
+  if (type != torch::kFloat) return std::nullopt;
   switch (compression) {
     case Compression::kBF16: return torch::kBFloat16;
     case Compression::kFP16: return torch::kHalf;
@@ -251,10 +256,17 @@ void Reducer::launch_ready_buckets() {
   const double world = group_->getSize();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     auto& bucket = buckets_[next_bucket_++];
-    bucket.contents.div_(world);  // before the cast: the sum stays in range
+    // Divided before the cast (DDP's hooks cast first): one rounding, and a
+    // local gradient up to world x 65504 still fits fp16.
+    bucket.contents.div_(world);
     if (bucket.wire.defined()) bucket.wire.copy_(bucket.contents);
     std::vector<torch::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.contents};
-    bucket.work = group_->allreduce(tensors);
+    try {
+      bucket.work = group_->allreduce(tensors);
+    } catch (...) {  // a backend that refuses the type: the next backward starts clean
+      reset_iteration();
+      throw;
+    }
   }
 }
 
@@ -319,6 +331,10 @@ PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
 void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options) {
   auto ctx = get_context();
   module->to(ctx.device());
+  // Refused on one worker too, so that -n 1 and -n 2 agree.
+  if (options.compression() == Compression::kBF16 && ctx.device().is_cpu()) {
+    throw std::invalid_argument(kBf16OnGloo);
+  }
   if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
   auto prepared = replicate(module, process_group(), ctx.device(), options);
 

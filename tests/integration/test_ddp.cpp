@@ -230,18 +230,29 @@ TEST_CASE("FashionMNIST with fp16 gradient compression trains as uncompressed tr
   const auto& fp16 = metrics["fp16"];
   INFO(plain.dump() << " / " << fp16.dump());
   // 30 Adam steps from the same start: the training losses agree to a few
-  // percent (fp16 keeps 11 bits of each averaged gradient), and both learned.
-  // The test set is 512 images this early in training: its numbers are
-  // noisier (here 0.707 against 0.654 accuracy, 0.90 against 1.06 loss).
-  auto near = [](double a, double b, double tolerance) { return std::abs(a - b) < tolerance; };
-  CHECK(plain["loss"].get<double>() < 1.5);
-  CHECK(near(fp16["loss"], plain["loss"], 0.05 * plain["loss"].get<double>()));
-  CHECK(near(fp16["test_loss"], plain["test_loss"], 0.25 * plain["test_loss"].get<double>()));
-  CHECK(near(fp16["accuracy"], plain["accuracy"], 0.12));
+  // percent (fp16 keeps 11 bits of each averaged gradient), yet differ (the
+  // option took effect; the runs are otherwise deterministic), and both
+  // learned. The test set is 512 images this early in training, too few to
+  // compare closely: each must simply be well above chance (0.1).
+  const double loss = plain["loss"].get<double>();
+  CHECK(loss < 1.5);
+  CHECK(std::abs(fp16["loss"].get<double>() - loss) < 0.05 * loss);
+  CHECK(fp16["loss"].get<double>() != loss);
+  CHECK(plain["accuracy"].get<double>() > 0.4);
+  CHECK(fp16["accuracy"].get<double>() > 0.4);
   // A config that names no compression is refused with the choices.
   auto bad = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN +
                      "' -n 2 --name bad --config max_steps=1 --config compression=int8");
   CHECK(bad.exit_code == 1);
   CHECK(bad.output.find("config compression must be none, fp16 or bf16, got 'int8'") !=
         std::string::npos);
+  // bf16 on CPU: refused at prepare_model, one worker as well as two.
+  for (const char* workers : {"1", "2"}) {
+    auto bf16 = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN + "' -n " + workers +
+                        " --name bf16-" + workers + " --config max_steps=1 --config compression=bf16");
+    CAPTURE(workers);
+    CHECK(bf16.exit_code == 1);
+    CHECK(bf16.output.find("bf16 gradient compression needs NCCL (--use-gpu)") !=
+          std::string::npos);
+  }
 }

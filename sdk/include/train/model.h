@@ -34,12 +34,15 @@ struct ModelOptions {
   /// report); if not, train::report throws std::runtime_error on every rank
   /// naming the first parameter that differs and the ranks.
   TORCH_ARG(bool, check_divergence) = true;
-  /// Allreduce float32 and float64 gradients as bf16 or fp16, as DDP's
-  /// bf16_compress_hook and fp16_compress_hook do: each bucket is divided by
-  /// the world size, cast, averaged, and cast back into the gradients. Halves
-  /// the bytes on the wire at the cost of precision; it pays when the
-  /// allreduce is the bottleneck (many workers, a slow network), not when
-  /// compute is (the casts cost a pass over the gradients).
+  /// Allreduce float32 gradients as bf16 or fp16, like DDP's
+  /// bf16_compress_hook and fp16_compress_hook: each bucket is divided by the
+  /// world size (in float32, before the cast, where DDP casts first), cast,
+  /// averaged, and cast back into the gradients. Halves the bytes on the wire
+  /// for a second buffer of half the gradients' size, and precision: with
+  /// fp16 an average beyond 65504 becomes inf and one below about 6e-8
+  /// becomes 0. Pays when the allreduce is the bottleneck (many workers, a
+  /// slow network), not on one machine. kBF16 needs NCCL: on CPU
+  /// prepare_model throws std::invalid_argument.
   TORCH_ARG(Compression, compression) = Compression::kNone;
 };
 
