@@ -33,8 +33,11 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-void report(const Metrics& metrics, const Checkpoint& checkpoint) {
-  detail::report_with(metrics, checkpoint.path().c_str());
+void report(const Metrics& metrics, const Checkpoint& checkpoint,
+            CheckpointUploadMode upload_mode) {
+  detail::report_with(metrics, checkpoint.path().c_str(),
+                      upload_mode == CheckpointUploadMode::kAsync ? TRAIN_UPLOAD_ASYNC
+                                                                  : TRAIN_UPLOAD_SYNC);
 }
 
 std::optional<Checkpoint> get_checkpoint() {

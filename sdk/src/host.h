@@ -30,8 +30,10 @@ uint64_t entry_serial();
 /// state tied to one train function, such as prepared models, goes with it.
 void at_entry_end(std::function<void()> cleanup);
 
-/// train::report's body: `checkpoint_dir` is NULL for a report without one.
-void report_with(const Metrics& metrics, const char* checkpoint_dir);
+/// train::report's body: `checkpoint_dir` is NULL for a report without one;
+/// `upload_mode` is TRAIN_UPLOAD_SYNC or TRAIN_UPLOAD_ASYNC.
+void report_with(const Metrics& metrics, const char* checkpoint_dir,
+                 uint32_t upload_mode = TRAIN_UPLOAD_SYNC);
 
 /// Installs `host` for the lifetime of the guard.
 class HostScope {

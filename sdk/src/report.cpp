@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <stdexcept>
 #include <vector>
 
@@ -12,7 +13,7 @@ namespace train {
 
 namespace detail {
 
-void report_with(const Metrics& metrics, const char* checkpoint_dir) {
+void report_with(const Metrics& metrics, const char* checkpoint_dir, uint32_t upload_mode) {
   const auto& host = current_host("train::report");
   // Before the barrier, so that diverged replicas never reach a checkpoint.
   check_prepared_models("train::report");
@@ -22,10 +23,21 @@ void report_with(const Metrics& metrics, const char* checkpoint_dir) {
   }
   std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(map);
   char error[1024] = {0};
-  if (host.report(host.handle, bytes.data(), bytes.size(), checkpoint_dir, error, sizeof(error)) !=
-      0) {
-    throw std::runtime_error(std::string("train::report failed: ") + error);
+  const bool async = checkpoint_dir != nullptr && upload_mode == TRAIN_UPLOAD_ASYNC;
+  int rc = 0;
+  if (async && TRAIN_HOST_HAS(&host, report_checkpoint)) {
+    rc = host.report_checkpoint(host.handle, bytes.data(), bytes.size(), checkpoint_dir,
+                                upload_mode, error, sizeof(error));
+  } else {
+    rc = host.report(host.handle, bytes.data(), bytes.size(), checkpoint_dir, error, sizeof(error));
+    // A worker older than this SDK uploads synchronously; the directory is
+    // trainrun's all the same.
+    if (rc == 0 && async) {
+      std::error_code ec;
+      std::filesystem::remove_all(checkpoint_dir, ec);
+    }
   }
+  if (rc != 0) throw std::runtime_error(std::string("train::report failed: ") + error);
 }
 
 }  // namespace detail

@@ -144,7 +144,14 @@ TRAIN_FUNC(mismatch);
 TRAIN_FUNC(sleeps);
 TRAIN_FUNC(bad_config);
 
-// Reports `reports` checkpoints: every rank a per-rank file, rank 0 also
+// The config's upload_mode: "sync" (the default) or "async".
+train::CheckpointUploadMode upload_mode(const train::Config& config) {
+  auto mode = config.get<std::string>("upload_mode", "sync");
+  if (mode != "sync" && mode != "async") throw std::invalid_argument("upload_mode: " + mode);
+  return mode == "async" ? train::CheckpointUploadMode::kAsync : train::CheckpointUploadMode::kSync;
+}
+
+// Reports `reports` checkpoints (upload_mode: sync or async): every rank a per-rank file, rank 0 also
 // model.txt holding the iteration. Reports what get_checkpoint() held at the
 // start ("none" or model.txt's text) and where it was. With same_name=true every rank writes
 // model.txt; with symlink=true rank 0 adds a symbolic link; pad_kb adds a file
@@ -175,7 +182,11 @@ void checkpoints(const train::Config& config) {
     // Every report checkpoints, or every checkpoint_every-th (the others report metrics only).
     if (i % config.get<int>("checkpoint_every", 1) == 0) {
       train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}},
-                    train::Checkpoint::from_directory(dir.path()));
+                    train::Checkpoint::from_directory(dir.path()), upload_mode(config));
+      if (upload_mode(config) == train::CheckpointUploadMode::kAsync &&
+          std::filesystem::exists(dir.path())) {
+        throw std::runtime_error("an asynchronous checkpoint's directory was not handed over");
+      }
     } else {
       train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}});
     }
@@ -266,7 +277,8 @@ TRAIN_FUNC(stacked);
 
 // A training loop that survives restarts: `steps` steps, each an allreduce
 // (as a gradient sync) and a report; every `checkpoint_every`-th step rank 0
-// checkpoints the step count, and a new attempt resumes after the latest.
+// checkpoints the step count (upload_mode: sync or async), and a new attempt
+// resumes after the latest.
 // Reports the step, the step it resumed at and the process. With `marker` (a
 // path), rank `fail_rank` fails once at step `fail_step`, the first time the
 // marker is absent, as `how` says: "kill" (SIGKILL), "throw", "stop"
@@ -303,7 +315,7 @@ void resumable(const train::Config& config) {
     if ((step + 1) % every == 0 || step + 1 == steps) {
       train::TempDir dir;
       if (ctx.world_rank() == 0) std::ofstream(dir.path() / "step.txt") << step + 1;
-      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()), upload_mode(config));
     } else {
       train::report(metrics);
     }

@@ -54,7 +54,8 @@ struct Progress {
 /// exception from a callback is logged and ignored: the run goes on.
 struct Callbacks {
   /// Every report, once recorded: rank 0's metrics, and the checkpoint
-  /// committed with it, if any.
+  /// committed with it, if any (an asynchronous checkpoint is not committed
+  /// yet: on_checkpoint tells when it is).
   std::function<void(const ReportRecord&)> on_report;
   /// The group of workers starts: the first attempt, and each restart. Its
   /// world_size is the most until the ranks are assigned (an elastic group
@@ -81,6 +82,9 @@ struct Callbacks {
   /// ten times a second, and at each epoch's end. Nothing when the train
   /// function uses no prepared loader.
   std::function<void(const Progress&)> on_progress;
+  /// Every checkpoint, once committed: right after on_report for a
+  /// synchronous one, when its upload is in for an asynchronous one.
+  std::function<void(const CheckpointInfo&)> on_checkpoint;
 };
 
 class Trainer {

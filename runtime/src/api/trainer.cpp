@@ -391,6 +391,10 @@ Result Trainer::fit() {
     progress.set_metrics(record.metrics);
     call_host(log, "on_report", callbacks_.on_report, record);
   };
+  setup.on_checkpoint = [&](const CheckpointInfo& checkpoint) {
+    page.maybe_write();
+    call_host(log, "on_checkpoint", callbacks_.on_checkpoint, checkpoint);
+  };
   // Progress: to the host, and on the terminal's status line, or a plain line
   // every progress interval.
   auto next_progress_line = ProgressTracker::Clock::now() + options_.progress_interval;

@@ -37,6 +37,8 @@ class CheckpointService {
   /// A new attempt: drops what a failed one left staged, and resumes from the
   /// latest checkpoint committed by now.
   void begin_attempt(int attempt);
+  /// The latest committed checkpoint.
+  std::optional<CheckpointInfo> latest() const { return store_.latest(); }
   /// The latest committed checkpoint's name, or empty.
   std::string latest_name() const {
     auto latest = store_.latest();
@@ -60,6 +62,8 @@ class CheckpointService {
   /// A rank's UPLOADED. Throws IoError when its upload failed or its files are
   /// not whole, ProtocolError when they are not the files announced.
   void finish_upload(int rank, const protocol::Uploaded& uploaded);
+  /// Whether some rank's files are staged (or being uploaded) for the next commit.
+  bool staging() const { return store_.staging(); }
   /// Whether some rank's upload has begun and not ended.
   bool uploading() const { return store_.uploading(); }
   /// Commits what was staged for the report of `iteration`, if anything; the

@@ -230,7 +230,8 @@ Controller::AttemptEnd Controller::run_attempt() {
     if (failures_.settled(Clock::now(), kFailureGrace) && remote_workers_accounted()) {
       return {failures_.root_cause()};
     }
-    if (!failures_.any() && assigned_ &&
+    // Done once every rank returned and the last checkpoint is committed.
+    if (!failures_.any() && assigned_ && !async_checkpoint_ &&
         std::all_of(pool_->workers().begin(), pool_->workers().end(),
                     [](const WorkerSlot& w) { return w.done; })) {
       return {};
@@ -381,6 +382,9 @@ void Controller::reset_attempt() {
   reported_this_attempt_ = 0;
   plugin_downloads_ = 0;
   checkpoints_.begin_attempt(attempt_ + 1);
+  async_checkpoint_.reset();
+  deferred_reports_.clear();
+  owed_uploads_.clear();
   failures_ = FailureCollector();
   assigned_ = false;
   stopping_ = false;

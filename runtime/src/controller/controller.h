@@ -19,6 +19,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,6 +70,9 @@ struct ControllerSetup {
   std::function<void(const std::vector<AttemptInfo>&)> on_attempts;
   /// Called on the controller's thread with each recorded report.
   std::function<void(const ReportRecord&)> on_report;
+  /// Called on the controller's thread with each committed checkpoint (also
+  /// those on_report names), when it is committed.
+  std::function<void(const CheckpointInfo&)> on_checkpoint;
   /// Called on the controller's thread with rank 0's progress: at most every
   /// kProgressGap, and at each epoch's end.
   std::function<void(const ProgressSample&)> on_progress;
@@ -197,6 +201,7 @@ class Controller {
   void handle_main(WorkerSlot& worker, protocol::Incoming& message);
   void handle_train(WorkerSlot& worker, protocol::Incoming& message);
   void handle_store(WorkerSlot& worker, protocol::Incoming& message);
+  void handle_upload(WorkerSlot& worker, protocol::Incoming& message);
   template <typename T>
   void to_main(const WorkerSlot& worker, const T& message, std::vector<zmq::message_t> blobs = {}) {
     protocol::send(router_, message, std::move(blobs), worker.main_id);
@@ -209,8 +214,18 @@ class Controller {
 
   // Reports and checkpoints.
   void on_report(WorkerSlot& worker, const protocol::Report& report);
-  void on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message);
-  void on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded);
+  /// `upload_channel`: it came on the upload thread's connection, where an
+  /// asynchronous checkpoint's must come (a synchronous one's on the train
+  /// thread's); the credit goes back the same way.
+  void on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message, bool upload_channel);
+  void on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded, bool upload_channel);
+  /// UPLOAD to a rank's upload thread, or once its connection attaches.
+  void send_async_upload(const WorkerSlot& worker, const protocol::Upload& upload);
+  /// Commits the asynchronous checkpoint once its report was released and
+  /// every rank's upload is in; then replays the REPORTs that waited for it.
+  void commit_async_checkpoint();
+  /// An elastic group grows at a committed checkpoint when node agents wait.
+  void maybe_regroup(const std::string& checkpoint);
   void on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch);
   void on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& fetch);
   void on_done(WorkerSlot& worker);
@@ -250,6 +265,19 @@ class Controller {
   int agent_claims_ = 0;
   ReportCoordinator reports_;
   CheckpointService checkpoints_;
+  // The asynchronous checkpoint being uploaded (REPORT with `async`): at most
+  // one per run. The REPORTs with a checkpoint that come while it is
+  // uploading wait, unanswered, for its commit; UPLOADs to ranks whose upload
+  // connection has not attached yet wait for it.
+  struct AsyncCheckpoint {
+    bool released = false;  // its report was acknowledged and recorded
+    int64_t iteration = 0;  // ... as this iteration
+    nlohmann::json metrics;
+    Clock::time_point reported;
+  };
+  std::optional<AsyncCheckpoint> async_checkpoint_;
+  std::vector<std::pair<int, protocol::Report>> deferred_reports_;  // by rank
+  std::map<int, protocol::Upload> owed_uploads_;                    // by rank
   FailureCollector failures_;
   RateLimiter dropped_{10, std::chrono::seconds(1)};  // "dropped a message" log lines
   // PROGRESS passed on to on_progress: at most one every kProgressGap, and

@@ -22,7 +22,7 @@ namespace {
 FailureKind worker_failure_kind(const std::string& name, FailureKind otherwise) {
   auto kind = parse_failure_kind(name);
   if (kind == FailureKind::kException || kind == FailureKind::kPlugin ||
-      kind == FailureKind::kSetup) {
+      kind == FailureKind::kSetup || kind == FailureKind::kStorage) {
     return *kind;
   }
   return otherwise;
@@ -67,6 +67,8 @@ bool Controller::on_router_readable() {
       handle_train(*worker, message);
     } else if (worker->store_id == id) {
       handle_store(*worker, message);
+    } else if (worker->upload_id == id) {
+      handle_upload(*worker, message);
     } else {
       handle_main(*worker, message);
     }
@@ -381,11 +383,15 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
                         std::to_string(attach.rank) + ", pid " + std::to_string(attach.pid) + ")");
   }
   const bool store = attach.channel == protocol::kStoreChannel;
-  if (!store && attach.channel != protocol::kTrainChannel) {
+  const bool upload = attach.channel == protocol::kUploadChannel;
+  if (!store && !upload && attach.channel != protocol::kTrainChannel) {
     throw ProtocolError("ATTACH for an unknown channel");
   }
   WorkerSlot* worker = claimed;
-  if (worker == nullptr || (store ? worker->store_id : worker->train_id) ||
+  if (worker == nullptr ||
+      (store    ? worker->store_id
+       : upload ? worker->upload_id
+                : worker->train_id) ||
       worker->process.pid != attach.pid) {
     throw ProtocolError("ATTACH from an unexpected " + attach.channel.substr(0, 16) +
                         " connection (rank " + std::to_string(attach.rank) + ", pid " +
@@ -393,6 +399,12 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
   }
   if (store) {
     pool_->set_store_id(*worker, id);
+  } else if (upload) {
+    pool_->set_upload_id(*worker, id);
+    if (auto owed = owed_uploads_.find(worker->rank); owed != owed_uploads_.end()) {
+      protocol::send(router_, owed->second, {}, id);
+      owed_uploads_.erase(owed);
+    }
   } else {
     pool_->set_train_id(*worker, id);
   }
@@ -499,9 +511,9 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   if (type == protocol::Report::kType) {
     on_report(worker, message.as<protocol::Report>());
   } else if (type == protocol::UploadChunk::kType) {
-    on_upload_chunk(worker, message);
+    on_upload_chunk(worker, message, /*upload_channel=*/false);
   } else if (type == protocol::Uploaded::kType) {
-    on_uploaded(worker, message.as<protocol::Uploaded>());
+    on_uploaded(worker, message.as<protocol::Uploaded>(), /*upload_channel=*/false);
   } else if (type == protocol::FetchCheckpoint::kType) {
     on_fetch_checkpoint(worker, message.as<protocol::FetchCheckpoint>());
   } else if (type == protocol::FetchChunk::kType) {
@@ -542,6 +554,17 @@ void Controller::handle_store(WorkerSlot& worker, protocol::Incoming& message) {
   }
 }
 
+void Controller::handle_upload(WorkerSlot& worker, protocol::Incoming& message) {
+  const auto& type = message.type();
+  if (type == protocol::UploadChunk::kType) {
+    on_upload_chunk(worker, message, /*upload_channel=*/true);
+  } else if (type == protocol::Uploaded::kType) {
+    on_uploaded(worker, message.as<protocol::Uploaded>(), /*upload_channel=*/true);
+  } else {
+    throw ProtocolError("unexpected message type " + type + " on an upload connection");
+  }
+}
+
 void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   // A failing or stopping attempt records and commits nothing more; its
   // workers are about to stop.
@@ -558,15 +581,40 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   if (worker.done) {
     throw ProtocolError("REPORT after DONE");
   }
+  // A checkpoint waits, its report unanswered, for the commit of the
+  // asynchronous one before it.
+  if (report.checkpoint && async_checkpoint_ && async_checkpoint_->released) {
+    for (const auto& deferred : deferred_reports_) {
+      if (deferred.first == worker.rank) throw ProtocolError("REPORT while its report waits");
+    }
+    deferred_reports_.emplace_back(worker.rank, report);
+    return;
+  }
   if (auto error = reports_.arrive(worker.rank, report.iteration, std::move(metrics))) {
     fail(worker, FailureKind::kUsage, *error);
     return;
   }
   if (report.checkpoint) {
+    // This report's checkpoint is asynchronous when async_checkpoint_ exists
+    // (not yet released), synchronous when something is staged without it.
+    const bool async = async_checkpoint_.has_value();
+    if (report.async ? checkpoints_.staging() && !async : async) {
+      fail(worker, FailureKind::kUsage,
+           "rank " + std::to_string(worker.rank) + " passed its checkpoint with upload mode " +
+               (report.async ? "async" : "sync") + " where another rank passed " +
+               (report.async ? "sync" : "async") +
+               ": every rank must pass the same train::CheckpointUploadMode");
+      return;
+    }
     try {
-      to_train(worker,
-               checkpoints_.begin_upload(worker.rank, report.iteration, report.files,
-                                         /*stream=*/worker.remote && !worker.shares_storage));
+      auto upload = checkpoints_.begin_upload(worker.rank, report.iteration, report.files,
+                                              /*stream=*/worker.remote && !worker.shares_storage);
+      if (report.async) {
+        if (!async_checkpoint_) async_checkpoint_.emplace();
+        send_async_upload(worker, upload);
+      } else {
+        to_train(worker, upload);
+      }
     } catch (const UsageError& e) {
       fail(worker, FailureKind::kUsage, e.what());
       return;
@@ -578,8 +626,20 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   release_report();
 }
 
-void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message) {
+void Controller::send_async_upload(const WorkerSlot& worker, const protocol::Upload& upload) {
+  if (worker.upload_id) {
+    protocol::send(router_, upload, {}, *worker.upload_id);
+  } else {
+    owed_uploads_[worker.rank] = upload;
+  }
+}
+
+void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message,
+                                 bool upload_channel) {
   if (failures_.any() || stopping_ || regroup_) return;
+  if (upload_channel != async_checkpoint_.has_value()) {
+    throw ProtocolError("UPLOAD_CHUNK on the wrong connection");
+  }
   auto chunk = message.as<protocol::UploadChunk>();
   if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
   try {
@@ -588,18 +648,57 @@ void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message
     abort_upload(e.what());
     return;
   }
-  to_train(worker, protocol::UploadCredit{1});
+  protocol::send(router_, protocol::UploadCredit{1}, {},
+                 upload_channel ? worker.upload_id : worker.train_id);
 }
 
-void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded) {
+void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded,
+                             bool upload_channel) {
   if (failures_.any() || stopping_ || regroup_) return;
+  if (upload_channel != async_checkpoint_.has_value()) {
+    throw ProtocolError("UPLOADED on the wrong connection");
+  }
   try {
     checkpoints_.finish_upload(worker.rank, uploaded);
   } catch (const IoError& e) {
     abort_upload(e.what());
     return;
   }
-  release_report();
+  if (async_checkpoint_) {
+    commit_async_checkpoint();
+  } else {
+    release_report();
+  }
+}
+
+void Controller::commit_async_checkpoint() {
+  if (!async_checkpoint_ || !async_checkpoint_->released || checkpoints_.uploading()) return;
+  auto pending = std::move(*async_checkpoint_);
+  async_checkpoint_.reset();
+  std::string name;
+  try {
+    name = checkpoints_.commit(pending.iteration, pending.metrics);
+    storage_.append_checkpoint(pending.iteration, name, unix_time());
+  } catch (const IoError& e) {
+    fail_storage(std::string("checkpoint commit failed: ") + e.what());
+    return;
+  }
+  log_.info("{} committed: the checkpoint of report {}, {:.1f} s after it", name,
+            pending.iteration, std::chrono::duration<double>(Clock::now() - pending.reported).count());
+  if (setup_.on_checkpoint) setup_.on_checkpoint(*checkpoints_.latest());
+  maybe_regroup(name);
+  // The reports with a checkpoint that waited for this commit.
+  auto deferred = std::move(deferred_reports_);
+  deferred_reports_.clear();
+  for (const auto& [rank, report] : deferred) {
+    WorkerSlot* worker = pool_->at_rank(rank);
+    if (worker == nullptr) continue;
+    try {
+      on_report(*worker, report);
+    } catch (const ProtocolError& e) {
+      log_.warn("dropped a message from {}: {}", worker->describe(), e.what());
+    }
+  }
 }
 
 // The worker waits for every answer here, so whatever goes wrong fails the run
@@ -667,13 +766,20 @@ void Controller::release_report() {
     check_stalled();
     return;
   }
-  if (checkpoints_.uploading()) return;
+  // A synchronous checkpoint is committed before the report is released; an
+  // asynchronous one (what is staged belongs to it) afterwards.
+  if (!async_checkpoint_ && checkpoints_.uploading()) return;
   auto record = reports_.release();
-  try {
-    record.checkpoint = checkpoints_.commit(record.iteration, record.metrics);
-  } catch (const IoError& e) {
-    fail_storage(std::string("checkpoint commit failed: ") + e.what());
-    return;
+  const bool async = async_checkpoint_ && !async_checkpoint_->released;
+  if (async) {
+    *async_checkpoint_ = {true, record.iteration, record.metrics, Clock::now()};
+  } else if (!async_checkpoint_) {
+    try {
+      record.checkpoint = checkpoints_.commit(record.iteration, record.metrics);
+    } catch (const IoError& e) {
+      fail_storage(std::string("checkpoint commit failed: ") + e.what());
+      return;
+    }
   }
   record.timestamp = unix_time();  // the report's time includes its commit
   record.time_total_s = earlier_seconds_ + elapsed();
@@ -693,9 +799,19 @@ void Controller::release_report() {
   }
   log_.info("report {} ({:.1f} s): {}{}", record.iteration, record.time_total_s,
             format_metrics(record.metrics),
-            record.checkpoint.empty() ? "" : " -> " + record.checkpoint);
-  // An elastic group grows at a committed checkpoint when node agents wait.
-  if (!record.checkpoint.empty() && world_size_ < max_workers() &&
+            async                        ? " (its checkpoint uploads)"
+            : record.checkpoint.empty() ? ""
+                                         : " -> " + record.checkpoint);
+  if (async) {
+    commit_async_checkpoint();  // when every upload was already in
+  } else if (!record.checkpoint.empty()) {
+    if (setup_.on_checkpoint) setup_.on_checkpoint(*checkpoints_.latest());
+    maybe_regroup(record.checkpoint);
+  }
+}
+
+void Controller::maybe_regroup(const std::string& checkpoint) {
+  if (!checkpoint.empty() && world_size_ < max_workers() &&
       std::any_of(agents_.begin(), agents_.end(),
                   [](const auto& entry) { return entry.second.waiting; })) {
     regroup_ = true;

@@ -88,6 +88,17 @@ void RunStorage::append_result(const ReportRecord& record) {
   }
 }
 
+void RunStorage::append_checkpoint(int64_t iteration, const std::string& checkpoint,
+                                   double timestamp) {
+  results_.append(run_directory::checkpoint_line(iteration, checkpoint, timestamp));
+  for (auto row = rows_.rbegin(); row != rows_.rend(); ++row) {
+    if (row->iteration == iteration) {
+      row->checkpoint = checkpoint;
+      break;
+    }
+  }
+}
+
 void RunStorage::rewrite_progress_csv() {
   std::string content;
   for (size_t i = 0; i < csv_columns_.size(); ++i) {

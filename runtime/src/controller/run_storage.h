@@ -33,6 +33,9 @@ class RunStorage {
 
   /// Appends one report: a line of result.jsonl and a row of progress.csv.
   void append_result(const ReportRecord& record);
+  /// Records in result.jsonl that the report of `iteration`, recorded
+  /// earlier, committed `checkpoint` (an asynchronous upload) at `timestamp`.
+  void append_checkpoint(int64_t iteration, const std::string& checkpoint, double timestamp);
 
   /// The last report earlier runs of this name recorded, if any: a rerun's
   /// iterations and time_total_s continue from it.

@@ -161,6 +161,11 @@ void WorkerPool::set_store_id(WorkerSlot& worker, const std::string& routing_id)
   by_connection_[routing_id] = &worker;
 }
 
+void WorkerPool::set_upload_id(WorkerSlot& worker, const std::string& routing_id) {
+  worker.upload_id = routing_id;
+  by_connection_[routing_id] = &worker;
+}
+
 void WorkerPool::assign(const std::vector<int>& ranks) {
   TRAINRUN_CHECK(ranks.size() == workers_.size(), "a rank for every worker");
   by_rank_.assign(workers_.size(), nullptr);

@@ -1,7 +1,7 @@
 #pragma once
 
 // The worker processes of one run and what the controller knows of each: its
-// process and output, its three connections (routing ids), host, rank and state.
+// process and output, its four connections (routing ids), host, rank and state.
 // The pool spawns local workers, forwards their output, reaps their exits and
 // signals them; the controller decides what each event means. Lookups by
 // connection and by rank are O(1), and output is watched through one epoll
@@ -35,6 +35,7 @@ struct WorkerSlot {
   std::optional<std::string> main_id;   // its main thread's connection, set by HELLO
   std::optional<std::string> train_id;  // its train thread's, set by ATTACH
   std::optional<std::string> store_id;  // its rendezvous store's, set by ATTACH
+  std::optional<std::string> upload_id;  // its upload thread's, set by ATTACH
   std::string host;
   std::string attach_secret;      // a remote worker's, sent in its ASSIGN; ATTACH carries it
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
@@ -103,6 +104,7 @@ class WorkerPool {
   void set_main_id(WorkerSlot& worker, const std::string& routing_id);
   void set_train_id(WorkerSlot& worker, const std::string& routing_id);
   void set_store_id(WorkerSlot& worker, const std::string& routing_id);
+  void set_upload_id(WorkerSlot& worker, const std::string& routing_id);
   /// Gives each worker its rank: ranks[i] for the worker with launch index i.
   /// Output logs are named by rank from here on.
   void assign(const std::vector<int>& ranks);

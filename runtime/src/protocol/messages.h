@@ -20,7 +20,11 @@
 // (it shares the controller's filesystem); without one it streams them as
 // UPLOAD_CHUNKs, never more than the credit the controller granted (one
 // UPLOAD_CREDIT back per chunk written). Either way it ends with UPLOADED,
-// carrying each file's sha256. A worker that cannot see the storage fetches the
+// carrying each file's sha256. A REPORT with `async` set (the rank handed its
+// directory over) is acknowledged once every rank reported, without waiting
+// for the upload: its UPLOAD, chunks, credits and UPLOADED go over a fourth
+// connection (ATTACH with channel "upload"), the worker's upload thread's. A
+// worker that cannot see the storage fetches the
 // checkpoint to resume from with FETCH_CHECKPOINT (the listing comes back as
 // CHECKPOINT_LISTING) and FETCH_CHUNK requests.
 //
@@ -71,8 +75,11 @@ struct Hello {
 /// The connections a worker opens after HELLO, each beginning with ATTACH.
 inline constexpr const char* kTrainChannel = "train";
 inline constexpr const char* kStoreChannel = "store";
+/// The upload thread's: asynchronous checkpoint uploads (UPLOAD, UPLOAD_CHUNK,
+/// UPLOAD_CREDIT, UPLOADED), opened at the first one.
+inline constexpr const char* kUploadChannel = "upload";
 
-struct Attach {  // the first message on a train thread's or a store's connection
+struct Attach {  // the first message on a train thread's, a store's or an upload connection
   static constexpr const char* kType = "ATTACH";
   int32_t rank = 0;  // as assigned
   int64_t pid = 0;
@@ -101,7 +108,10 @@ struct Report {
   std::vector<char> metrics;  // msgpack map, as train::report encoded it
   bool checkpoint = false;    // this rank passes a checkpoint: the files follow in an upload
   std::vector<CheckpointFile> files;  // its files, without sha256
-  MSGPACK_DEFINE_MAP(iteration, metrics, checkpoint, files);
+  /// The files were handed over: the upload follows on the rank's upload
+  /// connection, and the report is acknowledged without waiting for it.
+  bool async = false;
+  MSGPACK_DEFINE_MAP(iteration, metrics, checkpoint, files, async);
 };
 
 struct UploadChunk {  // followed by one blob frame with the bytes

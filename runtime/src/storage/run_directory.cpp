@@ -234,7 +234,21 @@ std::vector<ReportRecord> read_results(const std::filesystem::path& run_dir) {
   std::string line;
   while (std::getline(in, line)) {
     auto j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("metrics")) continue;
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (!j.contains("metrics")) {  // a checkpoint line: to its report's record
+      if (!j.contains("committed_at") || !j["checkpoint"].is_string() ||
+          !j["iteration"].is_number_integer()) {
+        continue;
+      }
+      auto iteration = j["iteration"].get<int64_t>();
+      for (auto record = records.rbegin(); record != records.rend(); ++record) {
+        if (record->iteration == iteration) {
+          record->checkpoint = j["checkpoint"].get<std::string>();
+          break;
+        }
+      }
+      continue;
+    }
     try {
       records.push_back({j.at("iteration").get<int64_t>(), j.value("timestamp", 0.0),
                          j.value("time_total_s", 0.0), j["metrics"], j.value("checkpoint", ""),
@@ -253,6 +267,11 @@ std::string result_line(const ReportRecord& record) {
             {"metrics", record.metrics},
             {"attempt", record.attempt}};
   if (!record.checkpoint.empty()) j["checkpoint"] = record.checkpoint;
+  return dump(j, -1) + "\n";
+}
+
+std::string checkpoint_line(int64_t iteration, const std::string& checkpoint, double timestamp) {
+  json j = {{"iteration", iteration}, {"checkpoint", checkpoint}, {"committed_at", timestamp}};
   return dump(j, -1) + "\n";
 }
 

@@ -5,7 +5,8 @@
 //
 //   <storage_path>/<name>/
 //     run.json               RunInfo: what was run, and its status
-//     result.jsonl           a ReportRecord per line
+//     result.jsonl           a ReportRecord per line; an asynchronous
+//                            checkpoint's commit in a line of its own
 //     progress.csv           the same, flattened (written by RunStorage)
 //     checkpoint_state.json  CheckpointState: the kept checkpoints, the latest
 //     checkpoint_NNNNNN/     a checkpoint's files, and its manifest.json (Manifest)
@@ -98,11 +99,15 @@ struct Manifest {
 std::optional<RunInfo> read_run_info(const std::filesystem::path& run_dir);
 void write_run_info(const std::filesystem::path& run_dir, const RunInfo& info);
 
-/// Every well-formed line of result.jsonl, oldest first (a line cut short by a
-/// crash is skipped).
+/// Every report result.jsonl records, oldest first (a line cut short by a
+/// crash is skipped), each with the checkpoint it committed: in its own line,
+/// or for an asynchronous upload in a checkpoint line after it.
 std::vector<ReportRecord> read_results(const std::filesystem::path& run_dir);
 /// One line of result.jsonl, with its newline.
 std::string result_line(const ReportRecord& record);
+/// The line of result.jsonl that records an asynchronous upload's commit:
+/// {"iteration": N, "checkpoint": NAME, "committed_at": T}, no metrics.
+std::string checkpoint_line(int64_t iteration, const std::string& checkpoint, double timestamp);
 
 /// checkpoint_state.json, with paths under `run_dir`; an empty state when it
 /// does not exist. Throws IoError when malformed.

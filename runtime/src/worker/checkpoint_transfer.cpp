@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "common/atomic_file.h"
@@ -19,8 +21,20 @@
 namespace trainrun {
 namespace {
 
-// The next message from the controller, which must be of type `type`.
-protocol::Incoming expect(zmq::socket_t& controller, const char* type) {
+// The next message from the controller, which must be of type `type`. With
+// `stop`, it looks at the flag every kStopCheck while it waits, and throws
+// Error once it is set.
+constexpr auto kStopCheck = std::chrono::milliseconds(200);
+
+protocol::Incoming expect(zmq::socket_t& controller, const char* type,
+                          const std::atomic<bool>* stop = nullptr) {
+  if (stop != nullptr) {
+    while (true) {
+      if (stop->load()) throw Error(std::string("stopped while waiting for ") + type);
+      zmq::pollitem_t items[] = {{controller.handle(), 0, ZMQ_POLLIN, 0}};
+      if (protocol::poll(items, 1, kStopCheck) > 0 && (items[0].revents & ZMQ_POLLIN)) break;
+    }
+  }
   auto message = protocol::Incoming::parse(protocol::recv_frames(controller));
   if (message.type() != type) {
     throw Error("the run is stopping (" + message.type() + " while waiting for " + type + ")");
@@ -31,7 +45,8 @@ protocol::Incoming expect(zmq::socket_t& controller, const char* type) {
 // Sends `path`'s bytes as UPLOAD_CHUNKs, waiting for UPLOAD_CREDIT whenever the
 // credit is spent, and returns their sha256.
 std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& path,
-                        uint32_t index, uint64_t size, int& credit) {
+                        uint32_t index, uint64_t size, int& credit,
+                        const std::atomic<bool>* stop) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw IoError("cannot read checkpoint file " + path.string() + ": " + std::strerror(errno));
@@ -39,8 +54,9 @@ std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& 
   Sha256 hash;
   for (uint64_t offset = 0; offset < size;) {
     while (credit == 0) {
-      credit +=
-          expect(controller, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
+      credit += expect(controller, protocol::UploadCredit::kType, stop)
+                    .as<protocol::UploadCredit>()
+                    .chunks;
     }
     // Read straight into the message that carries it: no copy on the way out.
     size_t length = std::min<uint64_t>(kChunkSize, size - offset);
@@ -63,15 +79,20 @@ std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& 
 
 void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
                        const std::filesystem::path& dir,
-                       std::vector<protocol::CheckpointFile> files) {
-  auto upload = expect(controller, protocol::Upload::kType).as<protocol::Upload>();
+                       std::vector<protocol::CheckpointFile> files,
+                       const std::atomic<bool>* stop) {
+  auto upload = expect(controller, protocol::Upload::kType, stop).as<protocol::Upload>();
+  if (upload.iteration != iteration) {
+    throw ProtocolError("UPLOAD for report " + std::to_string(upload.iteration) +
+                        " while report " + std::to_string(iteration) + " uploads");
+  }
   protocol::Uploaded uploaded{iteration, {}, ""};
   try {
     int credit = upload.credit;
     for (uint32_t i = 0; i < files.size(); ++i) {
       auto& file = files[i];
       if (upload.staging_dir.empty()) {
-        file.sha256 = stream_file(controller, dir / file.path, i, file.size, credit);
+        file.sha256 = stream_file(controller, dir / file.path, i, file.size, credit, stop);
       } else {
         file.sha256 =
             copy_and_hash(dir / file.path, std::filesystem::path(upload.staging_dir) / file.path);
@@ -80,8 +101,9 @@ void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
     // Every chunk written comes back as a credit; the last ones are collected
     // here, so none arrives once the report is waiting for its acknowledgement.
     while (credit < upload.credit) {
-      credit +=
-          expect(controller, protocol::UploadCredit::kType).as<protocol::UploadCredit>().chunks;
+      credit += expect(controller, protocol::UploadCredit::kType, stop)
+                    .as<protocol::UploadCredit>()
+                    .chunks;
     }
     uploaded.files = std::move(files);
   } catch (const IoError& e) {

@@ -2,11 +2,13 @@
 
 // The worker's half of checkpoint uploads and downloads, run on the train
 // thread while train::report or train::get_checkpoint blocks it, on the train
-// thread's own connection to the controller (protocol/messages.h describes the
-// exchange).
+// thread's own connection to the controller, or for an asynchronous upload on
+// the upload thread's (worker/checkpoint_uploader.h; protocol/messages.h
+// describes the exchange).
 
 #include <zmq.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -20,10 +22,12 @@ namespace trainrun {
 /// the controller's UPLOAD says how: copied into its staging directory, or
 /// streamed within its credit. Ends with UPLOADED: the files' sha256s, or the
 /// IoError that stopped the upload. Throws Error when the controller answers
-/// something else (the run is stopping).
+/// something else (the run is stopping), or once `stop` (when given) is set
+/// while it waits for the controller.
 void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
                        const std::filesystem::path& dir,
-                       std::vector<protocol::CheckpointFile> files);
+                       std::vector<protocol::CheckpointFile> files,
+                       const std::atomic<bool>* stop = nullptr);
 
 /// Fetches the checkpoint ASSIGN named (`checkpoint_dir`, on the controller's
 /// side) into a new directory under `parent`, verifying every file's sha256.

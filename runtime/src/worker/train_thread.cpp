@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "common/network.h"
@@ -25,6 +26,7 @@
 #include "storage/run_directory.h"
 #include "transfer/checkpoint_files.h"
 #include "worker/checkpoint_transfer.h"
+#include "worker/checkpoint_uploader.h"
 #include "worker/controller_store.h"
 #include "worker/plugin_library.h"
 
@@ -34,6 +36,9 @@ namespace {
 // What the host table's callbacks reach through their opaque handle.
 struct HostState {
   zmq::socket_t* controller = nullptr;  // the train thread's connection
+  zmq::context_t* context = nullptr;    // ... for the upload thread's
+  const WorkerOptions* options = nullptr;
+  protocol::Attach attach;  // as the train thread's, for the upload thread's
   int world_rank = 0;
   int64_t reports = 0;
   std::string checkpoint_dir;     // the checkpoint to resume from, or empty
@@ -43,6 +48,9 @@ struct HostState {
   std::filesystem::path downloads;  // where fetched checkpoints go, made when needed
   std::thread::id train_thread = std::this_thread::get_id();
   std::chrono::steady_clock::time_point progress_sent;  // the last PROGRESS
+  std::filesystem::path run_dir, storage_root, cache_dir;
+  // Declared last: destroyed first, while the connections it needs are open.
+  std::optional<CheckpointUploader> uploader;  // from the first asynchronous checkpoint on
 
   // Called before DONE or FAILED goes out: after that the process may end at
   // any moment.
@@ -52,6 +60,17 @@ struct HostState {
     downloads.clear();
   }
   ~HostState() { remove_downloads(); }
+
+  // What an asynchronous checkpoint must not be, lie in, or hold.
+  std::vector<KeptDirectory> kept() const {
+    std::error_code ec;
+    return {{run_dir, "the run directory"},
+            {storage_root, "the run's storage", /*inside_too=*/false},
+            {checkpoint_dir, "the checkpoint the run resumed from"},
+            {downloads, "the fetched checkpoints"},
+            {cache_dir, "the plugin cache"},
+            {std::filesystem::current_path(ec), "the working directory", /*inside_too=*/false}};
+  }
 };
 
 void copy_message(const std::string& message, char* error, size_t error_size) {
@@ -65,29 +84,76 @@ void copy_message(const std::string& message, char* error, size_t error_size) {
   error[n] = '\0';
 }
 
+protocol::Report make_report(HostState& state, const uint8_t* metrics, size_t metrics_size) {
+  protocol::Report report;
+  report.iteration = state.reports + 1;
+  report.metrics.assign(reinterpret_cast<const char*>(metrics),
+                        reinterpret_cast<const char*>(metrics) + metrics_size);
+  return report;
+}
+
+// Waits for the acknowledgement of `report`; 0, or 1 with the message.
+int await_ack(HostState& state, const protocol::Report& report, char* error, size_t error_size) {
+  auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
+  if (reply.type() == protocol::ReportAck::kType &&
+      reply.as<protocol::ReportAck>().iteration == report.iteration) {
+    return 0;
+  }
+  copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
+  return 1;
+}
+
 int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
                 const char* checkpoint_dir, char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
-    protocol::Report report;
-    report.iteration = ++state.reports;
-    report.metrics.assign(reinterpret_cast<const char*>(metrics),
-                          reinterpret_cast<const char*>(metrics) + metrics_size);
+    auto report = make_report(state, metrics, metrics_size);
     if (checkpoint_dir != nullptr) {
       report.checkpoint = true;
       report.files = list_checkpoint_files(checkpoint_dir, state.world_rank);
     }
+    ++state.reports;
     protocol::send(*state.controller, report);
     if (report.checkpoint) {
-      upload_checkpoint(*state.controller, report.iteration, checkpoint_dir,
-                        std::move(report.files));
+      upload_checkpoint(*state.controller, report.iteration, checkpoint_dir, report.files);
     }
-    auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
-    if (reply.type() == protocol::ReportAck::kType &&
-        reply.as<protocol::ReportAck>().iteration == report.iteration) {
-      return 0;
+    return await_ack(state, report, error, error_size);
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+  }
+  return 1;
+}
+
+// An asynchronous checkpoint: handed over and queued for the upload thread
+// before its REPORT goes out, so the upload starts as soon as the controller
+// makes room for it.
+int host_report_checkpoint(void* handle, const uint8_t* metrics, size_t metrics_size,
+                           const char* checkpoint_dir, uint32_t upload_mode, char* error,
+                           size_t error_size) {
+  if (upload_mode == TRAIN_UPLOAD_SYNC || checkpoint_dir == nullptr) {
+    return host_report(handle, metrics, metrics_size, checkpoint_dir, error, error_size);
+  }
+  auto& state = *static_cast<HostState*>(handle);
+  try {
+    if (upload_mode != TRAIN_UPLOAD_ASYNC) {
+      throw UsageError("unknown checkpoint upload mode " + std::to_string(upload_mode));
     }
-    copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
+    if (!state.uploader) state.uploader.emplace(*state.context, *state.options, state.attach);
+    state.uploader->check();  // an earlier upload that failed here fails this report
+    auto report = make_report(state, metrics, metrics_size);
+    report.checkpoint = true;
+    report.async = true;
+    auto handed_over = hand_over_checkpoint(checkpoint_dir, report.iteration, state.kept());
+    try {
+      report.files = list_checkpoint_files(handed_over, state.world_rank);
+    } catch (...) {
+      give_back_checkpoint(handed_over, checkpoint_dir);
+      throw;
+    }
+    ++state.reports;
+    state.uploader->submit(report.iteration, handed_over, report.files);
+    protocol::send(*state.controller, report);
+    return await_ack(state, report, error, error_size);
   } catch (const std::exception& e) {
     copy_message(e.what(), error, error_size);
   }
@@ -244,8 +310,14 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
 
     HostState state;
     state.controller = &controller;
+    state.context = &context;
+    state.options = &options;
+    state.attach = attach;
     state.world_rank = assign.world_rank;
     state.checkpoint_dir = assign.checkpoint_dir;
+    state.storage_root = assign.storage_path;
+    state.run_dir = std::filesystem::path(assign.storage_path) / assign.run_name;
+    state.cache_dir = options.cache_dir;
     // A remote worker that sees the storage copies its checkpoints there, and
     // reads the one to resume from in place when it is in the storage too
     // (--resume-from may name one on the controller's own disk).
@@ -271,12 +343,19 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.report = &host_report;
     host.get_checkpoint = &host_get_checkpoint;
     host.progress = &host_progress;
+    host.report_checkpoint = &host_report_checkpoint;
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});
     std::vector<char> error(16 * 1024, '\0');
     int rc = entry(&host, error.data(), error.size());
     state.remove_downloads();
+    // The run ends with the last checkpoint uploaded (the controller commits
+    // it once every rank's is in).
+    if (rc == TRAIN_OK && state.uploader) {
+      failed_kind = FailureKind::kStorage;
+      state.uploader->wait();
+    }
     if (rc == TRAIN_OK) {
       protocol::send(controller, protocol::Done{state.reports});
       (void)group.release();

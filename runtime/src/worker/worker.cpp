@@ -18,6 +18,7 @@
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
 #include "transfer/plugin_cache.h"
+#include "worker/checkpoint_uploader.h"
 #include "worker/train_thread.h"
 
 namespace trainrun {
@@ -244,6 +245,7 @@ int run_worker(const WorkerOptions& options) {
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
   }
+  remove_handed_over_checkpoints();  // what an unfinished run never uploaded
   std::fflush(stdout);
   std::fflush(stderr);
   // Skip static destructors: the train thread may still be inside LibTorch.

@@ -68,7 +68,21 @@ typedef struct train_host_v1_s {
    * does not need (ranks other than 0, calls faster than it sends). */
   void (*progress)(void* handle, int64_t epoch, int64_t batch, int64_t batches, int64_t steps,
                    int64_t samples);
+
+  /* report, with a checkpoint directory (not NULL) and how to upload it:
+   * TRAIN_UPLOAD_SYNC is report; TRAIN_UPLOAD_ASYNC hands the directory over to
+   * the host, which moves it away at once, returns once every rank reported
+   * and handed its directory over, and uploads, commits and deletes it in the
+   * background. Returns 0, or non-zero with a message (a directory that cannot
+   * be handed over stays where it was). */
+  int (*report_checkpoint)(void* handle, const uint8_t* metrics, size_t metrics_size,
+                           const char* checkpoint_dir, uint32_t upload_mode, char* error,
+                           size_t error_size);
 } train_host_v1_t;
+
+/* report_checkpoint's upload_mode. */
+#define TRAIN_UPLOAD_SYNC 0u
+#define TRAIN_UPLOAD_ASYNC 1u
 
 /* The size of the first host table of ABI 1: a plugin accepts a table at least
  * this big, and uses later fields only when struct_size covers them. */

@@ -37,12 +37,40 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+/// How report() uploads a checkpoint (Ray Train's CheckpointUploadMode).
+enum class CheckpointUploadMode {
+  /// report() returns once the checkpoint is committed; the directory stays
+  /// the caller's.
+  kSync,
+  /// report() returns once every rank has handed its directory over, before
+  /// the upload and commit. From the call on the directory belongs to
+  /// trainrun: it is moved away at once (renamed, within its parent
+  /// directory, to <name>.trainrun-upload-<pid>-<iteration>), uploaded in the
+  /// background and deleted afterwards, so the same path can be written
+  /// again for the next checkpoint. The checkpoint shows in result.jsonl,
+  /// checkpoint_state.json and get_checkpoint() once committed. At most one
+  /// is in flight: the next report() with a checkpoint waits for its commit,
+  /// and so does the end of the run. A failed upload or commit fails the run
+  /// with the storage error, at the latest at the next report() or the end of
+  /// the train function.
+  kAsync,
+};
+
 /// Reports metrics together with a checkpoint. Every rank that passes one has
 /// its files merged into one committed checkpoint_NNNNNN in the run's storage
 /// (the same file name from two ranks is an error naming both; name per-rank
-/// shards, e.g. "model-rank=1.pt"). Returns once the checkpoint is committed,
-/// so the directory may be deleted afterwards. A barrier, like report(metrics).
-void report(const Metrics& metrics, const Checkpoint& checkpoint);
+/// shards, e.g. "model-rank=1.pt"). A barrier, like report(metrics).
+///
+/// kSync (the default) returns once the checkpoint is committed, so the
+/// directory may be deleted afterwards. kAsync returns once every rank has
+/// handed its directory over (see CheckpointUploadMode); every rank passing a
+/// checkpoint must pass the same mode. A directory that cannot be handed over
+/// is refused with std::runtime_error and stays where it was: one inside the
+/// run's storage or the checkpoint being resumed from, or holding one of
+/// them or the working directory, a symbolic link, or one whose parent
+/// directory is not writable.
+void report(const Metrics& metrics, const Checkpoint& checkpoint,
+            CheckpointUploadMode upload_mode = CheckpointUploadMode::kSync);
 
 /// The latest committed checkpoint of this run (after a restart, or a rerun of
 /// the same run name), or nothing. Its files were checked against the
