@@ -6,7 +6,8 @@
 // Config: epochs (10), batch_size (128), lr (1e-3), data_dir, max_steps (per
 // epoch, 0 = all), eval (true), eval_steps (test batches per rank, 0 = all), warmup_steps (5: steps
 // before the throughput clock starts), seed (0), log_every (50), bucket_cap_mb (25),
-// broadcast_buffers (true), compression ("none", "fp16", or "bf16" with NCCL).
+// broadcast_buffers (true), compression ("none", "fp16", or "bf16" with NCCL),
+// checkpoint_upload ("sync", or "async": report returns before the upload).
 
 #include <train/train.h>
 
@@ -82,6 +83,12 @@ train::Compression compression_of(const std::string& name) {
   throw std::invalid_argument("config compression must be none, fp16 or bf16, got '" + name + "'");
 }
 
+train::CheckpointUploadMode upload_mode_of(const std::string& name) {
+  if (name == "sync") return train::CheckpointUploadMode::kSync;
+  if (name == "async") return train::CheckpointUploadMode::kAsync;
+  throw std::invalid_argument("config checkpoint_upload must be sync or async, got '" + name + "'");
+}
+
 }  // namespace
 
 void fashion_mnist_train(const train::Config& config) {
@@ -95,6 +102,7 @@ void fashion_mnist_train(const train::Config& config) {
   const int eval_steps = config.get<int>("eval_steps", 0);
   const int warmup_steps = config.get<int>("warmup_steps", 5);
   const int log_every = config.get<int>("log_every", 50);
+  const auto upload_mode = upload_mode_of(config.get("checkpoint_upload", "sync"));
   torch::manual_seed(config.get<int>("seed", 0));
 
   fashion_mnist::FashionMNIST train_set(data_dir, fashion_mnist::Split::kTrain);
@@ -169,7 +177,7 @@ void fashion_mnist_train(const train::Config& config) {
       torch::save(model, (dir.path() / "model.pt").string());
       torch::save(optimizer, (dir.path() / "optimizer.pt").string());
       std::ofstream(dir.path() / "epoch.txt") << epoch << "\n";
-      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()), upload_mode);
     } else {
       train::report(metrics);
     }

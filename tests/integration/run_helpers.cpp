@@ -115,3 +115,20 @@ std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {
   }
   return lines;
 }
+
+std::vector<nlohmann::json> read_reports(const std::filesystem::path& results) {
+  std::vector<nlohmann::json> reports;
+  for (auto& line : read_jsonl(results)) {
+    if (line.contains("metrics")) {
+      reports.push_back(std::move(line));
+      continue;
+    }
+    for (auto report = reports.rbegin(); report != reports.rend(); ++report) {
+      if ((*report)["iteration"] == line["iteration"]) {
+        (*report)["checkpoint"] = line["checkpoint"];
+        break;
+      }
+    }
+  }
+  return reports;
+}

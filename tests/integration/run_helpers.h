@@ -51,3 +51,6 @@ class Sandbox {
 std::string read_text(const std::filesystem::path& path);
 nlohmann::json read_json(const std::filesystem::path& path);
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
+/// result.jsonl's reports, oldest first, each with the checkpoint it
+/// committed: an asynchronous upload's commit line folded into its report.
+std::vector<nlohmann::json> read_reports(const std::filesystem::path& results);

@@ -118,12 +118,17 @@ TEST_CASE("retention keeps the best checkpoints by score, and always the latest"
   CHECK(kept("--num-to-keep 1 --checkpoint-score-attribute i --checkpoint-score-order max") ==
         Names{"checkpoint_000004"});
   CHECK(kept("").size() == 5);
+  CHECK(kept("--num-to-keep 2 --config upload_mode=async") ==
+        Names{"checkpoint_000003", "checkpoint_000004"});
 }
 
 TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact") {
-  // Copied by the workers themselves, or streamed and written by the controller.
-  for (std::string upload : {"auto", "stream"}) {
+  // Copied by the workers themselves, or streamed and written by the
+  // controller; while report waits, or after it returned.
+  for (std::string upload : {"auto", "stream", "auto async", "stream async"}) {
     CAPTURE(upload);
+    const bool async = upload.find(" async") != std::string::npos;
+    upload = upload.substr(0, upload.find(' '));
     Sandbox box;
     auto small = box.results();  // the run's storage, on a 2 MiB filesystem
     std::filesystem::create_directories(small);
@@ -139,7 +144,8 @@ TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact"
     // 700 KiB per checkpoint, beside report.html (about 200 KiB): the third
     // does not fit in 2 MiB.
     auto run = box.run(kCheckpoints + " --config reports=3 --config pad_kb=700" +
-                       " --checkpoint-upload " + upload);
+                       " --checkpoint-upload " + upload +
+                       (async ? " --config upload_mode=async" : ""));
     INFO(run.output);
     auto dir = small / "c";
     REQUIRE(std::filesystem::exists(dir / "checkpoint_state.json"));
@@ -250,6 +256,76 @@ TEST_CASE("unsafe or clashing checkpoint files are refused and nothing is commit
   auto link = box2.run(kCheckpoints + " --config symlink=true");
   CHECK(link.exit_code == 1);
   CHECK(link.output.find("symbolic link, escape") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(box2.run_dir("c") / "checkpoint_000000"));
+}
+
+TEST_CASE("asynchronous checkpoints: handed over, committed after their report, one at a time") {
+  // Copied by the workers, or streamed (10 MiB: more chunks than the credit).
+  for (std::string upload : {"auto", "stream"}) {
+    CAPTURE(upload);
+    Sandbox box;
+    auto parent = box.root() / "handed";
+    auto run = box.run(kCheckpoints + " --config upload_mode=async --config reports=4" +
+                       " --config pad_kb=10240 --config parent=" + parent.string() +
+                       " --checkpoint-upload " + upload);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    auto dir = box.run_dir("c");
+    // Each report's line, then its commit's: the next report with a
+    // checkpoint waited for the commit before it.
+    auto lines = read_jsonl(dir / "result.jsonl");
+    REQUIRE(lines.size() == 8);
+    for (size_t i = 0; i < 8; i += 2) {
+      CHECK(lines[i]["iteration"] == static_cast<int64_t>(i / 2 + 1));
+      CHECK(lines[i]["metrics"]["i"] == static_cast<int64_t>(i / 2));
+      CHECK_FALSE(lines[i].contains("checkpoint"));  // not committed when recorded
+      CHECK(lines[i + 1]["iteration"] == lines[i]["iteration"]);
+      CHECK(lines[i + 1]["checkpoint"] == "checkpoint_00000" + std::to_string(i / 2));
+      CHECK_FALSE(lines[i + 1].contains("metrics"));
+      CHECK(lines[i + 1]["committed_at"].get<double>() >= lines[i]["timestamp"].get<double>());
+    }
+    // Read back, each report carries its checkpoint.
+    auto result = trainrun::load_result(dir);
+    REQUIRE(result.history.size() == 4);
+    CHECK(result.history[3].checkpoint == "checkpoint_000003");
+    CHECK(result.checkpoint.filename() == "checkpoint_000003");
+    auto latest = dir / "checkpoint_000003";
+    auto manifest = read_json(latest / "manifest.json");
+    CHECK(manifest["iteration"] == 4);
+    CHECK(manifest["metrics"]["i"] == 3);
+    CHECK(manifest["ranks"] == nlohmann::json::array({0, 1}));
+    REQUIRE(manifest["files"].size() == 4);
+    check_files_against(manifest, latest);
+    CHECK(read_text(latest / "rank-1.txt") == "rank 1 report 3\n");
+    // The directories were moved away at the call and deleted after upload.
+    REQUIRE(std::filesystem::exists(parent));
+    CHECK(std::filesystem::is_empty(parent));
+    // A rerun resumes from the last one.
+    auto rerun = box.run(kCheckpoints + " --config upload_mode=async --config reports=1" +
+                         " --checkpoint-upload " + upload);
+    INFO(rerun.output);
+    REQUIRE(rerun.exit_code == 0);
+    CHECK(trainrun::load_result(dir).history.back().metrics["resumed"] == "report 3 of none");
+  }
+}
+
+TEST_CASE("an asynchronous checkpoint that cannot be handed over is refused and stays") {
+  Sandbox box;
+  // Inside the run directory: moving it would move part of the run.
+  auto run = box.run(kCheckpoints + " --config upload_mode=async --config parent=@run");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("lies inside the run directory") != std::string::npos);
+  CHECK(std::filesystem::exists(box.run_dir("c") / "rank-0" / "rank-0.txt"));
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("c") / "checkpoint_000000"));
+
+  // Ranks that disagree on the mode.
+  Sandbox box2;
+  auto mixed = box2.run(kCheckpoints + " --config upload_mode=mixed");
+  INFO(mixed.output);
+  CHECK(mixed.exit_code == 1);
+  CHECK(mixed.output.find("every rank must pass the same train::CheckpointUploadMode") !=
+        std::string::npos);
   CHECK_FALSE(std::filesystem::exists(box2.run_dir("c") / "checkpoint_000000"));
 }
 

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/hash.h"
 #include "run_helpers.h"
 
 namespace {
@@ -104,6 +105,39 @@ TEST_CASE("the FashionMNIST plugin trains, evaluates across ranks and reports") 
   REQUIRE(after.size() == 3);
   CHECK(after[2]["iteration"] == 3);
   CHECK(after[2]["metrics"]["epoch"] == 2);
+}
+
+TEST_CASE("FashionMNIST resumed from an asynchronously committed checkpoint ends where it would") {
+  Sandbox box;
+  const std::string recipe = std::string("--plugin '") + FASHION_MNIST_PLUGIN +
+                             "' -n 2 --config max_steps=6 --config eval_steps=5"
+                             " --config batch_size=32 --config checkpoint_upload=async";
+  auto whole = box.run(recipe + " --name whole --config epochs=2");
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  // One epoch, then a rerun of the same name that resumes from its checkpoint.
+  auto first = box.run(recipe + " --name split --config epochs=1");
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  auto second = box.run(recipe + " --name split --config epochs=2");
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK(second.output.find("resuming after epoch 0") != std::string::npos);
+  auto expected = read_reports(box.run_dir("whole") / "result.jsonl");
+  auto resumed = read_reports(box.run_dir("split") / "result.jsonl");
+  REQUIRE(expected.size() == 2);
+  REQUIRE(resumed.size() == 2);
+  CHECK(resumed[1]["checkpoint"] == "checkpoint_000001");
+  CHECK(expected[1]["checkpoint"] == "checkpoint_000001");
+  // The same computation from the same state: the same numbers.
+  for (const char* metric : {"loss", "accuracy", "test_loss"}) {
+    CAPTURE(metric);
+    CHECK(resumed[1]["metrics"][metric].get<double>() ==
+          doctest::Approx(expected[1]["metrics"][metric].get<double>()).epsilon(1e-6));
+  }
+  // ... and the same model.
+  CHECK(trainrun::sha256_file(box.run_dir("split") / "checkpoint_000001" / "model.pt") ==
+        trainrun::sha256_file(box.run_dir("whole") / "checkpoint_000001" / "model.pt"));
 }
 
 TEST_CASE("the FashionMNIST plugin names the missing files and the package") {

@@ -84,6 +84,32 @@ TEST_CASE("a rank killed mid-run restarts the group from the latest checkpoint")
   CHECK_FALSE(box.any_worker_alive());
 }
 
+TEST_CASE("a rank killed while asynchronous checkpoints upload restarts from the last committed") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(kResumable + " --max-failures 1 --config steps=6 --config fail_step=3" +
+                     " --config upload_mode=async --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto dir = box.run_dir("r");
+  auto reports = read_reports(dir / "result.jsonl");
+  CHECK(check_record(reports) == 2);
+  REQUIRE(!reports.empty());
+  CHECK(reports.back()["metrics"]["step"] == 5);
+  CHECK(reports.back()["checkpoint"].is_string());  // the run waited for the last commit
+  // The second attempt resumed from the last checkpoint committed in the
+  // first (whichever the kill let commit).
+  std::string committed;
+  for (const auto& report : reports) {
+    if (report["attempt"] == 1 && report.contains("checkpoint")) committed = report["checkpoint"];
+  }
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][1].value("resumed_from", "") == committed);
+  auto state = read_json(dir / "checkpoint_state.json");
+  CHECK(state["latest"] == reports.back()["checkpoint"]);
+}
+
 TEST_CASE("when the failures are used up, error.json names the last root cause and attempt") {
   Sandbox box;
   auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +

@@ -144,11 +144,15 @@ TRAIN_FUNC(mismatch);
 TRAIN_FUNC(sleeps);
 TRAIN_FUNC(bad_config);
 
-// The config's upload_mode: "sync" (the default) or "async".
-train::CheckpointUploadMode upload_mode(const train::Config& config) {
+// The config's upload_mode: "sync" (the default), "async", or "mixed" (rank 0
+// async, the others sync).
+train::CheckpointUploadMode upload_mode(const train::Config& config, int rank = 0) {
   auto mode = config.get<std::string>("upload_mode", "sync");
-  if (mode != "sync" && mode != "async") throw std::invalid_argument("upload_mode: " + mode);
-  return mode == "async" ? train::CheckpointUploadMode::kAsync : train::CheckpointUploadMode::kSync;
+  if (mode != "sync" && mode != "async" && mode != "mixed") {
+    throw std::invalid_argument("upload_mode: " + mode);
+  }
+  return mode == "async" || (mode == "mixed" && rank == 0) ? train::CheckpointUploadMode::kAsync
+                                                           : train::CheckpointUploadMode::kSync;
 }
 
 // Reports `reports` checkpoints (upload_mode: sync or async): every rank a per-rank file, rank 0 also
@@ -165,8 +169,19 @@ void checkpoints(const train::Config& config) {
     std::getline(in, resumed);
     resumed_from = checkpoint->path().string();
   }
+  // Where each report's directory is made: a fresh temporary one, or with
+  // `parent` <parent>/rank-<R> ("@run": in the run directory).
+  auto parent = config.get<std::string>("parent", "");
+  if (parent == "@run") {
+    parent = (std::filesystem::path(ctx.storage_path()) / ctx.run_name()).string();
+  }
   for (int i = 0; i < config.get<int>("reports", 3); ++i) {
-    train::TempDir dir;
+    train::TempDir temp;
+    auto path = parent.empty()
+                    ? temp.path()
+                    : std::filesystem::path(parent) / ("rank-" + std::to_string(ctx.world_rank()));
+    std::filesystem::create_directories(path);
+    auto dir = train::Checkpoint::from_directory(path);
     std::ofstream(dir.path() / ("rank-" + std::to_string(ctx.world_rank()) + ".txt"))
         << "rank " << ctx.world_rank() << " report " << i << "\n";
     if (ctx.world_rank() == 0 || config.get<bool>("same_name", false)) {
@@ -181,10 +196,9 @@ void checkpoints(const train::Config& config) {
     }
     // Every report checkpoints, or every checkpoint_every-th (the others report metrics only).
     if (i % config.get<int>("checkpoint_every", 1) == 0) {
-      train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}},
-                    train::Checkpoint::from_directory(dir.path()), upload_mode(config));
-      if (upload_mode(config) == train::CheckpointUploadMode::kAsync &&
-          std::filesystem::exists(dir.path())) {
+      const auto mode = upload_mode(config, ctx.world_rank());
+      train::report({{"i", i}, {"resumed", resumed}, {"resumed_from", resumed_from}}, dir, mode);
+      if (mode == train::CheckpointUploadMode::kAsync && std::filesystem::exists(dir.path())) {
         throw std::runtime_error("an asynchronous checkpoint's directory was not handed over");
       }
     } else {
