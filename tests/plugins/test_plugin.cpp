@@ -259,7 +259,68 @@ void big_checkpoint(const train::Config& config) {
 
 TRAIN_FUNC(big_checkpoint);
 
-extern char** environ;
+// Checkpoints while the ranks compute (tools/bench/async_checkpoint.py): each
+// of `checkpoints` rounds writes an `mb` MiB shard per rank under
+// <dir>/rank<R>/checkpoint, measures steps/s of a CPU step (a 256x256 matmul)
+// for 2 s, reports the shard (upload_mode) timing how long report() blocks,
+// and with async measures steps/s until the handed-over directory is gone
+// (uploaded and deleted). Rank 0 reports the medians.
+void checkpoint_overlap(const train::Config& config) {
+  using Clock = std::chrono::steady_clock;
+  auto ctx = train::get_context();
+  const auto mode = upload_mode(config);
+  const auto mb = config.get<int>("mb", 512);
+  const auto root = std::filesystem::path(config.get<std::string>("dir")) /
+                    ("rank" + std::to_string(ctx.world_rank()));
+  std::filesystem::create_directories(root);
+  auto x = torch::rand({256, 256});
+  // Steps per second until done(steps, seconds) says stop.
+  auto rate = [&](auto done) {
+    int64_t steps = 0;
+    auto start = Clock::now();
+    double seconds = 0;
+    while (!done(steps, seconds)) {
+      x = torch::tanh(torch::mm(x, x));
+      ++steps;
+      seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    return std::make_pair(steps / std::max(seconds, 1e-9), seconds);
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  std::vector<double> blocked, before, during, upload;
+  const std::string block(1 << 20, 'x');
+  for (int round = 0; round < config.get<int>("checkpoints", 3); ++round) {
+    auto dir = root / "checkpoint";
+    std::filesystem::create_directories(dir);
+    {
+      std::ofstream shard(dir / ("shard-rank=" + std::to_string(ctx.world_rank()) + ".bin"),
+                          std::ios::binary);
+      for (int i = 0; i < mb; ++i) shard.write(block.data(), static_cast<std::streamsize>(block.size()));
+    }
+    ::sync();  // its write-back is not part of what follows
+    before.push_back(rate([](int64_t, double seconds) { return seconds >= 2.0; }).first);
+    train::process_group()->barrier()->wait();
+    auto start = Clock::now();
+    train::report({{"round", round}}, train::Checkpoint::from_directory(dir), mode);
+    blocked.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    if (mode == train::CheckpointUploadMode::kAsync) {
+      auto [steps_per_s, seconds] = rate([&](int64_t steps, double) {
+        return steps % 4 == 0 && std::filesystem::is_empty(root);
+      });
+      during.push_back(steps_per_s);
+      upload.push_back(seconds);
+    }
+  }
+  train::report({{"blocked_s", median(blocked)},
+                 {"steps_per_s_before", median(before)},
+                 {"steps_per_s_during", median(during)},
+                 {"upload_s", median(upload)}});
+}
+
+TRAIN_FUNC(checkpoint_overlap);
 
 namespace {
 
