@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <stdexcept>
 #include <vector>
 
@@ -29,13 +28,9 @@ void report_with(const Metrics& metrics, const char* checkpoint_dir, uint32_t up
     rc = host.report_checkpoint(host.handle, bytes.data(), bytes.size(), checkpoint_dir,
                                 upload_mode, error, sizeof(error));
   } else {
+    // A worker older than this SDK uploads synchronously, and leaves the
+    // directory where it is.
     rc = host.report(host.handle, bytes.data(), bytes.size(), checkpoint_dir, error, sizeof(error));
-    // A worker older than this SDK uploads synchronously; the directory is
-    // trainrun's all the same.
-    if (rc == 0 && async) {
-      std::error_code ec;
-      std::filesystem::remove_all(checkpoint_dir, ec);
-    }
   }
   if (rc != 0) throw std::runtime_error(std::string("train::report failed: ") + error);
 }

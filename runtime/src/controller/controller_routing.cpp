@@ -22,7 +22,7 @@ namespace {
 FailureKind worker_failure_kind(const std::string& name, FailureKind otherwise) {
   auto kind = parse_failure_kind(name);
   if (kind == FailureKind::kException || kind == FailureKind::kPlugin ||
-      kind == FailureKind::kSetup || kind == FailureKind::kStorage) {
+      kind == FailureKind::kSetup) {
     return *kind;
   }
   return otherwise;
@@ -554,14 +554,21 @@ void Controller::handle_store(WorkerSlot& worker, protocol::Incoming& message) {
   }
 }
 
+// Only uploads come here, and one that goes wrong ends the run: nothing else
+// would end the wait for it.
 void Controller::handle_upload(WorkerSlot& worker, protocol::Incoming& message) {
   const auto& type = message.type();
-  if (type == protocol::UploadChunk::kType) {
-    on_upload_chunk(worker, message, /*upload_channel=*/true);
-  } else if (type == protocol::Uploaded::kType) {
-    on_uploaded(worker, message.as<protocol::Uploaded>(), /*upload_channel=*/true);
-  } else {
-    throw ProtocolError("unexpected message type " + type + " on an upload connection");
+  try {
+    if (type == protocol::UploadChunk::kType) {
+      on_upload_chunk(worker, message, /*upload_channel=*/true);
+    } else if (type == protocol::Uploaded::kType) {
+      on_uploaded(worker, message.as<protocol::Uploaded>(), /*upload_channel=*/true);
+    } else {
+      throw ProtocolError("unexpected message type " + type + " on an upload connection");
+    }
+  } catch (const ProtocolError& e) {
+    if (failures_.any() || stopping_) throw;
+    abort_upload(worker.describe() + ": " + e.what());
   }
 }
 
@@ -640,10 +647,14 @@ void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message
   if (upload_channel != async_checkpoint_.has_value()) {
     throw ProtocolError("UPLOAD_CHUNK on the wrong connection");
   }
-  auto chunk = message.as<protocol::UploadChunk>();
-  if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
+  // An upload that goes wrong ends: nothing else would end the wait for it.
   try {
+    auto chunk = message.as<protocol::UploadChunk>();
+    if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
     checkpoints_.write_chunk(worker.rank, chunk, message.blobs()[0]);
+  } catch (const ProtocolError& e) {
+    abort_upload(worker.describe() + ": " + e.what());
+    return;
   } catch (const IoError& e) {
     abort_upload(e.what());
     return;
@@ -660,6 +671,9 @@ void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploa
   }
   try {
     checkpoints_.finish_upload(worker.rank, uploaded);
+  } catch (const ProtocolError& e) {
+    abort_upload(worker.describe() + ": " + e.what());
+    return;
   } catch (const IoError& e) {
     abort_upload(e.what());
     return;
@@ -678,9 +692,14 @@ void Controller::commit_async_checkpoint() {
   std::string name;
   try {
     name = checkpoints_.commit(pending.iteration, pending.metrics);
-    storage_.append_checkpoint(pending.iteration, name, unix_time());
   } catch (const IoError& e) {
     fail_storage(std::string("checkpoint commit failed: ") + e.what());
+    return;
+  }
+  try {
+    storage_.append_checkpoint(pending.iteration, name, unix_time());
+  } catch (const IoError& e) {
+    fail_storage(name + " is committed, but result.jsonl cannot record it: " + e.what());
     return;
   }
   log_.info("{} committed: the checkpoint of report {}, {:.1f} s after it", name,

@@ -2,102 +2,18 @@
 
 #include <trainrun/error.h>
 
-#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <cstring>
-#include <set>
 
 #include "protocol/message.h"
+#include "worker/checkpoint_handover.h"
 #include "worker/checkpoint_transfer.h"
 
 namespace trainrun {
-namespace {
-
-// Every directory handed over and not yet deleted, for the process's way out.
-std::mutex handed_over_mutex;
-std::set<std::filesystem::path>& handed_over() {
-  static auto* dirs = new std::set<std::filesystem::path>;  // never destroyed: _Exit skips it
-  return *dirs;
-}
-
-void forget(const std::filesystem::path& dir) {
-  std::lock_guard<std::mutex> lock(handed_over_mutex);
-  handed_over().erase(dir);
-}
-
-void remove_handed_over(const std::filesystem::path& dir) {
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  forget(dir);
-}
-
-// Whether `path` is `dir` or lies inside it (both absolute and normal).
-bool is_within(const std::filesystem::path& path, const std::filesystem::path& dir) {
-  auto relative = path.lexically_relative(dir);
-  return !relative.empty() && *relative.begin() != "..";
-}
-
-}  // namespace
-
-std::filesystem::path hand_over_checkpoint(const std::filesystem::path& dir, int64_t iteration,
-                                           const std::vector<KeptDirectory>& kept) {
-  const std::string refused = "cannot hand checkpoint directory " + dir.string() + " over";
-  std::error_code ec;
-  auto status = std::filesystem::symlink_status(dir, ec);
-  if (std::filesystem::is_symlink(status)) {
-    throw UsageError(refused + ": it is a symbolic link; pass the directory itself");
-  }
-  if (!std::filesystem::is_directory(status)) {
-    throw UsageError(refused + ": it is not a directory");
-  }
-  auto path = std::filesystem::weakly_canonical(std::filesystem::absolute(dir), ec);
-  if (ec) throw UsageError(refused + ": " + ec.message());
-  for (const auto& keep : kept) {
-    if (keep.path.empty()) continue;
-    auto other = std::filesystem::weakly_canonical(keep.path, ec);
-    if (ec) continue;  // gone: nothing to protect
-    if (is_within(other, path) || (keep.inside_too && is_within(path, other))) {
-      throw UsageError(refused + ": it " + (is_within(other, path) ? "holds" : "lies inside") +
-                       " " + keep.what + " (" + other.string() +
-                       "); asynchronous upload moves and deletes the directory it is given, so "
-                       "pass one of the train function's own, or use CheckpointUploadMode::kSync");
-    }
-  }
-  auto target = path.parent_path() / (path.filename().string() + ".trainrun-upload-" +
-                                      std::to_string(::getpid()) + "-" + std::to_string(iteration));
-  std::filesystem::remove_all(target, ec);  // a dead process's, of the same pid
-  {
-    std::lock_guard<std::mutex> lock(handed_over_mutex);
-    if (::rename(path.c_str(), target.c_str()) != 0) {
-      throw UsageError(refused + ": cannot move it to " + target.string() + ": " +
-                       std::strerror(errno) +
-                       " (asynchronous upload needs a directory whose parent it may write)");
-    }
-    handed_over().insert(target);
-  }
-  return target;
-}
-
-void give_back_checkpoint(const std::filesystem::path& handed_over,
-                          const std::filesystem::path& dir) {
-  std::lock_guard<std::mutex> lock(handed_over_mutex);
-  if (::rename(handed_over.c_str(), std::filesystem::absolute(dir).c_str()) == 0) {
-    trainrun::handed_over().erase(handed_over);
-  }
-}
-
-void remove_handed_over_checkpoints() {
-  std::lock_guard<std::mutex> lock(handed_over_mutex);
-  for (const auto& dir : handed_over()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-  handed_over().clear();
-}
 
 CheckpointUploader::CheckpointUploader(zmq::context_t& context, const WorkerOptions& options,
                                        protocol::Attach attach) {
@@ -113,7 +29,7 @@ CheckpointUploader::~CheckpointUploader() {
   }
   changed_.notify_all();
   thread_.join();
-  for (const auto& job : jobs_) remove_handed_over(job.dir);
+  for (const auto& job : jobs_) remove_handed_over_checkpoint(job.dir);
 }
 
 void CheckpointUploader::submit(int64_t iteration, std::filesystem::path dir,
@@ -157,8 +73,15 @@ void CheckpointUploader::run(zmq::context_t& context, const WorkerOptions& optio
         if (stop_) return;
         job = jobs_.front();
       }
-      upload_checkpoint(controller, job.iteration, job.dir, job.files, &stop_);
-      remove_handed_over(job.dir);
+      try {
+        upload_checkpoint(controller, job.iteration, job.dir, job.files, &stop_);
+      } catch (const std::exception& e) {
+        // The controller fails the run as a storage error: without this it
+        // would wait for the upload for ever.
+        if (!stop_) (void)protocol::try_send(controller, protocol::Uploaded{job.iteration, {}, e.what()});
+        throw;
+      }
+      remove_handed_over_checkpoint(job.dir);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         jobs_.pop_front();

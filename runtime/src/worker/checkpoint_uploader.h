@@ -26,36 +26,13 @@
 #include <vector>
 
 #include "protocol/messages.h"
+#include "worker/checkpoint_handover.h"
 #include "worker/worker.h"
 
 namespace trainrun {
 
 /// The nice value the upload thread adds to its own.
 inline constexpr int kUploadNice = 10;
-
-/// A directory that must not be handed over, nor one that holds it.
-struct KeptDirectory {
-  std::filesystem::path path;  // empty: nothing to keep
-  std::string what;            // "the run directory", ...
-  bool inside_too = true;      // false: one inside it may be handed over
-};
-
-/// Takes `dir` from the train function: renames it within its parent to
-/// <name>.trainrun-upload-<pid>-<iteration> and returns that path. Throws
-/// UsageError, leaving it where it was, for a symbolic link, something not a
-/// directory, one inside a kept directory or holding one, or one that cannot
-/// be renamed.
-std::filesystem::path hand_over_checkpoint(const std::filesystem::path& dir, int64_t iteration,
-                                           const std::vector<KeptDirectory>& kept);
-
-/// Gives a handed-over directory back to where it was (a report that could not
-/// go out). Best effort.
-void give_back_checkpoint(const std::filesystem::path& handed_over,
-                          const std::filesystem::path& dir);
-
-/// Deletes every directory handed over and not yet uploaded: the process is
-/// ending. Safe from any thread.
-void remove_handed_over_checkpoints();
 
 class CheckpointUploader {
  public:

@@ -65,7 +65,7 @@ struct HostState {
   std::vector<KeptDirectory> kept() const {
     std::error_code ec;
     return {{run_dir, "the run directory"},
-            {storage_root, "the run's storage", /*inside_too=*/false},
+            {storage_root, "the run's storage"},
             {checkpoint_dir, "the checkpoint the run resumed from"},
             {downloads, "the fetched checkpoints"},
             {cache_dir, "the plugin cache"},
@@ -107,6 +107,7 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
                 const char* checkpoint_dir, char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
+    if (state.uploader) state.uploader->check();  // an upload that failed here fails this report
     auto report = make_report(state, metrics, metrics_size);
     if (checkpoint_dir != nullptr) {
       report.checkpoint = true;
@@ -297,6 +298,9 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
   } close_store{*store};
   auto failed_kind = FailureKind::kPlugin;
   std::string failed_message;
+  // Outlives FAILED: stopping an upload under way may take a moment, and the
+  // controller must hear of the failure first.
+  std::unique_ptr<HostState> state_holder;
   // Outlives the entry: a rank that fails must not close its connections before
   // the controller has its report, or its peers' collectives fail first and
   // look like the cause. The process ends without destroying it.
@@ -308,7 +312,8 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
     group = create_process_group(assign, options, store);
 
-    HostState state;
+    state_holder = std::make_unique<HostState>();
+    auto& state = *state_holder;
     state.controller = &controller;
     state.context = &context;
     state.options = &options;
@@ -352,10 +357,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     state.remove_downloads();
     // The run ends with the last checkpoint uploaded (the controller commits
     // it once every rank's is in).
-    if (rc == TRAIN_OK && state.uploader) {
-      failed_kind = FailureKind::kStorage;
-      state.uploader->wait();
-    }
+    if (rc == TRAIN_OK && state.uploader) state.uploader->wait();
     if (rc == TRAIN_OK) {
       protocol::send(controller, protocol::Done{state.reports});
       (void)group.release();

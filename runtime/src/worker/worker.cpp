@@ -18,7 +18,7 @@
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
 #include "transfer/plugin_cache.h"
-#include "worker/checkpoint_uploader.h"
+#include "worker/checkpoint_handover.h"
 #include "worker/train_thread.h"
 
 namespace trainrun {

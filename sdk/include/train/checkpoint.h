@@ -45,9 +45,10 @@ enum class CheckpointUploadMode {
   /// report() returns once every rank has handed its directory over, before
   /// the upload and commit. From the call on the directory belongs to
   /// trainrun: it is moved away at once (renamed, within its parent
-  /// directory, to <name>.trainrun-upload-<pid>-<iteration>), uploaded in the
-  /// background and deleted afterwards, so the same path can be written
-  /// again for the next checkpoint. The checkpoint shows in result.jsonl,
+  /// directory, to <name>.trainrun-upload-<host>-<pid>-<iteration>), uploaded
+  /// in the background and deleted afterwards, so the same path can be
+  /// written again for the next checkpoint. A worker killed before the end
+  /// leaves it; the next hand-over in that directory on that host deletes it. The checkpoint shows in result.jsonl,
   /// checkpoint_state.json and get_checkpoint() once committed. At most one
   /// is in flight: the next report() with a checkpoint waits for its commit,
   /// and so does the end of the run. A failed upload or commit fails the run
@@ -66,9 +67,11 @@ enum class CheckpointUploadMode {
 /// handed its directory over (see CheckpointUploadMode); every rank passing a
 /// checkpoint must pass the same mode. A directory that cannot be handed over
 /// is refused with std::runtime_error and stays where it was: one inside the
-/// run's storage or the checkpoint being resumed from, or holding one of
-/// them or the working directory, a symbolic link, or one whose parent
-/// directory is not writable.
+/// run's storage (--storage-path) or the checkpoint being resumed from, or
+/// holding one of them, the working directory or a checkpoint still being
+/// uploaded; a symbolic link; or one whose parent directory is not writable.
+/// With a trainrun older than this SDK, kAsync uploads as kSync does and
+/// leaves the directory where it is.
 void report(const Metrics& metrics, const Checkpoint& checkpoint,
             CheckpointUploadMode upload_mode = CheckpointUploadMode::kSync);
 

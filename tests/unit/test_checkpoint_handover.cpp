@@ -1,0 +1,115 @@
+// Handing a checkpoint directory over for an asynchronous upload, on real
+// directories: what is taken, what is refused, and what is cleaned up.
+
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include <trainrun/error.h>
+
+#include "common/network.h"
+#include "temp_dir.h"
+#include "worker/checkpoint_handover.h"
+
+namespace fs = std::filesystem;
+using trainrun::give_back_checkpoint;
+using trainrun::hand_over_checkpoint;
+using trainrun::KeptDirectory;
+
+namespace {
+
+fs::path make_checkpoint(const fs::path& dir) {
+  fs::create_directories(dir / "sub");
+  std::ofstream(dir / "sub" / "model.pt") << "weights";
+  return dir;
+}
+
+// The message of the UsageError that hand_over_checkpoint throws, or "".
+std::string refusal(const fs::path& dir, const std::vector<KeptDirectory>& kept = {}) {
+  try {
+    auto taken = hand_over_checkpoint(dir, 1, kept);
+    trainrun::remove_handed_over_checkpoint(taken);
+  } catch (const trainrun::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a handed-over directory is renamed beside itself, whole, and can be given back") {
+  TempDir tmp;
+  auto dir = make_checkpoint(tmp.path / "ckpt");
+  auto taken = hand_over_checkpoint(dir, 7, {});
+  CHECK_FALSE(fs::exists(dir));
+  CHECK(taken.parent_path() == fs::canonical(tmp.path));
+  CHECK(taken.filename() == "ckpt.trainrun-upload-" + trainrun::host_name() + "-" +
+                                std::to_string(::getpid()) + "-7");
+  CHECK(fs::exists(taken / "sub" / "model.pt"));
+  // The same path can be written again at once.
+  make_checkpoint(dir);
+  CHECK(refusal(dir).empty());
+  give_back_checkpoint(taken, tmp.path / "back");
+  CHECK(fs::exists(tmp.path / "back" / "sub" / "model.pt"));
+  CHECK_FALSE(fs::exists(taken));
+}
+
+TEST_CASE("links, files, the root and kept directories are refused and stay where they were") {
+  TempDir tmp;
+  auto target = make_checkpoint(tmp.path / "target");
+  fs::create_directory_symlink(target, tmp.path / "link");
+  for (const auto& form : {"link", "link/", "link/."}) {
+    CAPTURE(form);
+    CHECK(refusal(tmp.path / form).find("symbolic link") != std::string::npos);
+  }
+  CHECK(fs::exists(target / "sub" / "model.pt"));
+  std::ofstream(tmp.path / "file") << "x";
+  CHECK(refusal(tmp.path / "file").find("not a directory") != std::string::npos);
+  CHECK(refusal("/").find("root directory") != std::string::npos);
+
+  auto run = tmp.path / "results" / "run";
+  make_checkpoint(run / "scratch");
+  std::vector<KeptDirectory> kept{{run, "the run directory"},
+                                  {tmp.path / "work", "the working directory", false}};
+  CHECK(refusal(run / "scratch", kept).find("lies inside the run directory") != std::string::npos);
+  CHECK(refusal(tmp.path / "results", kept).find("holds the run directory") !=
+        std::string::npos);
+  CHECK(fs::exists(run / "scratch" / "sub" / "model.pt"));
+  // Inside the working directory is where checkpoints are usually made.
+  CHECK(refusal(make_checkpoint(tmp.path / "work" / "ckpt"), kept).empty());
+  CHECK(refusal(tmp.path / "work", kept).find("holds the working directory") !=
+        std::string::npos);
+}
+
+TEST_CASE("a directory that holds, or lies inside, one being uploaded is refused") {
+  TempDir tmp;
+  auto taken = hand_over_checkpoint(make_checkpoint(tmp.path / "outer" / "step1"), 1, {});
+  CHECK(refusal(tmp.path / "outer").find("holds a checkpoint being uploaded") !=
+        std::string::npos);
+  CHECK(refusal(make_checkpoint(taken / "inner")).find("lies inside a checkpoint being uploaded") !=
+        std::string::npos);
+  CHECK(fs::exists(taken / "sub" / "model.pt"));
+  trainrun::remove_handed_over_checkpoint(taken);
+  CHECK_FALSE(fs::exists(taken));
+}
+
+TEST_CASE("a hand-over deletes what dead workers of this host left beside it, nothing else") {
+  TempDir tmp;
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const auto tag = ".trainrun-upload-" + trainrun::host_name() + "-";
+  auto abandoned = make_checkpoint(tmp.path / ("a" + tag + std::to_string(dead) + "-3"));
+  auto alive = make_checkpoint(tmp.path / ("b" + tag + std::to_string(::getppid()) + "-3"));
+  auto other_host =
+      make_checkpoint(tmp.path / ("c.trainrun-upload-elsewhere-" + std::to_string(dead) + "-3"));
+  auto taken = hand_over_checkpoint(make_checkpoint(tmp.path / "ckpt"), 4, {});
+  CHECK_FALSE(fs::exists(abandoned));
+  CHECK(fs::exists(alive));
+  CHECK(fs::exists(other_host));
+  // On the way out, what was handed over and never uploaded goes too.
+  trainrun::remove_handed_over_checkpoints();
+  CHECK_FALSE(fs::exists(taken));
+}
