@@ -35,9 +35,9 @@ TempDir::~TempDir() {
 
 void report(const Metrics& metrics, const Checkpoint& checkpoint,
             CheckpointUploadMode upload_mode) {
-  detail::report_with(metrics, checkpoint.path().c_str(),
-                      upload_mode == CheckpointUploadMode::kAsync ? TRAIN_UPLOAD_ASYNC
-                                                                  : TRAIN_UPLOAD_SYNC);
+  detail::report_with(
+      metrics, checkpoint.path().c_str(),
+      upload_mode == CheckpointUploadMode::kAsync ? TRAIN_UPLOAD_ASYNC : TRAIN_UPLOAD_SYNC);
 }
 
 std::optional<Checkpoint> get_checkpoint() {

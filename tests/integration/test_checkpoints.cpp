@@ -143,9 +143,9 @@ TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact"
     } unmount{small.string()};
     // 700 KiB per checkpoint, beside report.html (about 200 KiB): the third
     // does not fit in 2 MiB.
-    auto run = box.run(kCheckpoints + " --config reports=3 --config pad_kb=700" +
-                       " --checkpoint-upload " + upload +
-                       (async ? " --config upload_mode=async" : ""));
+    auto run =
+        box.run(kCheckpoints + " --config reports=3 --config pad_kb=700" + " --checkpoint-upload " +
+                upload + (async ? " --config upload_mode=async" : ""));
     INFO(run.output);
     auto dir = small / "c";
     REQUIRE(std::filesystem::exists(dir / "checkpoint_state.json"));

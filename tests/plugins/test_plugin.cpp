@@ -155,11 +155,11 @@ train::CheckpointUploadMode upload_mode(const train::Config& config, int rank = 
                                                            : train::CheckpointUploadMode::kSync;
 }
 
-// Reports `reports` checkpoints (upload_mode: sync or async): every rank a per-rank file, rank 0 also
-// model.txt holding the iteration. Reports what get_checkpoint() held at the
-// start ("none" or model.txt's text) and where it was. With same_name=true every rank writes
-// model.txt; with symlink=true rank 0 adds a symbolic link; pad_kb adds a file
-// of that many KiB to rank 0's checkpoints.
+// Reports `reports` checkpoints (upload_mode: sync or async): every rank a per-rank file, rank 0
+// also model.txt holding the iteration. Reports what get_checkpoint() held at the start ("none" or
+// model.txt's text) and where it was. With same_name=true every rank writes model.txt; with
+// symlink=true rank 0 adds a symbolic link; pad_kb adds a file of that many KiB to rank 0's
+// checkpoints.
 void checkpoints(const train::Config& config) {
   auto ctx = train::get_context();
   std::string resumed = "none";
@@ -298,7 +298,8 @@ void checkpoint_overlap(const train::Config& config) {
     {
       std::ofstream shard(dir / ("shard-rank=" + std::to_string(ctx.world_rank()) + ".bin"),
                           std::ios::binary);
-      for (int i = 0; i < mb; ++i) shard.write(block.data(), static_cast<std::streamsize>(block.size()));
+      for (int i = 0; i < mb; ++i)
+        shard.write(block.data(), static_cast<std::streamsize>(block.size()));
     }
     ::sync();  // its write-back is not part of what follows
     before.push_back(rate([](int64_t, double seconds) { return seconds >= 2.0; }).first);
@@ -307,9 +308,8 @@ void checkpoint_overlap(const train::Config& config) {
     train::report({{"round", round}}, train::Checkpoint::from_directory(dir), mode);
     blocked.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     if (mode == train::CheckpointUploadMode::kAsync) {
-      auto [steps_per_s, seconds] = rate([&](int64_t steps, double) {
-        return steps % 4 == 0 && std::filesystem::is_empty(root);
-      });
+      auto [steps_per_s, seconds] = rate(
+          [&](int64_t steps, double) { return steps % 4 == 0 && std::filesystem::is_empty(root); });
       during.push_back(steps_per_s);
       upload.push_back(seconds);
     }
@@ -427,7 +427,7 @@ void epochs(const train::Config& config) {
     if (train::get_context().world_rank() == 0) {  // rank 0 checkpoints for all
       train::TempDir dir;
       std::ofstream(dir.path() / "epoch.txt") << epoch;
-      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()), upload_mode(config));
     } else {
       train::report(metrics);
     }

@@ -1,13 +1,13 @@
 // Handing a checkpoint directory over for an asynchronous upload, on real
 // directories: what is taken, what is refused, and what is cleaned up.
 
+#include <trainrun/error.h>
+
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
-
-#include <trainrun/error.h>
 
 #include "common/network.h"
 #include "temp_dir.h"
@@ -45,8 +45,8 @@ TEST_CASE("a handed-over directory is renamed beside itself, whole, and can be g
   auto taken = hand_over_checkpoint(dir, 7, {});
   CHECK_FALSE(fs::exists(dir));
   CHECK(taken.parent_path() == fs::canonical(tmp.path));
-  CHECK(taken.filename() == "ckpt.trainrun-upload-" + trainrun::host_name() + "-" +
-                                std::to_string(::getpid()) + "-7");
+  CHECK(taken.filename() ==
+        "ckpt.trainrun-upload-" + trainrun::host_name() + "-" + std::to_string(::getpid()) + "-7");
   CHECK(fs::exists(taken / "sub" / "model.pt"));
   // The same path can be written again at once.
   make_checkpoint(dir);
@@ -74,20 +74,17 @@ TEST_CASE("links, files, the root and kept directories are refused and stay wher
   std::vector<KeptDirectory> kept{{run, "the run directory"},
                                   {tmp.path / "work", "the working directory", false}};
   CHECK(refusal(run / "scratch", kept).find("lies inside the run directory") != std::string::npos);
-  CHECK(refusal(tmp.path / "results", kept).find("holds the run directory") !=
-        std::string::npos);
+  CHECK(refusal(tmp.path / "results", kept).find("holds the run directory") != std::string::npos);
   CHECK(fs::exists(run / "scratch" / "sub" / "model.pt"));
   // Inside the working directory is where checkpoints are usually made.
   CHECK(refusal(make_checkpoint(tmp.path / "work" / "ckpt"), kept).empty());
-  CHECK(refusal(tmp.path / "work", kept).find("holds the working directory") !=
-        std::string::npos);
+  CHECK(refusal(tmp.path / "work", kept).find("holds the working directory") != std::string::npos);
 }
 
 TEST_CASE("a directory that holds, or lies inside, one being uploaded is refused") {
   TempDir tmp;
   auto taken = hand_over_checkpoint(make_checkpoint(tmp.path / "outer" / "step1"), 1, {});
-  CHECK(refusal(tmp.path / "outer").find("holds a checkpoint being uploaded") !=
-        std::string::npos);
+  CHECK(refusal(tmp.path / "outer").find("holds a checkpoint being uploaded") != std::string::npos);
   CHECK(refusal(make_checkpoint(taken / "inner")).find("lies inside a checkpoint being uploaded") !=
         std::string::npos);
   CHECK(fs::exists(taken / "sub" / "model.pt"));

@@ -1,6 +1,6 @@
 // What each message means: the controller's router. A message from a new
 // connection must be a HELLO or an ATTACH; one from a known worker goes to the
-// handler for its connection (main, train or store), which hands it to the
+// handler for its connection (main, train, store or upload), which hands it to the
 // part whose job it is (WorkerPool, ReportCoordinator, CheckpointService,
 // RendezvousStore) and sends the answer. A part's IoError is a storage failure
 // of the run; its ProtocolError (a request this peer had no business making)
@@ -702,8 +702,8 @@ void Controller::commit_async_checkpoint() {
     fail_storage(name + " is committed, but result.jsonl cannot record it: " + e.what());
     return;
   }
-  log_.info("{} committed: the checkpoint of report {}, {:.1f} s after it", name,
-            pending.iteration, std::chrono::duration<double>(Clock::now() - pending.reported).count());
+  log_.info("{} committed: the checkpoint of report {}, {:.1f} s after it", name, pending.iteration,
+            std::chrono::duration<double>(Clock::now() - pending.reported).count());
   if (setup_.on_checkpoint) setup_.on_checkpoint(*checkpoints_.latest());
   maybe_regroup(name);
   // The reports with a checkpoint that waited for this commit.
@@ -800,7 +800,7 @@ void Controller::release_report() {
       return;
     }
   }
-  record.timestamp = unix_time();  // the report's time includes its commit
+  record.timestamp = unix_time();  // includes a synchronous checkpoint's commit
   record.time_total_s = earlier_seconds_ + elapsed();
   record.attempt = attempt_;
   // The ranks go on while the report is recorded: its checkpoint, if any, is
@@ -818,9 +818,9 @@ void Controller::release_report() {
   }
   log_.info("report {} ({:.1f} s): {}{}", record.iteration, record.time_total_s,
             format_metrics(record.metrics),
-            async                        ? " (its checkpoint uploads)"
+            async                       ? " (its checkpoint uploads)"
             : record.checkpoint.empty() ? ""
-                                         : " -> " + record.checkpoint);
+                                        : " -> " + record.checkpoint);
   if (async) {
     commit_async_checkpoint();  // when every upload was already in
   } else if (!record.checkpoint.empty()) {

@@ -84,7 +84,8 @@ std::string copy_and_hash(const std::filesystem::path& from, const std::filesyst
   // Mapped, the bytes are hashed from the page cache without a copy into a
   // buffer, while the kernel copies them file to file, as cp does. The caller
   // must not change the file meanwhile (train::report blocks its owner until
-  // the upload ends); a copy that differs from its hash fails verification.
+  // the upload ends, or the directory was handed over); a copy that differs
+  // from its hash fails verification.
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, in.get(), 0);
   if (map == MAP_FAILED) throw IoError("cannot map " + from.string() + ": " + errno_text());
   ::madvise(map, size, MADV_SEQUENTIAL);

@@ -45,7 +45,8 @@ void remove_abandoned(const std::filesystem::path& parent, const std::string& ho
       continue;
     }
     auto pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
-    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) {
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 ||
+        errno != ESRCH) {
       continue;
     }
     std::filesystem::remove_all(entry.path(), ec);
@@ -92,8 +93,8 @@ std::filesystem::path hand_over_checkpoint(const std::filesystem::path& dir, int
   }
   const auto host = host_name();
   const auto prefix = path.filename().string() + kHandedOverTag + host + "-";
-  auto target = path.parent_path() / (prefix + std::to_string(::getpid()) + "-" +
-                                      std::to_string(iteration));
+  auto target =
+      path.parent_path() / (prefix + std::to_string(::getpid()) + "-" + std::to_string(iteration));
   std::lock_guard<std::mutex> lock(handed_over_mutex);
   for (const auto& uploading : handed_over()) check(uploading, "a checkpoint being uploaded", true);
   remove_abandoned(path.parent_path(), host);

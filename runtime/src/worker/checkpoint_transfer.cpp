@@ -45,8 +45,7 @@ protocol::Incoming expect(zmq::socket_t& controller, const char* type,
 // Sends `path`'s bytes as UPLOAD_CHUNKs, waiting for UPLOAD_CREDIT whenever the
 // credit is spent, and returns their sha256.
 std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& path,
-                        uint32_t index, uint64_t size, int& credit,
-                        const std::atomic<bool>* stop) {
+                        uint32_t index, uint64_t size, int& credit, const std::atomic<bool>* stop) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw IoError("cannot read checkpoint file " + path.string() + ": " + std::strerror(errno));
@@ -79,12 +78,11 @@ std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& 
 
 void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
                        const std::filesystem::path& dir,
-                       std::vector<protocol::CheckpointFile> files,
-                       const std::atomic<bool>* stop) {
+                       std::vector<protocol::CheckpointFile> files, const std::atomic<bool>* stop) {
   auto upload = expect(controller, protocol::Upload::kType, stop).as<protocol::Upload>();
   if (upload.iteration != iteration) {
-    throw ProtocolError("UPLOAD for report " + std::to_string(upload.iteration) +
-                        " while report " + std::to_string(iteration) + " uploads");
+    throw ProtocolError("UPLOAD for report " + std::to_string(upload.iteration) + " while report " +
+                        std::to_string(iteration) + " uploads");
   }
   protocol::Uploaded uploaded{iteration, {}, ""};
   try {

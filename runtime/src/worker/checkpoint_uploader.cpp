@@ -17,9 +17,8 @@ namespace trainrun {
 
 CheckpointUploader::CheckpointUploader(zmq::context_t& context, const WorkerOptions& options,
                                        protocol::Attach attach) {
-  thread_ = std::thread([this, &context, options, attach = std::move(attach)] {
-    run(context, options, attach);
-  });
+  thread_ = std::thread(
+      [this, &context, options, attach = std::move(attach)] { run(context, options, attach); });
 }
 
 CheckpointUploader::~CheckpointUploader() {
@@ -78,7 +77,8 @@ void CheckpointUploader::run(zmq::context_t& context, const WorkerOptions& optio
       } catch (const std::exception& e) {
         // The controller fails the run as a storage error: without this it
         // would wait for the upload for ever.
-        if (!stop_) (void)protocol::try_send(controller, protocol::Uploaded{job.iteration, {}, e.what()});
+        if (!stop_)
+          (void)protocol::try_send(controller, protocol::Uploaded{job.iteration, {}, e.what()});
         throw;
       }
       remove_handed_over_checkpoint(job.dir);

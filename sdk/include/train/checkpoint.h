@@ -48,7 +48,8 @@ enum class CheckpointUploadMode {
   /// directory, to <name>.trainrun-upload-<host>-<pid>-<iteration>), uploaded
   /// in the background and deleted afterwards, so the same path can be
   /// written again for the next checkpoint. A worker killed before the end
-  /// leaves it; the next hand-over in that directory on that host deletes it. The checkpoint shows in result.jsonl,
+  /// leaves it; the next hand-over in that directory on that host deletes it. The checkpoint shows
+  /// in result.jsonl,
   /// checkpoint_state.json and get_checkpoint() once committed. At most one
   /// is in flight: the next report() with a checkpoint waits for its commit,
   /// and so does the end of the run. A failed upload or commit fails the run
