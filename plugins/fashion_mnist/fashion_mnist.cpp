@@ -6,7 +6,7 @@
 // Config: epochs (10), batch_size (128), lr (1e-3), data_dir, max_steps (per
 // epoch, 0 = all), eval (true), eval_steps (test batches per rank, 0 = all), warmup_steps (5: steps
 // before the throughput clock starts), seed (0), log_every (50), bucket_cap_mb (25),
-// broadcast_buffers (true), compression ("none", "fp16", or "bf16" with NCCL),
+// broadcast_buffers (true), compression ("none", "fp16" or "bf16"),
 // checkpoint_upload ("sync", or "async": report returns before the upload).
 
 #include <train/train.h>

@@ -48,10 +48,6 @@ std::vector<PreparedModel>& registry() {
   return models;
 }
 
-constexpr const char* kBf16OnGloo =
-    "prepare_model: bf16 gradient compression needs NCCL (--use-gpu); this LibTorch's Gloo has no "
-    "bfloat16 allreduce. Use train::Compression::kFP16 on CPU";
-
 // "gloo", "nccl", or "" for a group that does not say.
 std::string backend_name(const c10d::ProcessGroup& group) {
   try {
@@ -70,13 +66,11 @@ Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGrou
       find_unused_(options.find_unused_parameters()),
       broadcast_buffers_(options.broadcast_buffers()),
       compression_(options.compression()) {
-  // LibTorch 1.13's Gloo has no bfloat16 allreduce ("Invalid scalar type"
-  // from the first bucket); NCCL has. Refused here, where it is one line, and
-  // after verify_same_model: every rank agrees on the option, so every rank
-  // throws and none waits in a collective for the others.
-  if (compression_ == Compression::kBF16 && backend_name(*group_) == "gloo") {
-    throw std::invalid_argument(kBf16OnGloo);
-  }
+  // LibTorch 1.13's Gloo has no bfloat16 allreduce ("Invalid scalar type"),
+  // but moves any 2-byte type: bf16 buckets go as a reduce-scatter and an
+  // allgather of their bits (seen as fp16), which is what a ring allreduce
+  // sends, summed here in fp32.
+  scatter_bf16_ = compression_ == Compression::kBF16 && backend_name(*group_) == "gloo";
   // Reverse registration order approximates the order gradients become ready.
   auto named = module.named_parameters();
   for (auto it = named.end(); it != named.begin();) {
@@ -140,7 +134,17 @@ void Reducer::build_buckets(const ModelOptions& options) {
     }
     bucket.pending = bucket.slots.size();
     if (auto wire = wire_type(bucket.contents.scalar_type(), compression_)) {
-      bucket.wire = torch::empty({total}, bucket.contents.options().dtype(*wire));
+      const auto options = bucket.contents.options().dtype(*wire);
+      if (scatter_bf16_) {
+        const int64_t world = group_->getSize();
+        bucket.chunk = (total + world - 1) / world;
+        bucket.wire = torch::zeros({world * bucket.chunk}, options);  // the padding stays 0
+        bucket.scattered = torch::empty({world * bucket.chunk}, options);
+        bucket.own = torch::empty({bucket.chunk}, options);
+        bucket.sum = torch::empty({bucket.chunk}, bucket.contents.options());
+      } else {
+        bucket.wire = torch::empty({total}, options);
+      }
     }
   }
 }
@@ -259,15 +263,41 @@ void Reducer::launch_ready_buckets() {
     // Divided before the cast (DDP's hooks cast first): one rounding, and a
     // local gradient up to world x 65504 still fits fp16.
     bucket.contents.div_(world);
-    if (bucket.wire.defined()) bucket.wire.copy_(bucket.contents);
-    std::vector<torch::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.contents};
+    if (bucket.wire.defined())
+      bucket.wire.narrow(0, 0, bucket.contents.numel()).copy_(bucket.contents);
     try {
-      bucket.work = group_->allreduce(tensors);
+      if (bucket.chunk > 0) {
+        auto out = bucket.scattered.view(torch::kHalf);  // the bits, moved as they are
+        auto in = bucket.wire.view(torch::kHalf);
+        std::vector<int64_t> equal_split;
+        bucket.work = group_->alltoall_base(out, in, equal_split, equal_split);
+      } else {
+        std::vector<torch::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.contents};
+        bucket.work = group_->allreduce(tensors);
+      }
     } catch (...) {  // a backend that refuses the type: the next backward starts clean
       reset_iteration();
       throw;
     }
   }
+}
+
+void Reducer::gather_sums(Bucket& bucket) {
+  bucket.work->wait();
+  // Every rank's piece `rank`, summed in rank order in fp32 and rounded to
+  // bf16 once: the same bits wherever it is computed.
+  const int64_t world = group_->getSize();
+  auto pieces = bucket.scattered.view({world, bucket.chunk});
+  bucket.sum.copy_(pieces[0]);
+  for (int64_t r = 1; r < world; ++r) bucket.sum.add_(pieces[r]);
+  bucket.own.copy_(bucket.sum);
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  auto wire = bucket.wire.view(torch::kHalf);
+  for (int64_t r = 0; r < world; ++r) {
+    outputs[0].push_back(wire.narrow(0, r * bucket.chunk, bucket.chunk));
+  }
+  std::vector<torch::Tensor> inputs{bucket.own.view(torch::kHalf)};
+  bucket.work = group_->allgather(outputs, inputs);
 }
 
 void Reducer::finalize() {
@@ -295,12 +325,21 @@ void Reducer::finalize() {
       mark_ready(i);
     }
   }
+  torch::NoGradGuard no_grad;
+  try {
+    // In bucket order on every rank, as the collectives must be.
+    for (auto& bucket : buckets_) {
+      if (bucket.chunk > 0) gather_sums(bucket);
+    }
+  } catch (...) {
+    reset_iteration();
+    throw;
+  }
   for (auto& bucket : buckets_) {
     bucket.work->wait();
     bucket.work.reset();
     if (bucket.wire.defined()) {
-      torch::NoGradGuard no_grad;
-      bucket.contents.copy_(bucket.wire);
+      bucket.contents.copy_(bucket.wire.narrow(0, 0, bucket.contents.numel()));
     }
   }
   reset_iteration();
@@ -331,10 +370,6 @@ PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
 void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options) {
   auto ctx = get_context();
   module->to(ctx.device());
-  // Refused on one worker too, so that -n 1 and -n 2 agree.
-  if (options.compression() == Compression::kBF16 && ctx.device().is_cpu()) {
-    throw std::invalid_argument(kBf16OnGloo);
-  }
   if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
   auto prepared = replicate(module, process_group(), ctx.device(), options);
 

@@ -51,6 +51,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   struct Bucket {
     torch::Tensor contents;
     torch::Tensor wire;  // with compression: contents as sent (bf16 or fp16); else undefined
+    // bf16 over Gloo (no bfloat16 allreduce there): a reduce-scatter done as an
+    // alltoall, then an allgather. The wire is padded to world x `chunk`;
+    // `scattered` gets every rank's piece `rank`, summed in fp32 into `sum`,
+    // sent as `own`.
+    int64_t chunk = 0;  // 0: the bucket is allreduced
+    torch::Tensor scattered, sum, own;
     std::vector<size_t> slots;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
@@ -64,6 +70,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void take_gradient(size_t slot);
   void mark_ready(size_t slot);
   void launch_ready_buckets();
+  /// bf16 over Gloo: once a bucket's alltoall is done, sums this rank's piece
+  /// and starts the allgather of the sums.
+  void gather_sums(Bucket& bucket);
   void finalize();
   void reset_iteration();
 
@@ -72,6 +81,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool find_unused_;
   bool broadcast_buffers_;
   Compression compression_;
+  bool scatter_bf16_ = false;  // bf16 buckets go as alltoall + allgather (Gloo)
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   // By slot: the accumulator carrying its post-hook (autograd holds only weak

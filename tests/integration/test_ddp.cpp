@@ -247,11 +247,13 @@ TEST_CASE("prepare_data_loader takes a dataset already mapped with Stack<>") {
   CHECK(metrics["sum"] == 45);     // 0 + 1 + ... + 9: every sample once
 }
 
-TEST_CASE("FashionMNIST with fp16 gradient compression trains as uncompressed training does") {
-  // The same seed, data and steps; only the allreduce's type differs.
+TEST_CASE(
+    "FashionMNIST with fp16 or bf16 gradient compression trains as uncompressed training does") {
+  // The same seed, data and steps; only the gradients' type on the wire differs
+  // (bf16 over Gloo: an alltoall and an allgather of bf16 bits, summed in fp32).
   Sandbox box;
   std::map<std::string, nlohmann::json> metrics;
-  for (const char* compression : {"none", "fp16"}) {
+  for (const char* compression : {"none", "fp16", "bf16"}) {
     auto run = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN + "' -n 2 --name " +
                        compression + " --config epochs=1 --config max_steps=30" +
                        " --config eval_steps=8 --config batch_size=32 --config warmup_steps=1" +
@@ -261,32 +263,26 @@ TEST_CASE("FashionMNIST with fp16 gradient compression trains as uncompressed tr
     metrics[compression] = read_jsonl(box.run_dir(compression) / "result.jsonl").back()["metrics"];
   }
   const auto& plain = metrics["none"];
-  const auto& fp16 = metrics["fp16"];
-  INFO(plain.dump() << " / " << fp16.dump());
+  INFO(plain.dump() << " / " << metrics["fp16"].dump() << " / " << metrics["bf16"].dump());
   // 30 Adam steps from the same start: the training losses agree to a few
-  // percent (fp16 keeps 11 bits of each averaged gradient), yet differ (the
-  // option took effect; the runs are otherwise deterministic), and both
-  // learned. The test set is 512 images this early in training, too few to
-  // compare closely: each must simply be well above chance (0.1).
+  // percent (fp16 keeps 11 bits of each averaged gradient, bf16 8), yet differ
+  // (the option took effect; the runs are otherwise deterministic), and all
+  // learned. The test set is 512 images this early in training: accuracy
+  // within 0.06 (its standard error is about 0.02).
   const double loss = plain["loss"].get<double>();
   CHECK(loss < 1.5);
-  CHECK(std::abs(fp16["loss"].get<double>() - loss) < 0.05 * loss);
-  CHECK(fp16["loss"].get<double>() != loss);
   CHECK(plain["accuracy"].get<double>() > 0.4);
-  CHECK(fp16["accuracy"].get<double>() > 0.4);
+  for (const auto& [compression, tolerance] : {std::pair{"fp16", 0.05}, std::pair{"bf16", 0.1}}) {
+    CAPTURE(compression);
+    const auto& m = metrics[compression];
+    CHECK(std::abs(m["loss"].get<double>() - loss) < tolerance * loss);
+    CHECK(m["loss"].get<double>() != loss);
+    CHECK(std::abs(m["accuracy"].get<double>() - plain["accuracy"].get<double>()) < 0.06);
+  }
   // A config that names no compression is refused with the choices.
   auto bad = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN +
                      "' -n 2 --name bad --config max_steps=1 --config compression=int8");
   CHECK(bad.exit_code == 1);
   CHECK(bad.output.find("config compression must be none, fp16 or bf16, got 'int8'") !=
         std::string::npos);
-  // bf16 on CPU: refused at prepare_model, one worker as well as two.
-  for (const char* workers : {"1", "2"}) {
-    auto bf16 = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN + "' -n " + workers +
-                        " --name bf16-" + workers + " --config max_steps=1 --config compression=bf16");
-    CAPTURE(workers);
-    CHECK(bf16.exit_code == 1);
-    CHECK(bf16.output.find("bf16 gradient compression needs NCCL (--use-gpu)") !=
-          std::string::npos);
-  }
 }

@@ -4,7 +4,8 @@
 #include <trainrun/error.h>
 
 #include <doctest/doctest.h>
-#include <sys/wait.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -30,7 +31,7 @@ fs::path make_checkpoint(const fs::path& dir) {
 std::string refusal(const fs::path& dir, const std::vector<KeptDirectory>& kept = {}) {
   try {
     auto taken = hand_over_checkpoint(dir, 1, kept);
-    trainrun::remove_handed_over_checkpoint(taken);
+    trainrun::remove_handed_over_checkpoint(taken.dir);
   } catch (const trainrun::UsageError& e) {
     return e.what();
   }
@@ -44,16 +45,20 @@ TEST_CASE("a handed-over directory is renamed beside itself, whole, and can be g
   auto dir = make_checkpoint(tmp.path / "ckpt");
   auto taken = hand_over_checkpoint(dir, 7, {});
   CHECK_FALSE(fs::exists(dir));
-  CHECK(taken.parent_path() == fs::canonical(tmp.path));
-  CHECK(taken.filename() ==
+  CHECK(taken.source == fs::canonical(tmp.path) / "ckpt");
+  CHECK(taken.dir.parent_path() == fs::canonical(tmp.path));
+  CHECK(taken.dir.filename() ==
         "ckpt.trainrun-upload-" + trainrun::host_name() + "-" + std::to_string(::getpid()) + "-7");
-  CHECK(fs::exists(taken / "sub" / "model.pt"));
+  CHECK(fs::exists(taken.dir / "sub" / "model.pt"));
+  CHECK(fs::exists(taken.dir.string() + ".lock"));
   // The same path can be written again at once.
   make_checkpoint(dir);
   CHECK(refusal(dir).empty());
-  give_back_checkpoint(taken, tmp.path / "back");
-  CHECK(fs::exists(tmp.path / "back" / "sub" / "model.pt"));
-  CHECK_FALSE(fs::exists(taken));
+  fs::remove_all(dir);
+  CHECK(give_back_checkpoint(taken));
+  CHECK(fs::exists(dir / "sub" / "model.pt"));
+  CHECK_FALSE(fs::exists(taken.dir));
+  CHECK_FALSE(fs::exists(taken.dir.string() + ".lock"));
 }
 
 TEST_CASE("links, files, the root and kept directories are refused and stay where they were") {
@@ -76,6 +81,17 @@ TEST_CASE("links, files, the root and kept directories are refused and stay wher
   CHECK(refusal(run / "scratch", kept).find("lies inside the run directory") != std::string::npos);
   CHECK(refusal(tmp.path / "results", kept).find("holds the run directory") != std::string::npos);
   CHECK(fs::exists(run / "scratch" / "sub" / "model.pt"));
+  // Any run's directory or checkpoint, known or not, and what is inside them.
+  auto other = make_checkpoint(tmp.path / "elsewhere" / "checkpoint_000001");
+  std::ofstream(other / "manifest.json") << "{}";
+  CHECK(refusal(other).find("it is a run directory or a checkpoint") != std::string::npos);
+  CHECK(refusal(other / "sub").find("it lies inside a run directory or a checkpoint") !=
+        std::string::npos);
+  std::ofstream(tmp.path / "elsewhere" / "run.json") << "{}";
+  CHECK(refusal(tmp.path / "elsewhere")
+            .find("(" + (tmp.path / "elsewhere").string() + " holds run.json)") !=
+        std::string::npos);
+  CHECK(fs::exists(other / "sub" / "model.pt"));
   // Inside the working directory is where checkpoints are usually made.
   CHECK(refusal(make_checkpoint(tmp.path / "work" / "ckpt"), kept).empty());
   CHECK(refusal(tmp.path / "work", kept).find("holds the working directory") != std::string::npos);
@@ -85,28 +101,34 @@ TEST_CASE("a directory that holds, or lies inside, one being uploaded is refused
   TempDir tmp;
   auto taken = hand_over_checkpoint(make_checkpoint(tmp.path / "outer" / "step1"), 1, {});
   CHECK(refusal(tmp.path / "outer").find("holds a checkpoint being uploaded") != std::string::npos);
-  CHECK(refusal(make_checkpoint(taken / "inner")).find("lies inside a checkpoint being uploaded") !=
-        std::string::npos);
-  CHECK(fs::exists(taken / "sub" / "model.pt"));
-  trainrun::remove_handed_over_checkpoint(taken);
-  CHECK_FALSE(fs::exists(taken));
+  CHECK(refusal(make_checkpoint(taken.dir / "inner"))
+            .find("lies inside a checkpoint being uploaded") != std::string::npos);
+  CHECK(fs::exists(taken.dir / "sub" / "model.pt"));
+  trainrun::remove_handed_over_checkpoint(taken.dir);
+  CHECK_FALSE(fs::exists(taken.dir));
+  CHECK_FALSE(fs::exists(taken.dir.string() + ".lock"));
 }
 
-TEST_CASE("a hand-over deletes what dead workers of this host left beside it, nothing else") {
+TEST_CASE("a hand-over deletes what gone processes left beside it: their locks are free") {
   TempDir tmp;
-  pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
-  ::waitpid(dead, nullptr, 0);
-  const auto tag = ".trainrun-upload-" + trainrun::host_name() + "-";
-  auto abandoned = make_checkpoint(tmp.path / ("a" + tag + std::to_string(dead) + "-3"));
-  auto alive = make_checkpoint(tmp.path / ("b" + tag + std::to_string(::getppid()) + "-3"));
-  auto other_host =
-      make_checkpoint(tmp.path / ("c.trainrun-upload-elsewhere-" + std::to_string(dead) + "-3"));
+  // Left by a process that is gone: the lock file is there, nobody holds it.
+  auto abandoned = make_checkpoint(tmp.path / "a.trainrun-upload-somehost-12345-3");
+  std::ofstream(abandoned.string() + ".lock");
+  // In use elsewhere (another process, host or container): its lock is held.
+  auto in_use = make_checkpoint(tmp.path / "b.trainrun-upload-somehost-12345-4");
+  int held = ::open((in_use.string() + ".lock").c_str(), O_RDWR | O_CREAT, 0600);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX | LOCK_NB) == 0);
+  // Not ours at all: no lock file.
+  auto unrelated = make_checkpoint(tmp.path / "c.trainrun-upload-elsewhere-1-1");
   auto taken = hand_over_checkpoint(make_checkpoint(tmp.path / "ckpt"), 4, {});
   CHECK_FALSE(fs::exists(abandoned));
-  CHECK(fs::exists(alive));
-  CHECK(fs::exists(other_host));
+  CHECK_FALSE(fs::exists(abandoned.string() + ".lock"));
+  CHECK(fs::exists(in_use / "sub" / "model.pt"));
+  CHECK(fs::exists(unrelated));
+  ::close(held);
   // On the way out, what was handed over and never uploaded goes too.
   trainrun::remove_handed_over_checkpoints();
-  CHECK_FALSE(fs::exists(taken));
+  CHECK_FALSE(fs::exists(taken.dir));
+  CHECK_FALSE(fs::exists(taken.dir.string() + ".lock"));
 }

@@ -7,12 +7,12 @@ Runs, alternating, in this invocation:
   ceiling   trainrun -n 1, one thread, the same per-worker batch, times two
 and prints steady-state samples/s (after warm-up), the ratios and peak RSS per
 worker. Targets: trainrun >= 1.05x torchrun, >= 0.90 of the ceiling. With
---compression fp16 each round also runs trainrun with that gradient compression
+--compression fp16 (or bf16) each round also runs trainrun with that gradient compression
 (ModelOptions::compression) and prints its ratio to uncompressed trainrun;
 --skip-torchrun leaves the torchrun baseline out (no PyTorch needed).
 
   tools/bench/ddp_throughput.py [--build build] [--rounds 2] [--steps 30] [--warmup 5]
-                                [--compression fp16] [--skip-torchrun]
+                                [--compression fp16|bf16] [--skip-torchrun]
 """
 import argparse
 import json
@@ -61,7 +61,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--compression", choices=["fp16"])  # bf16 needs NCCL; this runs on CPU
+    parser.add_argument("--compression", choices=["fp16", "bf16"])
     parser.add_argument("--skip-torchrun", action="store_true")
     args = parser.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -567,7 +567,7 @@ void Controller::handle_upload(WorkerSlot& worker, protocol::Incoming& message) 
       throw ProtocolError("unexpected message type " + type + " on an upload connection");
     }
   } catch (const ProtocolError& e) {
-    if (failures_.any() || stopping_) throw;
+    if (failures_.any() || stopping_ || regroup_) throw;
     abort_upload(worker.describe() + ": " + e.what());
   }
 }
@@ -666,6 +666,10 @@ void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message
 void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded,
                              bool upload_channel) {
   if (failures_.any() || stopping_ || regroup_) return;
+  if (!uploaded.error.empty()) {  // whatever the state, the worker's reason is the one to keep
+    abort_upload(uploaded.error);
+    return;
+  }
   if (upload_channel != async_checkpoint_.has_value()) {
     throw ProtocolError("UPLOADED on the wrong connection");
   }

@@ -2,131 +2,181 @@
 
 #include <trainrun/error.h>
 
-#include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
-#include <set>
 
 #include "common/network.h"
 
 namespace trainrun {
 namespace {
 
-// Every directory handed over and not yet deleted, for the process's way out.
-std::mutex handed_over_mutex;
+namespace fs = std::filesystem;
+
 const std::string kHandedOverTag = ".trainrun-upload-";
-std::set<std::filesystem::path>& handed_over() {
-  static auto* dirs = new std::set<std::filesystem::path>;  // never destroyed: _Exit skips it
+const std::string kLockSuffix = ".lock";
+// Files whose presence makes a directory a run's or a committed checkpoint.
+const char* const kRecordFiles[] = {"run.json", "checkpoint_state.json", "manifest.json"};
+
+// Every directory handed over and not yet deleted, with the descriptor of its
+// held lock file, for the process's way out.
+std::mutex handed_over_mutex;
+std::map<fs::path, int>& handed_over() {
+  static auto* dirs = new std::map<fs::path, int>;  // never destroyed: _Exit skips it
   return *dirs;
 }
 
-void forget(const std::filesystem::path& dir) {
-  std::lock_guard<std::mutex> lock(handed_over_mutex);
-  handed_over().erase(dir);
+fs::path lock_path(const fs::path& dir) { return dir.string() + kLockSuffix; }
+
+// Creates and locks `path`: while the lock is held, the directory beside it
+// is in use. -1 when it cannot.
+int take_lock(const fs::path& path) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    struct stat st {};
+    // A sweeper may have unlinked the file between the open and the lock.
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &st) == 0 && st.st_nlink > 0) return fd;
+    ::close(fd);
+  }
+  return -1;
 }
 
-// Deletes what workers of this host that are gone (killed while uploading)
-// handed over in `parent`: <name>.trainrun-upload-<host>-<pid>-<iteration>.
-void remove_abandoned(const std::filesystem::path& parent, const std::string& host) {
-  const auto tag = kHandedOverTag + host + "-";
+// Unlocks and removes a directory's lock file (after the directory).
+void release_lock(const fs::path& dir, int fd) {
+  ::unlink(lock_path(dir).c_str());
+  if (fd >= 0) ::close(fd);
+}
+
+// Deletes what processes that are gone handed over in `parent`: a
+// <dir>.lock beside <dir> that nobody holds (the kernel drops a flock with
+// its process, however it ended; a live one, on this host or another, or in
+// another container, holds its own).
+void remove_abandoned(const fs::path& parent) {
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(parent, ec)) {
-    auto name = entry.path().filename().string();
-    auto at = name.rfind(tag);
-    if (at == std::string::npos) continue;
-    auto rest = name.substr(at + tag.size());  // <pid>-<iteration>
-    auto dash = rest.find('-');
-    if (dash == std::string::npos || dash == 0 ||
-        rest.find_first_not_of("0123456789-") != std::string::npos) {
+  fs::directory_iterator it(parent, ec);
+  for (const fs::directory_iterator end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (name.find(kHandedOverTag) == std::string::npos || name.size() <= kLockSuffix.size() ||
+        name.compare(name.size() - kLockSuffix.size(), kLockSuffix.size(), kLockSuffix) != 0) {
       continue;
     }
-    auto pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
-    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 ||
-        errno != ESRCH) {
-      continue;
+    int fd = ::open(it->path().c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      std::error_code removed;
+      fs::remove_all(parent / name.substr(0, name.size() - kLockSuffix.size()), removed);
+      ::unlink(it->path().c_str());
     }
-    std::filesystem::remove_all(entry.path(), ec);
+    ::close(fd);
   }
 }
 
 // Whether `path` is `dir` or lies inside it (both absolute and normal).
-bool is_within(const std::filesystem::path& path, const std::filesystem::path& dir) {
+bool is_within(const fs::path& path, const fs::path& dir) {
   auto relative = path.lexically_relative(dir);
   return !relative.empty() && *relative.begin() != "..";
 }
 
 }  // namespace
 
-std::filesystem::path hand_over_checkpoint(const std::filesystem::path& dir, int64_t iteration,
-                                           const std::vector<KeptDirectory>& kept) {
+HandedOver hand_over_checkpoint(const fs::path& dir, int64_t iteration,
+                                const std::vector<KeptDirectory>& kept) {
   const std::string refused = "cannot hand checkpoint directory " + dir.string() + " over";
   // "a/b/", "a/b/." and "a/b" alike name b itself, never what a link b points at.
-  auto path = std::filesystem::absolute(dir).lexically_normal();
+  auto path = fs::absolute(dir).lexically_normal();
   if (!path.has_filename()) path = path.parent_path();
   std::error_code ec;
-  auto status = std::filesystem::symlink_status(path, ec);
-  if (std::filesystem::is_symlink(status)) {
+  auto status = fs::symlink_status(path, ec);
+  if (fs::is_symlink(status)) {
     throw UsageError(refused + ": it is a symbolic link; pass the directory itself");
   }
-  if (!std::filesystem::is_directory(status)) {
-    throw UsageError(refused + ": it is not a directory");
-  }
+  if (!fs::is_directory(status)) throw UsageError(refused + ": it is not a directory");
   if (path == path.root_path()) throw UsageError(refused + ": it is the root directory");
-  path = std::filesystem::weakly_canonical(path.parent_path(), ec) / path.filename();
+  path = fs::weakly_canonical(path.parent_path(), ec) / path.filename();
   if (ec) throw UsageError(refused + ": " + ec.message());
-  auto check = [&](const std::filesystem::path& other, const std::string& what, bool inside_too) {
+  const std::string advice =
+      "; asynchronous upload moves and deletes the directory it is given, so pass one of the "
+      "train function's own, or use CheckpointUploadMode::kSync";
+  auto check = [&](const fs::path& other, const std::string& what, bool inside_too) {
     if (is_within(other, path) || (inside_too && is_within(path, other))) {
       throw UsageError(refused + ": it " + (is_within(other, path) ? "holds" : "lies inside") +
-                       " " + what + " (" + other.string() +
-                       "); asynchronous upload moves and deletes the directory it is given, so "
-                       "pass one of the train function's own, or use CheckpointUploadMode::kSync");
+                       " " + what + " (" + other.string() + ")" + advice);
     }
   };
   for (const auto& keep : kept) {
     if (keep.path.empty()) continue;
-    auto other = std::filesystem::weakly_canonical(keep.path, ec);
+    auto other = fs::weakly_canonical(keep.path, ec);
     if (!ec) check(other, keep.what, keep.inside_too);
   }
-  const auto host = host_name();
-  const auto prefix = path.filename().string() + kHandedOverTag + host + "-";
-  auto target =
-      path.parent_path() / (prefix + std::to_string(::getpid()) + "-" + std::to_string(iteration));
+  // A run's directory or a committed checkpoint, of any run, or anything in one.
+  for (auto at = path; at.has_relative_path(); at = at.parent_path()) {
+    for (const char* record : kRecordFiles) {
+      if (fs::exists(at / record, ec)) {
+        throw UsageError(refused + ": " + (at == path ? "it is" : "it lies inside") +
+                         " a run directory or a checkpoint (" + at.string() + " holds " + record +
+                         ")" + advice);
+      }
+    }
+  }
+  remove_abandoned(path.parent_path());
+  const auto target =
+      path.parent_path() / (path.filename().string() + kHandedOverTag + host_name() + "-" +
+                            std::to_string(::getpid()) + "-" + std::to_string(iteration));
   std::lock_guard<std::mutex> lock(handed_over_mutex);
-  for (const auto& uploading : handed_over()) check(uploading, "a checkpoint being uploaded", true);
-  remove_abandoned(path.parent_path(), host);
-  std::filesystem::remove_all(target, ec);  // an earlier process's, of the same pid
-  if (::rename(path.c_str(), target.c_str()) != 0) {
-    throw UsageError(refused + ": cannot move it to " + target.string() + ": " +
+  for (const auto& uploading : handed_over()) {
+    check(uploading.first, "a checkpoint being uploaded", true);
+  }
+  int fd = take_lock(lock_path(target));
+  if (fd < 0) {
+    throw UsageError(refused + ": cannot create " + lock_path(target).string() + ": " +
                      std::strerror(errno) +
                      " (asynchronous upload needs a directory whose parent it may write)");
   }
-  handed_over().insert(target);
-  return target;
-}
-
-void remove_handed_over_checkpoint(const std::filesystem::path& dir) {
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  forget(dir);
-}
-
-void give_back_checkpoint(const std::filesystem::path& handed_over,
-                          const std::filesystem::path& dir) {
-  std::lock_guard<std::mutex> lock(handed_over_mutex);
-  if (::rename(handed_over.c_str(), std::filesystem::absolute(dir).c_str()) == 0) {
-    trainrun::handed_over().erase(handed_over);
+  if (::rename(path.c_str(), target.c_str()) != 0) {
+    const int error = errno;
+    release_lock(target, fd);
+    throw UsageError(refused + ": cannot move it to " + target.string() + ": " +
+                     std::strerror(error) +
+                     " (asynchronous upload needs a directory whose parent it may write)");
   }
+  handed_over()[target] = fd;
+  return {target, path};
+}
+
+void remove_handed_over_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  std::lock_guard<std::mutex> lock(handed_over_mutex);
+  auto found = handed_over().find(dir);
+  if (found == handed_over().end()) return;
+  release_lock(dir, found->second);
+  handed_over().erase(found);
+}
+
+bool give_back_checkpoint(const HandedOver& handed) {
+  std::lock_guard<std::mutex> lock(handed_over_mutex);
+  auto found = handed_over().find(handed.dir);
+  if (found == handed_over().end()) return false;
+  const bool back = ::rename(handed.dir.c_str(), handed.source.c_str()) == 0;
+  // Either way it is no longer this process's to delete.
+  release_lock(handed.dir, found->second);
+  handed_over().erase(found);
+  return back;
 }
 
 void remove_handed_over_checkpoints() {
   std::lock_guard<std::mutex> lock(handed_over_mutex);
-  for (const auto& dir : handed_over()) {
+  for (const auto& [dir, fd] : handed_over()) {
     std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
+    fs::remove_all(dir, ec);
+    release_lock(dir, fd);
   }
   handed_over().clear();
 }

@@ -88,6 +88,7 @@ void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
   try {
     int credit = upload.credit;
     for (uint32_t i = 0; i < files.size(); ++i) {
+      if (stop != nullptr && stop->load()) throw Error("stopped while uploading");
       auto& file = files[i];
       if (upload.staging_dir.empty()) {
         file.sha256 = stream_file(controller, dir / file.path, i, file.size, credit, stop);

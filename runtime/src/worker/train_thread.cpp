@@ -49,7 +49,7 @@ struct HostState {
   std::thread::id train_thread = std::this_thread::get_id();
   std::chrono::steady_clock::time_point progress_sent;  // the last PROGRESS
   std::filesystem::path run_dir, storage_root, cache_dir;
-  // Declared last: destroyed first, while the connections it needs are open.
+  // Declared last: destroyed first, its thread stopped before the rest goes.
   std::optional<CheckpointUploader> uploader;  // from the first asynchronous checkpoint on
 
   // Called before DONE or FAILED goes out: after that the process may end at
@@ -65,7 +65,7 @@ struct HostState {
   std::vector<KeptDirectory> kept() const {
     std::error_code ec;
     return {{run_dir, "the run directory"},
-            {storage_root, "the run's storage"},
+            {storage_root, "the run's storage", /*inside_too=*/false},
             {checkpoint_dir, "the checkpoint the run resumed from"},
             {downloads, "the fetched checkpoints"},
             {cache_dir, "the plugin cache"},
@@ -144,15 +144,16 @@ int host_report_checkpoint(void* handle, const uint8_t* metrics, size_t metrics_
     auto report = make_report(state, metrics, metrics_size);
     report.checkpoint = true;
     report.async = true;
-    auto handed_over = hand_over_checkpoint(checkpoint_dir, report.iteration, state.kept());
+    auto handed = hand_over_checkpoint(checkpoint_dir, report.iteration, state.kept());
     try {
-      report.files = list_checkpoint_files(handed_over, state.world_rank);
-    } catch (...) {
-      give_back_checkpoint(handed_over, checkpoint_dir);
-      throw;
+      report.files = list_checkpoint_files(handed.dir, state.world_rank);
+    } catch (const std::exception& e) {
+      if (give_back_checkpoint(handed)) throw;
+      throw UsageError(std::string(e.what()) + " (the directory is now " + handed.dir.string() +
+                       ")");
     }
     ++state.reports;
-    state.uploader->submit(report.iteration, handed_over, report.files);
+    state.uploader->submit(report.iteration, handed.dir, report.files);
     protocol::send(*state.controller, report);
     return await_ack(state, report, error, error_size);
   } catch (const std::exception& e) {

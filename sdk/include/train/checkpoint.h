@@ -47,8 +47,9 @@ enum class CheckpointUploadMode {
   /// trainrun: it is moved away at once (renamed, within its parent
   /// directory, to <name>.trainrun-upload-<host>-<pid>-<iteration>), uploaded
   /// in the background and deleted afterwards, so the same path can be
-  /// written again for the next checkpoint. A worker killed before the end
-  /// leaves it; the next hand-over in that directory on that host deletes it. The checkpoint shows
+  /// written again for the next checkpoint. A worker killed before it is
+  /// uploaded leaves it (with a .lock file beside it); the next hand-over in
+  /// the same parent directory deletes it. The checkpoint shows
   /// in result.jsonl,
   /// checkpoint_state.json and get_checkpoint() once committed. At most one
   /// is in flight: the next report() with a checkpoint waits for its commit,
@@ -67,9 +68,10 @@ enum class CheckpointUploadMode {
 /// directory may be deleted afterwards. kAsync returns once every rank has
 /// handed its directory over (see CheckpointUploadMode); every rank passing a
 /// checkpoint must pass the same mode. A directory that cannot be handed over
-/// is refused with std::runtime_error and stays where it was: one inside the
-/// run's storage (--storage-path) or the checkpoint being resumed from, or
-/// holding one of them, the working directory or a checkpoint still being
+/// is refused with std::runtime_error and stays where it was: a run's
+/// directory or a committed checkpoint (of any run) or one inside them, the
+/// fetched or resumed checkpoint, one holding the storage root
+/// (--storage-path), the working directory or a checkpoint still being
 /// uploaded; a symbolic link; or one whose parent directory is not writable.
 /// With a trainrun older than this SDK, kAsync uploads as kSync does and
 /// leaves the directory where it is.

@@ -41,8 +41,10 @@ struct ModelOptions {
   /// for a second buffer of half the gradients' size, and precision: with
   /// fp16 an average beyond 65504 becomes inf and one below about 6e-8
   /// becomes 0. Pays when the allreduce is the bottleneck (many workers, a
-  /// slow network), not on one machine. kBF16 needs NCCL: on CPU
-  /// prepare_model throws std::invalid_argument.
+  /// slow network), not on one machine. kBF16 on Gloo (which has no bfloat16
+  /// allreduce) travels as a reduce-scatter and an allgather of bf16, summed
+  /// in float32: the same bytes as a ring allreduce, and the same result on
+  /// every rank.
   TORCH_ARG(Compression, compression) = Compression::kNone;
 };
 
