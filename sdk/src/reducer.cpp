@@ -137,7 +137,7 @@ void Reducer::build_buckets(const ModelOptions& options) {
       const auto options = bucket.contents.options().dtype(*wire);
       if (scatter_bf16_) {
         const int64_t world = group_->getSize();
-        bucket.chunk = (total + world - 1) / world;
+        bucket.chunk = std::max<int64_t>(1, (total + world - 1) / world);  // 0 would mean allreduce
         bucket.wire = torch::zeros({world * bucket.chunk}, options);  // the padding stays 0
         bucket.scattered = torch::empty({world * bucket.chunk}, options);
         bucket.own = torch::empty({bucket.chunk}, options);
@@ -269,8 +269,8 @@ void Reducer::launch_ready_buckets() {
       if (bucket.chunk > 0) {
         auto out = bucket.scattered.view(torch::kHalf);  // the bits, moved as they are
         auto in = bucket.wire.view(torch::kHalf);
-        std::vector<int64_t> equal_split;
-        bucket.work = group_->alltoall_base(out, in, equal_split, equal_split);
+        std::vector<int64_t> output_split, input_split;  // empty: equal
+        bucket.work = group_->alltoall_base(out, in, output_split, input_split);
       } else {
         std::vector<torch::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.contents};
         bucket.work = group_->allreduce(tensors);
@@ -331,16 +331,25 @@ void Reducer::finalize() {
     for (auto& bucket : buckets_) {
       if (bucket.chunk > 0) gather_sums(bucket);
     }
+    for (auto& bucket : buckets_) {
+      bucket.work->wait();
+      bucket.work.reset();
+      if (bucket.wire.defined()) {
+        bucket.contents.copy_(bucket.wire.narrow(0, 0, bucket.contents.numel()));
+      }
+    }
   } catch (...) {
+    // Nothing still in flight writes into a buffer the next iteration fills.
+    for (auto& bucket : buckets_) {
+      if (!bucket.work) continue;
+      try {
+        bucket.work->wait();
+      } catch (...) {  // the first error is the one that counts
+      }
+      bucket.work.reset();
+    }
     reset_iteration();
     throw;
-  }
-  for (auto& bucket : buckets_) {
-    bucket.work->wait();
-    bucket.work.reset();
-    if (bucket.wire.defined()) {
-      bucket.contents.copy_(bucket.wire.narrow(0, 0, bucket.contents.numel()));
-    }
   }
   reset_iteration();
   if (broadcast_buffers_ && !buffers_.empty()) broadcast_from_rank0(*group_, buffers_);

@@ -6,7 +6,8 @@
 // what is allreduced. A post-hook on each parameter's gradient accumulator marks it
 // ready; a bucket whose parameters are all ready is divided by the world size
 // (and with compression cast to bf16 or fp16 into a second buffer, cast back
-// once its allreduce is done) and its allreduce launched asynchronously,
+// once its allreduce is done; bf16 over Gloo goes as an alltoall, then, in
+// finalisation, an allgather of the sums) and its allreduce launched asynchronously,
 // buckets strictly in order so every
 // rank issues the same collectives in the same order. A callback queued on the
 // autograd engine finalises at the end of backward: unused parameters, waiting

@@ -379,8 +379,11 @@ TEST_CASE("fp16-compressed gradients average within fp16's precision, over Gloo"
     Net net(Layers::kTwo);
     // A bucket per parameter: several wire buffers, launched in order.
     auto reducer = attach(net, group,
-                          train::ModelOptions().bucket_cap_mb(kTinyCapMb).compression(
-                              train::Compression::kFP16));
+                          train::ModelOptions()
+                              .bucket_cap_mb(kTinyCapMb)
+                              .first_bucket_cap_mb(kTinyCapMb)
+                              .compression(train::Compression::kFP16));
+    CHECK(reducer->num_buckets() > 1);
     for (int step = 0; step < 2; ++step) {
       for (auto& p : net->parameters()) p.mutable_grad().zero_();
       net->loss(input(rank, step)).backward();
@@ -402,31 +405,38 @@ TEST_CASE("fp16-compressed gradients average within fp16's precision, over Gloo"
   CHECK(inexact);  // it did travel in fewer bits
 }
 
-TEST_CASE("fp16 compression with an unused parameter: it counts as zero, the rest average") {
-  const int world = 2;
-  std::vector<ByName> local;
-  for (int rank = 0; rank < world; ++rank) {
-    local.push_back(local_grads(Net(Layers::kWithExtra), {input(rank)}));
-  }
-  const auto expected = mean(local);  // extra's gradient is zero on every rank
-  std::vector<ByName> synced(world);
-  run_ranks(world, [&](int rank, Group group) {
-    Net net(Layers::kWithExtra);
-    auto reducer = attach(net, group,
-                          train::ModelOptions()
-                              .find_unused_parameters(true)
-                              .bucket_cap_mb(kTinyCapMb)
-                              .compression(train::Compression::kFP16));
-    net->loss(input(rank)).backward();
-    synced[rank] = grads_of(*net);
-  });
-  for (int rank = 0; rank < world; ++rank) {
-    CAPTURE(rank);
-    for (const auto& [name, grad] : expected) {
-      CAPTURE(name);
-      CHECK(torch::allclose(synced[rank].at(name), grad, 2e-3, 1e-4));
+TEST_CASE(
+    "fp16 or bf16 compression with an unused parameter: it counts as zero, the rest average") {
+  for (auto compression : {train::Compression::kFP16, train::Compression::kBF16}) {
+    CAPTURE(static_cast<int>(compression));
+    const int world = 2;
+    std::vector<ByName> local;
+    for (int rank = 0; rank < world; ++rank) {
+      local.push_back(local_grads(Net(Layers::kWithExtra), {input(rank)}));
     }
-    CHECK(torch::equal(synced[rank].at("extra.weight"), torch::zeros({kWidth, kWidth})));
+    const auto expected = mean(local);  // extra's gradient is zero on every rank
+    std::vector<ByName> synced(world);
+    run_ranks(world, [&](int rank, Group group) {
+      Net net(Layers::kWithExtra);
+      auto reducer = attach(net, group,
+                            train::ModelOptions()
+                                .find_unused_parameters(true)
+                                .bucket_cap_mb(kTinyCapMb)
+                                .first_bucket_cap_mb(kTinyCapMb)
+                                .compression(compression));
+      net->loss(input(rank)).backward();
+      synced[rank] = grads_of(*net);
+    });
+    const double rtol = compression == train::Compression::kFP16 ? 2e-3 : 1e-2;
+    for (int rank = 0; rank < world; ++rank) {
+      CAPTURE(rank);
+      for (const auto& [name, grad] : expected) {
+        CAPTURE(name);
+        CHECK(torch::allclose(synced[rank].at(name), grad, rtol,
+                              rtol * grad.abs().max().item<double>() + 1e-4));
+      }
+      CHECK(torch::equal(synced[rank].at("extra.weight"), torch::zeros({kWidth, kWidth})));
+    }
   }
 }
 
@@ -450,7 +460,9 @@ TEST_CASE(
         Net net(Layers::kTwo);
         auto reducer = attach(
             net, group,
-            train::ModelOptions().bucket_cap_mb(caps[c]).compression(train::Compression::kBF16));
+            train::ModelOptions().bucket_cap_mb(caps[c]).first_bucket_cap_mb(caps[c]).compression(
+                train::Compression::kBF16));
+        CHECK((reducer->num_buckets() > 1) == (c == 0));
         for (int step = 0; step < 2; ++step) {
           for (auto& p : net->parameters()) p.mutable_grad().zero_();
           net->loss(input(rank, step)).backward();

@@ -42,9 +42,10 @@ struct ModelOptions {
   /// fp16 an average beyond 65504 becomes inf and one below about 6e-8
   /// becomes 0. Pays when the allreduce is the bottleneck (many workers, a
   /// slow network), not on one machine. kBF16 on Gloo (which has no bfloat16
-  /// allreduce) travels as a reduce-scatter and an allgather of bf16, summed
-  /// in float32: the same bytes as a ring allreduce, and the same result on
-  /// every rank.
+  /// allreduce) travels as a reduce-scatter (an alltoall) and an allgather of
+  /// bf16, summed in float32: the same bytes per rank as a ring allreduce, the
+  /// same result on every rank, more buffers (the pieces received), and with
+  /// many ranks per node more traffic between nodes than a ring.
   TORCH_ARG(Compression, compression) = Compression::kNone;
 };
 
