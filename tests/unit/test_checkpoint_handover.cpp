@@ -87,7 +87,13 @@ TEST_CASE("links, files, the root and kept directories are refused and stay wher
   CHECK(refusal(other).find("it is a run directory or a checkpoint") != std::string::npos);
   CHECK(refusal(other / "sub").find("it lies inside a run directory or a checkpoint") !=
         std::string::npos);
+  // A project's own run.json or manifest.json makes nothing a run.
+  auto project = make_checkpoint(tmp.path / "project" / "ckpt");
+  std::ofstream(tmp.path / "project" / "run.json") << "{}";
+  std::ofstream(tmp.path / "project" / "manifest.json") << "{}";
+  CHECK(refusal(project).empty());
   std::ofstream(tmp.path / "elsewhere" / "run.json") << "{}";
+  std::ofstream(tmp.path / "elsewhere" / "result.jsonl") << "";
   CHECK(refusal(tmp.path / "elsewhere")
             .find("(" + (tmp.path / "elsewhere").string() + " holds run.json)") !=
         std::string::npos);

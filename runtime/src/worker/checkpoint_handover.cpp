@@ -21,8 +21,22 @@ namespace fs = std::filesystem;
 
 const std::string kHandedOverTag = ".trainrun-upload-";
 const std::string kLockSuffix = ".lock";
-// Files whose presence makes a directory a run's or a committed checkpoint.
-const char* const kRecordFiles[] = {"run.json", "checkpoint_state.json", "manifest.json"};
+// What makes `dir` a run's directory (its records) or a committed checkpoint
+// (checkpoint_NNNNNN with its manifest), of this run or any other: the file
+// that says so, or nothing. Names alone are not enough: a project may well
+// have a run.json or a manifest.json of its own.
+std::string record_in(const fs::path& dir) {
+  std::error_code ec;
+  auto has = [&](const char* name) { return fs::exists(dir / name, ec); };
+  if (has("checkpoint_state.json")) return "checkpoint_state.json";
+  if (has("run.json") && has("result.jsonl")) return "run.json";
+  const auto name = dir.filename().string();
+  if (name.rfind("checkpoint_", 0) == 0 && name.size() > 11 &&
+      name.find_first_not_of("0123456789", 11) == std::string::npos && has("manifest.json")) {
+    return "manifest.json";
+  }
+  return "";
+}
 
 // Every directory handed over and not yet deleted, with the descriptor of its
 // held lock file, for the process's way out.
@@ -117,12 +131,10 @@ HandedOver hand_over_checkpoint(const fs::path& dir, int64_t iteration,
   }
   // A run's directory or a committed checkpoint, of any run, or anything in one.
   for (auto at = path; at.has_relative_path(); at = at.parent_path()) {
-    for (const char* record : kRecordFiles) {
-      if (fs::exists(at / record, ec)) {
-        throw UsageError(refused + ": " + (at == path ? "it is" : "it lies inside") +
-                         " a run directory or a checkpoint (" + at.string() + " holds " + record +
-                         ")" + advice);
-      }
+    if (auto record = record_in(at); !record.empty()) {
+      throw UsageError(refused + ": " + (at == path ? "it is" : "it lies inside") +
+                       " a run directory or a checkpoint (" + at.string() + " holds " + record +
+                       ")" + advice);
     }
   }
   remove_abandoned(path.parent_path());
