@@ -21,12 +21,12 @@ void quickstart(const train::Config& config) {
   auto model = train::prepare_model(torch::nn::Linear(4, 1));  // rank 0's weights everywhere
   torch::optim::SGD optimizer(model->parameters(), lr);
   torch::manual_seed(1000 + ctx.world_rank());  // a different data shard per rank
-  const auto true_weight = torch::tensor({{1.0f, -2.0f, 3.0f, 0.5f}});
+  const auto true_weight = torch::tensor({{1.0f, -2.0f, 3.0f, 0.5f}}).to(ctx.device());
   auto group = train::process_group();
 
   for (int step = 0; step < steps; ++step) {
-    auto x = torch::randn({64, 4});
-    auto y = x.matmul(true_weight.t()) + 0.7 + 0.01 * torch::randn({64, 1});
+    auto x = torch::randn({64, 4}).to(ctx.device());  // drawn on the CPU, used on the device
+    auto y = x.matmul(true_weight.t()) + 0.7 + 0.01 * torch::randn({64, 1}).to(ctx.device());
     auto loss = torch::mse_loss(model->forward(x), y);
     optimizer.zero_grad();
     loss.backward();  // the gradients arrive averaged across ranks

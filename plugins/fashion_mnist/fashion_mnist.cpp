@@ -112,7 +112,9 @@ void fashion_mnist_train(const train::Config& config) {
   int first_epoch = 0;
   fashion_mnist::ResNet18 net(10);
   if (checkpoint) {
-    torch::load(net, (checkpoint->path() / "model.pt").string());
+    // Onto the CPU, where the net is until prepare_model moves it: a checkpoint
+    // saved on a GPU resumes on a CPU and the other way round.
+    torch::load(net, (checkpoint->path() / "model.pt").string(), torch::kCPU);
     std::ifstream(checkpoint->path() / "epoch.txt") >> first_epoch;
     ++first_epoch;
     if (ctx.world_rank() == 0) {
@@ -126,7 +128,9 @@ void fashion_mnist_train(const train::Config& config) {
                .broadcast_buffers(config.get<bool>("broadcast_buffers", true))
                .compression(compression_of(config.get("compression", "none"))));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lr));
-  if (checkpoint) torch::load(optimizer, (checkpoint->path() / "optimizer.pt").string());
+  if (checkpoint) {  // its state onto the parameters' device
+    torch::load(optimizer, (checkpoint->path() / "optimizer.pt").string(), ctx.device());
+  }
   auto loader = train::prepare_data_loader(
       train_set, train::LoaderOptions().batch_size(batch_size).shuffle(true));
   const size_t steps_per_epoch = loader.size();

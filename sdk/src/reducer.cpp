@@ -3,6 +3,9 @@
 #include <train/context.h>
 #include <train/distributed.h>
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -36,6 +39,13 @@ void broadcast_from_rank0(c10d::ProcessGroup& group, const std::vector<torch::Te
     auto unflat = torch::utils::unflatten_dense_tensors(flat, group_tensors);
     for (size_t i = 0; i < group_tensors.size(); ++i) group_tensors[i].copy_(unflat[i]);
   }
+}
+
+// The stream the calling thread queues work on for `device`; none on the CPU.
+// In an autograd hook, CUDA's is the stream the gradient was produced on.
+c10::optional<c10::Stream> current_stream(c10::Device device) {
+  if (device.is_cpu()) return c10::nullopt;
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
 std::string layout(const torch::Tensor& t) {
@@ -219,6 +229,7 @@ void Reducer::on_gradient_ready(size_t index) {
 void Reducer::begin_backward() {
   if (in_backward_) return;
   in_backward_ = true;
+  backward_stream_ = slots_.empty() ? c10::nullopt : current_stream(slots_.front().param.device());
   std::weak_ptr<Reducer> weak = shared_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([weak] {
     if (auto reducer = weak.lock()) reducer->finalize();
@@ -245,6 +256,7 @@ void Reducer::take_gradient(size_t index) {
     }
     grad = slot.view;
   }
+  slot.stream = current_stream(slot.view.device());
   mark_ready(index);
 }
 
@@ -260,6 +272,7 @@ void Reducer::launch_ready_buckets() {
   const double world = group_->getSize();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     auto& bucket = buckets_[next_bucket_++];
+    wait_for_gradients(bucket);
     // Divided before the cast (DDP's hooks cast first): one rounding, and a
     // local gradient up to world x 65504 still fits fp16.
     bucket.contents.div_(world);
@@ -269,8 +282,7 @@ void Reducer::launch_ready_buckets() {
       if (bucket.chunk > 0) {
         auto out = bucket.scattered.view(torch::kHalf);  // the bits, moved as they are
         auto in = bucket.wire.view(torch::kHalf);
-        std::vector<int64_t> output_split, input_split;  // empty: equal
-        bucket.work = group_->alltoall_base(out, in, output_split, input_split);
+        bucket.work = compat::alltoall_equal(*group_, out, in);
       } else {
         std::vector<torch::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.contents};
         bucket.work = group_->allreduce(tensors);
@@ -279,6 +291,18 @@ void Reducer::launch_ready_buckets() {
       reset_iteration();
       throw;
     }
+  }
+}
+
+void Reducer::wait_for_gradients(const Bucket& bucket) {
+  const auto here = current_stream(bucket.contents.device());
+  if (!here) return;
+  for (size_t s : bucket.slots) {
+    const auto& produced = slots_[s].stream;
+    if (!produced || *produced == *here) continue;
+    c10::Event event(here->device_type());
+    event.record(*produced);
+    event.block(*here);
   }
 }
 
@@ -302,6 +326,9 @@ void Reducer::gather_sums(Bucket& bucket) {
 
 void Reducer::finalize() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Each work's wait() makes this stream wait for the collective (NCCL), and
+  // what follows reads .grad on it.
+  c10::OptionalStreamGuard stream_guard(backward_stream_);
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].late) take_gradient(i);
   }
@@ -356,7 +383,10 @@ void Reducer::finalize() {
 }
 
 void Reducer::reset_iteration() {
-  for (auto& slot : slots_) slot.ready = slot.late = false;
+  for (auto& slot : slots_) {
+    slot.ready = slot.late = false;
+    slot.stream.reset();
+  }
   for (auto& bucket : buckets_) bucket.pending = bucket.slots.size();
   next_bucket_ = 0;
   in_backward_ = false;

@@ -11,14 +11,20 @@
 // buckets strictly in order so every
 // rank issues the same collectives in the same order. A callback queued on the
 // autograd engine finalises at the end of backward: unused parameters, waiting
-// for every bucket, buffer broadcast. A hook on each parameter itself, which
+// for every bucket, buffer broadcast. On CUDA a bucket's collective is queued
+// on the stream of the hook that completes it, after the streams of its other
+// gradients (events, no host wait); finalisation runs on the stream backward
+// ran on and waits on each work there, so .grad is ready in stream order when
+// backward returns. A hook on each parameter itself, which
 // autograd keeps across Tensor::set_ (torch::load), moves the post-hook to a
 // new gradient accumulator before it runs. Hooks run on autograd's threads; a
 // mutex guards the state. Owned by the registry in reducer.cpp for the length
 // of the train function.
 
 #include <train/model.h>
+#include <train/torch_compat.h>
 
+#include <c10/core/Stream.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/nn/module.h>
@@ -48,6 +54,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     torch::Tensor view;  // its place in the bucket, shaped like the parameter
     bool ready = false;
     bool late = false;  // its post-hook moved during this backward: ready at finalisation
+    // Where its gradient was produced (CUDA: the stream autograd ran its
+    // accumulator on); a bucket's collective waits for it if it launches on another.
+    c10::optional<c10::Stream> stream;
   };
   struct Bucket {
     torch::Tensor contents;
@@ -76,6 +85,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void gather_sums(Bucket& bucket);
   void finalize();
   void reset_iteration();
+  /// Makes the calling thread's stream wait for every gradient of `bucket`
+  /// produced on another stream (CUDA); no host synchronisation.
+  void wait_for_gradients(const Bucket& bucket);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<torch::Tensor> buffers_;
@@ -87,10 +99,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<Bucket> buckets_;
   // By slot: the accumulator carrying its post-hook (autograd holds only weak
   // references to accumulators, so this keeps the hooks alive).
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;
   std::mutex mutex_;
   bool sync_ = true;
   bool in_backward_ = false;
+  // The stream backward ran on (CUDA), where finalisation queues its work: the
+  // engine may run callbacks on another, as c10d's Reducer notes.
+  c10::optional<c10::Stream> backward_stream_;
   size_t next_bucket_ = 0;
 };
 

@@ -1,5 +1,7 @@
 #include <train/version.h>
 
+#include <cstdlib>
+
 #include <doctest/doctest.h>
 
 #include "run_helpers.h"
@@ -29,7 +31,7 @@ TEST_CASE("bad plugins are refused with one line and exit code 2") {
   expect_refused(plugin(NO_DESCRIPTOR_PLUGIN), "has no trainrun descriptor");
   expect_refused(plugin(BAD_ABI_PLUGIN), "uses plugin ABI v999, this trainrun uses v1");
   expect_refused(plugin(TORCH_MISMATCH_PLUGIN),
-                 "was built with LibTorch 0.9.0, this trainrun uses 1.13");
+                 "was built with LibTorch 0.9.0, this trainrun uses " TRAINRUN_TORCH_VERSION);
 }
 
 TEST_CASE("a plugin that workers cannot load fails with exit code 2 and the loader's reason") {
@@ -68,10 +70,25 @@ TEST_CASE("usage errors exit 2") {
   CHECK(version.output.find("trainrun " TRAIN_SDK_VERSION) != std::string::npos);
 }
 
-TEST_CASE("--use-gpu without a CUDA LibTorch is refused before any worker starts") {
-  if (TRAINRUN_WITH_CUDA) return;  // then test_ddp runs the equivalence test on GPUs
-  expect_refused(plugin(QUICKSTART_PLUGIN) + " --use-gpu",
-                 "--use-gpu needs a LibTorch built with CUDA");
+TEST_CASE("--use-gpu where no CUDA device can be used fails with one clear line") {
+  if (!TRAINRUN_WITH_CUDA) {
+    // Refused before any worker starts.
+    expect_refused(plugin(QUICKSTART_PLUGIN) + " --use-gpu",
+                   "--use-gpu needs a LibTorch built with CUDA");
+    return;
+  }
+  // A CUDA build: the workers find no device (none visible, whatever the machine has).
+  struct HideDevices {
+    HideDevices() { ::setenv("CUDA_VISIBLE_DEVICES", "", 1); }
+    ~HideDevices() { ::unsetenv("CUDA_VISIBLE_DEVICES"); }
+  } hide;
+  Sandbox box;
+  auto run = box.run(plugin(QUICKSTART_PLUGIN) + " --use-gpu -n 2 --name g");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("needs cuda:0 but this host has 0 CUDA device(s) "
+                        "(CUDA_VISIBLE_DEVICES=)") != std::string::npos);
+  CHECK(read_json(box.run_dir("g") / "error.json")["kind"] == "setup");
 }
 
 TEST_CASE("inspect prints the entries and versions") {
@@ -83,7 +100,7 @@ TEST_CASE("inspect prints the entries and versions") {
                         "context, crash, epochs, hangs, "
                         "mismatch, report_latency, resumable, sleeps, stacked, steps, throws") !=
         std::string::npos);
-  CHECK(run.output.find("LibTorch:    1.13") != std::string::npos);
+  CHECK(run.output.find("LibTorch:    " TRAINRUN_TORCH_VERSION) != std::string::npos);
   CHECK(run.output.find("plugin ABI:  v1") != std::string::npos);
   CHECK(box.run(std::string("inspect '") + BAD_ABI_PLUGIN + "'").exit_code == 2);
 }

@@ -55,7 +55,7 @@ torch::Tensor flat_grads(const torch::nn::Module& module) {
 void write_tensor(const std::string& path, const torch::Tensor& t) {
   std::ofstream out(path);
   out.precision(17);
-  auto data = t.contiguous();
+  auto data = t.cpu().contiguous();
   for (int64_t i = 0; i < data.numel(); ++i) out << data[i].item<double>() << "\n";
 }
 
@@ -69,8 +69,8 @@ void equivalence(const train::Config& config) {
   auto model = train::prepare_model(make_mlp(), model_options(config));
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
   torch::manual_seed(1234);
-  auto x = torch::randn({16, 8});
-  auto y = torch::randn({16, 4});
+  auto x = torch::randn({16, 8}).to(ctx.device());  // drawn on the CPU: the same on any device
+  auto y = torch::randn({16, 4}).to(ctx.device());
   const int64_t per_rank = 16 / ctx.world_size();
   auto local_x = x.narrow(0, per_rank * ctx.world_rank(), per_rank);
   auto local_y = y.narrow(0, per_rank * ctx.world_rank(), per_rank);

@@ -5,6 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <train/torch_compat.h>
 
 #include <chrono>
 #include <functional>
@@ -28,9 +29,10 @@ inline void run_ranks(int world, const std::function<void(int rank, Group group)
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto options = c10d::ProcessGroupGloo::Options::create(kCollectiveTimeout);
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        rank_body(rank, c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options));
+        rank_body(rank, train::compat::make_gloo_group(
+                            store, rank, world,
+                            c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
+                            kCollectiveTimeout));
       } catch (const std::exception& e) {
         failures[rank] = e.what();
       } catch (...) {

@@ -9,10 +9,14 @@ and prints steady-state samples/s (after warm-up), the ratios and peak RSS per
 worker. Targets: trainrun >= 1.05x torchrun, >= 0.90 of the ceiling. With
 --compression fp16 (or bf16) each round also runs trainrun with that gradient compression
 (ModelOptions::compression) and prints its ratio to uncompressed trainrun;
---skip-torchrun leaves the torchrun baseline out (no PyTorch needed).
+--skip-torchrun leaves the torchrun baseline out (no PyTorch needed). --torchrun PATH
+(repeatable) names the torchrun of each PyTorch to compare against, in the same
+rounds: Debian's 1.13 (`torchrun`, the default) and pip's 2.x
+(`/opt/trainrun-torch/bin/torchrun`, tools/setup_torch2.sh), say.
 
   tools/bench/ddp_throughput.py [--build build] [--rounds 2] [--steps 30] [--warmup 5]
                                 [--compression fp16|bf16] [--skip-torchrun]
+                                [--torchrun PATH]...
 """
 import argparse
 import json
@@ -46,8 +50,19 @@ def trainrun(args, tmp, env, workers, name, compression="none"):
     return metrics["samples_per_s"], metrics["peak_rss_mb"]
 
 
-def torchrun(args, tmp, env, name):
-    out = run(["torchrun", "--nproc_per_node", "2", "--redirects", "2", "--tee", "1",
+def torch_version(torchrun_path):
+    """The PyTorch version of the interpreter a torchrun script runs with."""
+    import shutil
+    path = shutil.which(torchrun_path) or torchrun_path
+    with open(path) as f:
+        interpreter = f.readline()[2:].strip().split()
+    out = subprocess.run(interpreter + ["-c", "import torch; print(torch.__version__)"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return out.stdout.strip() or "?"
+
+
+def torchrun(args, tmp, env, name, torchrun_path):
+    out = run([torchrun_path, "--nproc_per_node", "2", "--redirects", "2", "--tee", "1",
                "--log_dir", os.path.join(tmp, name), os.path.join(HERE, "ddp_torchrun.py"),
                "--warmup", str(args.warmup), "--steps", str(args.steps)], env)
     line = next(l for l in out.splitlines() if "samples_per_s" in l)
@@ -63,9 +78,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--compression", choices=["fp16", "bf16"])
     parser.add_argument("--skip-torchrun", action="store_true")
+    parser.add_argument("--torchrun", action="append", metavar="PATH",
+                        help="a torchrun to compare against (repeatable; default: torchrun)")
     args = parser.parse_args()
+    torchruns = [] if args.skip_torchrun else (args.torchrun or ["torchrun"])
+    labels = {t: f"torchrun + DDP (PyTorch {torch_version(t)})" for t in torchruns}
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    ours, theirs, ceiling, compressed = [], [], [], []
+    ours, ceiling, compressed = [], [], []
+    theirs = {t: [] for t in torchruns}
     with tempfile.TemporaryDirectory() as tmp:
         env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
         for r in range(args.rounds):
@@ -75,9 +95,9 @@ def main():
                 compressed.append(trainrun(args, tmp, env, 2, f"{args.compression}{r}",
                                            args.compression))
                 line += f"  {args.compression} {compressed[-1][0]:.1f}"
-            if not args.skip_torchrun:
-                theirs.append(torchrun(args, tmp, env, f"torchrun{r}"))
-                line += f"  torchrun {theirs[-1][0]:.1f}"
+            for i, t in enumerate(torchruns):
+                theirs[t].append(torchrun(args, tmp, env, f"torchrun{i}-{r}", t))
+                line += f"  {labels[t]} {theirs[t][-1][0]:.1f}"
             one = trainrun(args, tmp, env, 1, f"one{r}")
             ceiling.append((2 * one[0], one[1]))
             print(f"{line}  ceiling {ceiling[-1][0]:.1f} samples/s", flush=True)
@@ -89,12 +109,12 @@ def main():
     if compressed:
         print(f"  ... with {args.compression} gradients  {med(compressed, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(compressed, 1):6.0f} MB")
-    if theirs:
-        b = med(theirs, 0)
-        print(f"  torchrun + DDP (Python)    {b:7.1f} samples/s   peak RSS/worker {med(theirs, 1):6.0f} MB")
+    for name, rows in theirs.items():
+        print(f"  {labels[name]:<26} {med(rows, 0):7.1f} samples/s   "
+              f"peak RSS/worker {med(rows, 1):6.0f} MB")
     print(f"  ceiling (1 worker x 2)     {c:7.1f} samples/s   peak RSS/worker {med(ceiling, 1):6.0f} MB")
-    if theirs:
-        print(f"  trainrun / torchrun = {t / b:.3f}  (target >= 1.05)")
+    for name, rows in theirs.items():
+        print(f"  trainrun / {labels[name]} = {t / med(rows, 0):.3f}  (target >= 1.05)")
     print(f"  trainrun / ceiling  = {t / c:.3f}  (target >= 0.90)")
     if compressed:
         print(f"  {args.compression} / uncompressed = {med(compressed, 0) / t:.3f}")

@@ -10,6 +10,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <train/torch_compat.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -45,9 +46,9 @@ std::vector<double> time_each(int rounds, const std::function<void()>& body) {
 }
 
 void run_rank(int rank, int world, int rounds, const c10::intrusive_ptr<c10d::Store>& store) {
-  auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(60));
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+  auto group = train::compat::make_gloo_group(
+      store, rank, world, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
+      std::chrono::seconds(60));
 
   auto model = torch::nn::Sequential(torch::nn::Linear(784, 1024), torch::nn::ReLU(),
                                      torch::nn::Linear(1024, 256), torch::nn::ReLU(),

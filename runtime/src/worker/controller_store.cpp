@@ -37,6 +37,10 @@ ControllerStore::ControllerStore(zmq::context_t& context, const WorkerOptions& o
 
 ControllerStore::~ControllerStore() { close(); }
 
+c10::intrusive_ptr<c10d::Store> ControllerStore::clone() {
+  return c10::intrusive_ptr<c10d::Store>::reclaim_copy(this);
+}
+
 void ControllerStore::close() {
   std::lock_guard<std::mutex> lock(mutex_);
   socket_.reset();

@@ -45,6 +45,11 @@ class ControllerStore : public c10d::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
+  /// This store itself: its one connection serves every user, in turn. c10d
+  /// from LibTorch 2.x asks for it (splitting a group); 1.13's Store has no
+  /// clone, hence no `override`.
+  c10::intrusive_ptr<c10d::Store> clone();
+
   /// Closes the connection; idempotent.
   void close();
 

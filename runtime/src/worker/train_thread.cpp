@@ -5,16 +5,16 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <train/torch_compat.h>
 #ifdef USE_C10D_NCCL  // a LibTorch built with CUDA and NCCL
 #include <c10/cuda/CUDAFunctions.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -209,6 +209,15 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
   return 1;
 }
 
+#ifdef USE_C10D_NCCL
+// Names CUDA_VISIBLE_DEVICES when it is set: it renumbers and hides devices.
+std::string visible_devices_note() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return "";
+  return " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")";
+}
+#endif
+
 // Where Gloo listens for its peers: the address the controller chose, or with
 // remote workers the one this host reaches the controller from (a UDP socket
 // "connected" to it sends nothing, but the kernel picks the route), or the
@@ -237,24 +246,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
   c10::Device device(assign.device);
   if (device.is_cuda()) {
 #ifdef USE_C10D_NCCL
-    if (device.index() >= c10::cuda::device_count()) {
+    const int devices = c10::cuda::device_count();
+    if (device.index() >= devices) {
       throw Error("local rank " + std::to_string(assign.local_rank) + " needs " + assign.device +
-                  " but this host has " + std::to_string(c10::cuda::device_count()) +
-                  " CUDA device(s)");
+                  " but this host has " + std::to_string(devices) + " CUDA device(s)" +
+                  visible_devices_note());
     }
     c10::cuda::set_device(device.index());  // the train function runs on this thread
-    auto nccl = c10d::ProcessGroupNCCL::Options::create();
-    nccl->timeout = timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, assign.world_rank,
-                                                       assign.world_size, nccl);
+    return train::compat::make_nccl_group(prefixed, assign.world_rank, assign.world_size,
+                                          gloo_device(assign, options), timeout);
 #else
     throw Error("device " + assign.device + " needs a LibTorch built with CUDA and NCCL");
 #endif
   }
-  auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
-  gloo->devices.push_back(gloo_device(assign, options));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, assign.world_rank, assign.world_size,
-                                                     gloo);
+  return train::compat::make_gloo_group(prefixed, assign.world_rank, assign.world_size,
+                                        gloo_device(assign, options), timeout);
 }
 
 // Whether this worker shares the controller's run directory: the probe file

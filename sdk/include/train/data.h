@@ -112,9 +112,30 @@ template <typename Dataset>
 inline constexpr bool is_stacked_v =
     std::is_same_v<typename Dataset::BatchType, torch::data::Example<>>;
 
+namespace detail {
+
+/// Puts a batch in page-locked host memory when `pin` is set, so that its copy
+/// to a CUDA device can overlap work already queued there. Runs where the batch
+/// is made: on LibTorch's loader threads when the loader has workers.
+struct PinMemory : torch::data::transforms::BatchTransform<torch::data::Example<>,
+                                                            torch::data::Example<>> {
+  explicit PinMemory(bool pin = false) : pin(pin) {}
+  torch::data::Example<> apply_batch(torch::data::Example<> batch) override {
+    if (!pin) return batch;
+    return {batch.data.is_pinned() ? batch.data : batch.data.pin_memory(),
+            batch.target.is_pinned() ? batch.target : batch.target.pin_memory()};
+  }
+  bool pin;
+};
+
+}  // namespace detail
+
 /// Batches of a dataset for this rank, on this worker's device. Iterate it with
 /// a range-for; call set_epoch(epoch) before each epoch for a new shuffle.
-/// Each batch is a torch::data::Example<> (data and target stacked).
+/// Each batch is a torch::data::Example<> (data and target stacked). On a CUDA
+/// device, batches are made in pinned host memory and copied with
+/// non_blocking: the copy is queued on the current stream, ahead of the work
+/// that uses it, without waiting on the host.
 template <typename Dataset, typename Sampler = DistributedSampler>
 class DataLoader {
  public:
@@ -123,7 +144,9 @@ class DataLoader {
   using Stacked = std::conditional_t<
       is_stacked_v<Dataset>, Dataset,
       torch::data::datasets::MapDataset<Dataset, torch::data::transforms::Stack<>>>;
-  using Inner = torch::data::StatelessDataLoader<Stacked, Sampler>;
+  /// ... then pinned for a CUDA device.
+  using Pinned = torch::data::datasets::MapDataset<Stacked, detail::PinMemory>;
+  using Inner = torch::data::StatelessDataLoader<Pinned, Sampler>;
 
   DataLoader(Dataset dataset, Sampler sampler, const LoaderOptions& options, c10::Device device)
       : dataset_(std::move(dataset)),
@@ -171,6 +194,7 @@ class DataLoader {
     Batch& operator*() {
       if (!current_) {
         Batch& batch = *it_;
+        // From pinned memory on CUDA, so that non_blocking really does not block.
         current_ = device_.is_cpu() ? batch
                                     : Batch{batch.data.to(device_, /*non_blocking=*/true),
                                             batch.target.to(device_, /*non_blocking=*/true)};
@@ -197,7 +221,9 @@ class DataLoader {
 
   /// Starts an epoch (in the order set by set_epoch).
   Iterator begin() {
-    inner_ = std::make_unique<Inner>(stacked(), sampler_,
+    // Built directly: LibTorch 1.13's map() cannot chain onto a stacked dataset.
+    inner_ = std::make_unique<Inner>(Pinned(stacked(), detail::PinMemory(device_.is_cuda())),
+                                     sampler_,
                                      torch::data::DataLoaderOptions()
                                          .batch_size(options_.batch_size())
                                          .drop_last(options_.drop_last())

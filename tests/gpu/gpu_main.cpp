@@ -1,0 +1,26 @@
+// The GPU tests' main. Where no CUDA device is visible every test case is
+// skipped (gpu_skip.h), never passed: these tests run only where they can.
+// Listing the cases, which doctest_discover_tests does at build time, works
+// on any machine.
+
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+#include <cstring>
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "doctest_torch.h"
+#include "gpu_skip.h"
+
+int cuda_devices() { return static_cast<int>(torch::cuda::device_count()); }
+
+int main(int argc, char** argv) {
+  bool listing = false;
+  for (int i = 1; i < argc; ++i) listing = listing || std::strncmp(argv[i], "--list", 6) == 0;
+  if (!listing && cuda_devices() == 0) {
+    skip(std::string("no CUDA device here (LibTorch ") + TORCH_VERSION +
+         (TRAINRUN_WITH_CUDA ? ", built with CUDA)" : ", CPU only)"));
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}

@@ -1,0 +1,101 @@
+// End to end on GPUs: the trainrun executable with --use-gpu, real worker
+// processes, NCCL, files. Each case needs the CUDA devices it names and is
+// skipped (gpu_skip.h) where there are fewer.
+
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "doctest_torch.h"
+#include "gpu_skip.h"
+#include "run_helpers.h"
+
+namespace {
+
+std::string plugin(const char* path) { return std::string("--plugin '") + path + "'"; }
+
+// FashionMNIST for `epochs` epochs of `steps` steps of batch 64, no evaluation.
+std::string fashion_mnist(int epochs, int steps) {
+  return plugin(FASHION_MNIST_PLUGIN) + " --config epochs=" + std::to_string(epochs) +
+         " --config max_steps=" + std::to_string(steps) +
+         " --config batch_size=64 --config eval=false --config warmup_steps=1";
+}
+
+std::vector<double> read_numbers(const std::filesystem::path& path) {
+  std::istringstream in(read_text(path));
+  std::vector<double> values;
+  double v;
+  while (in >> v) values.push_back(v);
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("1 worker on cuda:0 with NCCL trains FashionMNIST and its loss falls") {
+  skip_unless_gpus(1);
+  Sandbox box;
+  auto run = box.run(fashion_mnist(3, 40) + " --use-gpu -n 1 --name gpu");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto reports = read_jsonl(box.run_dir("gpu") / "result.jsonl");
+  REQUIRE(reports.size() == 3);
+  const double first = reports.front()["metrics"]["loss"].get<double>();
+  const double last = reports.back()["metrics"]["loss"].get<double>();
+  CHECK(std::isfinite(last));
+  CHECK(last < first * 0.8);
+  CHECK(read_json(box.run_dir("gpu") / "run.json")["scaling"]["use_gpu"] == true);
+}
+
+TEST_CASE("a checkpoint saved on GPU resumes on CPU, and one saved on CPU resumes on GPU") {
+  skip_unless_gpus(1);
+  Sandbox box;
+  auto on_gpu = box.run(fashion_mnist(1, 10) + " --use-gpu -n 1 --name moved");
+  INFO(on_gpu.output);
+  REQUIRE(on_gpu.exit_code == 0);
+  auto on_cpu = box.run(fashion_mnist(2, 10) + " -n 1 --name moved");
+  INFO(on_cpu.output);
+  REQUIRE(on_cpu.exit_code == 0);
+  CHECK(on_cpu.output.find("resuming after epoch 0") != std::string::npos);
+  auto back = box.run(fashion_mnist(3, 10) + " --use-gpu -n 1 --name moved");
+  INFO(back.output);
+  REQUIRE(back.exit_code == 0);
+  CHECK(back.output.find("resuming after epoch 1") != std::string::npos);
+  auto reports = read_jsonl(box.run_dir("moved") / "result.jsonl");
+  REQUIRE(reports.size() == 3);
+  for (const auto& report : reports) CHECK(std::isfinite(report["metrics"]["loss"].get<double>()));
+}
+
+TEST_CASE("more workers than GPUs on a host fail with the device each rank lacks") {
+  skip_unless_gpus(1);
+  const int workers = cuda_devices() + 1;
+  Sandbox box;
+  auto run = box.run(plugin(QUICKSTART_PLUGIN) + " --use-gpu -n " + std::to_string(workers) +
+                     " --name over");
+  INFO(run.output);
+  CHECK(run.exit_code != 0);
+  CHECK(run.output.find("needs cuda:" + std::to_string(workers - 1) + " but this host has " +
+                        std::to_string(workers - 1) + " CUDA device(s)") != std::string::npos);
+}
+
+TEST_CASE("DDP equivalence on 2 CUDA devices with NCCL: 2 workers end where 1 does") {
+  skip_unless_gpus(2);
+  Sandbox box;
+  const auto ddp = plugin(DDP_PLUGIN) + " --use-gpu --entry equivalence";
+  auto one = box.run(ddp + " -n 1 --name one --config out=" + (box.root() / "one.txt").string());
+  INFO(one.output);
+  REQUIRE(one.exit_code == 0);
+  auto two = box.run(ddp + " -n 2 --name two --config out=" + (box.root() / "two.txt").string() +
+                     " --config bucket_cap_mb=0.002 --config first_bucket_cap_mb=0.001");
+  INFO(two.output);
+  REQUIRE(two.exit_code == 0);
+  auto a = read_numbers(box.root() / "one.txt");
+  auto b = read_numbers(box.root() / "two.txt");
+  REQUIRE(a.size() == b.size());
+  REQUIRE_FALSE(a.empty());
+  double gap = 0;
+  for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::abs(a[i] - b[i]));
+  CHECK(gap < 1e-4);
+  CHECK(read_jsonl(box.run_dir("two") / "result.jsonl").back()["metrics"]["replica_spread"] ==
+        0.0);
+}
