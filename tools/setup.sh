@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build python3
+  ccache  # .ci/run's second LibTorch line reuses the first's objects
   libtorch-dev libgloo-dev
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev pkg-config doctest-dev

@@ -137,7 +137,8 @@ void fashion_mnist_train(const train::Config& config) {
   if (ctx.world_rank() == 0) {
     std::cout << "FashionMNIST: " << train_set.size().value() << " training images, "
               << ctx.world_size() << " workers x batch " << batch_size << " = global batch "
-              << batch_size * ctx.world_size() << ", " << steps_per_epoch << " steps per epoch"
+              << batch_size * ctx.world_size() << ", " << steps_per_epoch << " steps per epoch, on "
+              << ctx.device()
               << std::endl;
   }
 

@@ -4,7 +4,6 @@
 #include <train/distributed.h>
 
 #include <c10/core/Event.h>
-#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -229,7 +228,6 @@ void Reducer::on_gradient_ready(size_t index) {
 void Reducer::begin_backward() {
   if (in_backward_) return;
   in_backward_ = true;
-  backward_stream_ = slots_.empty() ? c10::nullopt : current_stream(slots_.front().param.device());
   std::weak_ptr<Reducer> weak = shared_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([weak] {
     if (auto reducer = weak.lock()) reducer->finalize();
@@ -326,9 +324,10 @@ void Reducer::gather_sums(Bucket& bucket) {
 
 void Reducer::finalize() {
   std::lock_guard<std::mutex> lock(mutex_);
-  // Each work's wait() makes this stream wait for the collective (NCCL), and
-  // what follows reads .grad on it.
-  c10::OptionalStreamGuard stream_guard(backward_stream_);
+  // On the stream backward() was called on (the engine's choice for final
+  // callbacks; it already waited for the accumulators' streams). Each work's
+  // wait() makes this stream wait for the collective, and the optimizer reads
+  // .grad on it after.
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].late) take_gradient(i);
   }

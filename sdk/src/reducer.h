@@ -13,9 +13,11 @@
 // autograd engine finalises at the end of backward: unused parameters, waiting
 // for every bucket, buffer broadcast. On CUDA a bucket's collective is queued
 // on the stream of the hook that completes it, after the streams of its other
-// gradients (events, no host wait); finalisation runs on the stream backward
-// ran on and waits on each work there, so .grad is ready in stream order when
-// backward returns. A hook on each parameter itself, which
+// gradients (events, no host wait). Finalisation is an autograd final
+// callback, which the engine runs on the streams current where backward() was
+// called, after making them wait for every gradient accumulator's stream; it
+// waits on each work there, so .grad is ready in stream order for what
+// follows backward() (the optimizer). A hook on each parameter itself, which
 // autograd keeps across Tensor::set_ (torch::load), moves the post-hook to a
 // new gradient accumulator before it runs. Hooks run on autograd's threads; a
 // mutex guards the state. Owned by the registry in reducer.cpp for the length
@@ -103,9 +105,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::mutex mutex_;
   bool sync_ = true;
   bool in_backward_ = false;
-  // The stream backward ran on (CUDA), where finalisation queues its work: the
-  // engine may run callbacks on another, as c10d's Reducer notes.
-  c10::optional<c10::Stream> backward_stream_;
   size_t next_bucket_ = 0;
 };
 

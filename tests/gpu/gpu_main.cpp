@@ -9,6 +9,7 @@
 #include <cstring>
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include "common/torch_line.h"
 #include "doctest_torch.h"
 #include "gpu_skip.h"
 

@@ -58,12 +58,24 @@ c10::Stream side_stream() {
 }
 
 // SGD on `world` ranks, each on its slice of the global batch, forward and
-// backward on a side stream; the final parameters of each rank.
-std::vector<torch::Tensor> train_data_parallel(int world, const train::ModelOptions& options) {
+// backward on a side stream; the final parameters of each rank. With
+// `split_streams`, every other parameter's gradient accumulator is made on
+// another stream (autograd runs an accumulator on the stream it was made on),
+// so one bucket holds gradients from two streams.
+std::vector<torch::Tensor> train_data_parallel(int world, const train::ModelOptions& options,
+                                               bool split_streams = false) {
   std::vector<torch::Tensor> finals(world);
   run_ranks(world, [&](int rank, Group group) {
     auto model = make_mlp();
     model->to(kGpu);
+    std::vector<train::compat::NodePtr> accumulators;  // autograd keeps them weakly
+    if (split_streams) {
+      c10::StreamGuard elsewhere(side_stream());
+      auto params = model->parameters();
+      for (size_t i = 0; i < params.size(); i += 2) {
+        accumulators.push_back(torch::autograd::impl::grad_accumulator(params[i]));
+      }
+    }
     auto prepared = train::detail::replicate(model.ptr(), group, kGpu, options);
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
     const int64_t per_rank = kGlobalBatch / world;
@@ -116,6 +128,14 @@ TEST_CASE("2 ranks sharing one GPU over Gloo, on side streams, end where 1 rank 
   CHECK(largest_gap(finals[0], alone) < 1e-5);
 }
 
+TEST_CASE("gradients from two streams in one bucket are waited on before its collective") {
+  skip_unless_gpus(1);
+  const auto alone = train_alone();
+  auto finals = train_data_parallel(2, train::ModelOptions(), /*split_streams=*/true);
+  CHECK(largest_gap(finals[0], finals[1]) == 0.0);
+  CHECK(largest_gap(finals[0], alone) < 1e-5);
+}
+
 TEST_CASE("fp16 and bf16 compression over Gloo with CUDA tensors train as uncompressed does") {
   skip_unless_gpus(1);
   const auto alone = train_alone();
@@ -135,7 +155,7 @@ TEST_CASE("fp16 and bf16 compression on NCCL round each gradient through the hal
   auto store = c10::make_intrusive<c10d::HashStore>();
   c10::cuda::set_device(0);
   auto group = train::compat::make_nccl_group(
-      store, 0, 1, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
+      store, 0, 1, kGpu, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
       kCollectiveTimeout);
   for (auto [compression, type] : {std::pair{train::Compression::kFP16, torch::kHalf},
                                    std::pair{train::Compression::kBF16, torch::kBFloat16}}) {

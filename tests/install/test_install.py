@@ -10,7 +10,9 @@ out of tree with only CMAKE_PREFIX_PATH set, and runs them with a PATH that
 holds neither the build nor the prefix: the installed `trainrun` finds its
 library through its RPATH, and the library finds trainrun-worker in the
 prefix. The embedding example is also built against BUILD_DIR itself (the
-build-tree export).
+build-tree export). Where BUILD_DIR's LibTorch is not the system's and the
+system has one (pip's 2.x beside Debian's 1.13), a plugin project that finds
+the system's first fails to configure, naming both.
 """
 import os
 import shutil
@@ -36,6 +38,31 @@ def build_example(source, name, prefix_path, into):
     return out
 
 
+def cache_value(build, name):
+    with open(os.path.join(build, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return line.split("=", 1)[1].strip()
+    return ""
+
+
+def check_other_torch_refused(source, prefix, build, tmp):
+    """find_package(trainrun) with another LibTorch first on CMAKE_PREFIX_PATH."""
+    torch_dir = os.path.realpath(cache_value(build, "Torch_DIR"))
+    system = "/usr/lib/x86_64-linux-gnu/cmake/Torch"
+    if torch_dir.startswith("/usr/") or not os.path.isdir(system):
+        print("other LibTorch: not checked (this build uses the system's, or there is no other)")
+        return
+    result = subprocess.run(
+        ["cmake", "-S", os.path.join(source, "examples", "quickstart"), "-B",
+         os.path.join(tmp, "other-torch"), "-G", "Ninja", f"-DCMAKE_PREFIX_PATH=/usr;{prefix}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    if result.returncode == 0 or "trainrun was built with LibTorch" not in result.stdout:
+        raise SystemExit("FAIL: a plugin project that found another LibTorch first was not "
+                         f"refused at configure time:\n{result.stdout[-4000:]}")
+    print("other LibTorch: refused at configure time, naming both")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -58,6 +85,7 @@ def main():
                 raise SystemExit(f"FAIL: libtrainrun.so exports {name}")
         if "trainrun::Trainer::fit()" not in symbols:
             raise SystemExit(f"FAIL: libtrainrun.so does not export Trainer::fit\n{symbols}")
+        check_other_torch_refused(source, prefix, build, tmp)
         quickstart = build_example(source, "quickstart", prefix, tmp)
         embedding = build_example(source, "embedding", prefix, tmp)
         plugin = os.path.join(quickstart, "libquickstart.so")

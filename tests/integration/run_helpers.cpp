@@ -106,6 +106,14 @@ nlohmann::json read_json(const std::filesystem::path& path) {
   return nlohmann::json::parse(read_text(path));
 }
 
+std::vector<double> read_numbers(const std::filesystem::path& path) {
+  std::istringstream in(read_text(path));
+  std::vector<double> values;
+  double v;
+  while (in >> v) values.push_back(v);
+  return values;
+}
+
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {
   std::vector<nlohmann::json> lines;
   std::istringstream in(read_text(path));

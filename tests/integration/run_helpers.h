@@ -51,6 +51,8 @@ class Sandbox {
 std::string read_text(const std::filesystem::path& path);
 nlohmann::json read_json(const std::filesystem::path& path);
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
+/// The whitespace-separated numbers of a text file.
+std::vector<double> read_numbers(const std::filesystem::path& path);
 /// result.jsonl's reports, oldest first, each with the checkpoint it
 /// committed: an asynchronous upload's commit line folded into its report.
 std::vector<nlohmann::json> read_reports(const std::filesystem::path& results);

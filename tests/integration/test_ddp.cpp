@@ -12,14 +12,6 @@ namespace {
 
 const std::string kDdpPlugin = std::string("--plugin '") + DDP_PLUGIN + "'";
 
-std::vector<double> read_numbers(const std::filesystem::path& path) {
-  std::istringstream in(read_text(path));
-  std::vector<double> values;
-  double v;
-  while (in >> v) values.push_back(v);
-  return values;
-}
-
 // Runs the equivalence entry with 1 and then 2 workers and returns the largest
 // difference between their final parameters.
 double equivalence_gap(const Sandbox& box) {

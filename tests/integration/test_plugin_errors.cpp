@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include "common/torch_line.h"
 #include "run_helpers.h"
 
 namespace {

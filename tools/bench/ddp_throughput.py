@@ -13,10 +13,13 @@ worker. Targets: trainrun >= 1.05x torchrun, >= 0.90 of the ceiling. With
 (repeatable) names the torchrun of each PyTorch to compare against, in the same
 rounds: Debian's 1.13 (`torchrun`, the default) and pip's 2.x
 (`/opt/trainrun-torch/bin/torchrun`, tools/setup_torch2.sh), say.
+--gpu runs 1 worker on cuda:0 instead (trainrun --use-gpu against torchrun
+--nproc_per_node 1 with DDP on NCCL; no ceiling; target >= 1.0); tools/gpu/run.sh
+runs it on a GPU machine. --data-dir names the FashionMNIST folder for both.
 
   tools/bench/ddp_throughput.py [--build build] [--rounds 2] [--steps 30] [--warmup 5]
                                 [--compression fp16|bf16] [--skip-torchrun]
-                                [--torchrun PATH]...
+                                [--torchrun PATH]... [--gpu] [--data-dir DIR]
 """
 import argparse
 import json
@@ -38,9 +41,11 @@ def run(cmd, env):
 
 def trainrun(args, tmp, env, workers, name, compression="none"):
     results = os.path.join(tmp, "results")
+    placement = ["--use-gpu"] if args.gpu else ["--cpus-per-worker", "1"]
+    data = ["--config", f"data_dir={args.data_dir}"] if args.data_dir else []
     run([os.path.join(args.build, "trainrun"), "--plugin",
          os.path.join(args.build, "plugins", "fashion_mnist", "libfashion_mnist.so"),
-         "-n", str(workers), "--cpus-per-worker", "1", "-q", "--storage-path", results,
+         "-n", str(workers), *placement, *data, "-q", "--storage-path", results,
          "--name", name, "--config", "epochs=1", "--config", "eval=false",
          "--config", "log_every=0", "--config", f"warmup_steps={args.warmup}",
          "--config", f"max_steps={args.warmup + args.steps}",
@@ -62,9 +67,10 @@ def torch_version(torchrun_path):
 
 
 def torchrun(args, tmp, env, name, torchrun_path):
-    out = run([torchrun_path, "--nproc_per_node", "2", "--redirects", "2", "--tee", "1",
-               "--log_dir", os.path.join(tmp, name), os.path.join(HERE, "ddp_torchrun.py"),
-               "--warmup", str(args.warmup), "--steps", str(args.steps)], env)
+    out = run([torchrun_path, "--nproc_per_node", "1" if args.gpu else "2",
+               "--redirects", "2", "--tee", "1", "--log_dir", os.path.join(tmp, name),
+               os.path.join(HERE, "ddp_torchrun.py"), "--warmup", str(args.warmup),
+               "--steps", str(args.steps), "--device", "cuda" if args.gpu else "cpu"], env)
     line = next(l for l in out.splitlines() if "samples_per_s" in l)
     metrics = json.loads(line[line.index("{"):])
     return metrics["samples_per_s"], metrics["peak_rss_mb"]
@@ -74,36 +80,46 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default="build")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, help="timed steps (30; 300 with --gpu)")
+    parser.add_argument("--warmup", type=int, help="steps before the timing (5; 30 with --gpu)")
+    parser.add_argument("--gpu", action="store_true", help="1 worker on cuda:0 each side")
+    parser.add_argument("--data-dir", help="the FashionMNIST folder (the Debian package's)")
     parser.add_argument("--compression", choices=["fp16", "bf16"])
     parser.add_argument("--skip-torchrun", action="store_true")
     parser.add_argument("--torchrun", action="append", metavar="PATH",
                         help="a torchrun to compare against (repeatable; default: torchrun)")
     args = parser.parse_args()
+    args.steps = args.steps or (300 if args.gpu else 30)
+    args.warmup = args.warmup or (30 if args.gpu else 5)
     torchruns = [] if args.skip_torchrun else (args.torchrun or ["torchrun"])
     labels = {t: f"torchrun + DDP (PyTorch {torch_version(t)})" for t in torchruns}
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ) if args.gpu else dict(os.environ, OMP_NUM_THREADS="1")
+    if args.data_dir:
+        env["FASHION_MNIST_DIR"] = args.data_dir
     ours, ceiling, compressed = [], [], []
     theirs = {t: [] for t in torchruns}
     with tempfile.TemporaryDirectory() as tmp:
         env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
+        workers = 1 if args.gpu else 2
         for r in range(args.rounds):
-            ours.append(trainrun(args, tmp, env, 2, f"ddp{r}"))
+            ours.append(trainrun(args, tmp, env, workers, f"ddp{r}"))
             line = f"round {r}: trainrun {ours[-1][0]:.1f}"
             if args.compression:
-                compressed.append(trainrun(args, tmp, env, 2, f"{args.compression}{r}",
+                compressed.append(trainrun(args, tmp, env, workers, f"{args.compression}{r}",
                                            args.compression))
                 line += f"  {args.compression} {compressed[-1][0]:.1f}"
             for i, t in enumerate(torchruns):
                 theirs[t].append(torchrun(args, tmp, env, f"torchrun{i}-{r}", t))
                 line += f"  {labels[t]} {theirs[t][-1][0]:.1f}"
-            one = trainrun(args, tmp, env, 1, f"one{r}")
-            ceiling.append((2 * one[0], one[1]))
-            print(f"{line}  ceiling {ceiling[-1][0]:.1f} samples/s", flush=True)
+            if not args.gpu:
+                one = trainrun(args, tmp, env, 1, f"one{r}")
+                ceiling.append((2 * one[0], one[1]))
+                line += f"  ceiling {ceiling[-1][0]:.1f}"
+            print(f"{line} samples/s", flush=True)
     med = lambda rows, i: statistics.median(row[i] for row in rows)
-    t, c = med(ours, 0), med(ceiling, 0)
-    print(f"FashionMNIST ResNet-18, 2 workers x 1 thread, batch 128/worker, "
+    t = med(ours, 0)
+    shape = "1 worker on cuda:0" if args.gpu else "2 workers x 1 thread"
+    print(f"FashionMNIST ResNet-18, {shape}, batch 128/worker, "
           f"{args.steps} steps after {args.warmup} warm-up (median of {args.rounds}):")
     print(f"  trainrun + prepare_model   {t:7.1f} samples/s   peak RSS/worker {med(ours, 1):6.0f} MB")
     if compressed:
@@ -112,13 +128,17 @@ def main():
     for name, rows in theirs.items():
         print(f"  {labels[name]:<26} {med(rows, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(rows, 1):6.0f} MB")
-    print(f"  ceiling (1 worker x 2)     {c:7.1f} samples/s   peak RSS/worker {med(ceiling, 1):6.0f} MB")
+    if ceiling:
+        c = med(ceiling, 0)
+        print(f"  ceiling (1 worker x 2)     {c:7.1f} samples/s   "
+              f"peak RSS/worker {med(ceiling, 1):6.0f} MB")
+    target = "1.0" if args.gpu else "1.05"
     for name, rows in theirs.items():
-        print(f"  trainrun / {labels[name]} = {t / med(rows, 0):.3f}  (target >= 1.05)")
-    print(f"  trainrun / ceiling  = {t / c:.3f}  (target >= 0.90)")
+        print(f"  trainrun / {labels[name]} = {t / med(rows, 0):.3f}  (target >= {target})")
+    if ceiling:
+        print(f"  trainrun / ceiling  = {t / c:.3f}  (target >= 0.90)")
     if compressed:
         print(f"  {args.compression} / uncompressed = {med(compressed, 0) / t:.3f}")
-
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,9 @@ if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
 $sudo apt-get update -q >/dev/null
 # apt-get download writes into the working directory, as the _apt user when it can.
 (cd .gpu/debs && apt-get download -q "${packages[@]}" 2>&1 | grep -v "unsandboxed" || true)
-count=$(ls .gpu/debs/*.deb | wc -l)
+shopt -s nullglob
+debs=(.gpu/debs/*.deb)
+count=${#debs[@]}
 if [[ $count -ne ${#packages[@]} ]]; then
   echo "fetch: got $count of ${#packages[@]} packages" >&2
   exit 1

@@ -27,6 +27,7 @@
 #include "common/network.h"
 #include "common/paths.h"
 #include "common/run_key.h"
+#include "common/torch_line.h"
 #include "controller/checkpoint_store.h"
 #include "controller/controller.h"
 #include "controller/run_storage.h"

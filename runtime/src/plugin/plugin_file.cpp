@@ -12,6 +12,8 @@
 #include <optional>
 #include <sstream>
 
+#include "common/torch_line.h"
+
 namespace trainrun {
 namespace {
 

@@ -253,7 +253,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
                   visible_devices_note());
     }
     c10::cuda::set_device(device.index());  // the train function runs on this thread
-    return train::compat::make_nccl_group(prefixed, assign.world_rank, assign.world_size,
+    return train::compat::make_nccl_group(prefixed, assign.world_rank, assign.world_size, device,
                                           gloo_device(assign, options), timeout);
 #else
     throw Error("device " + assign.device + " needs a LibTorch built with CUDA and NCCL");

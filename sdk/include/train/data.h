@@ -122,8 +122,11 @@ struct PinMemory : torch::data::transforms::BatchTransform<torch::data::Example<
   explicit PinMemory(bool pin = false) : pin(pin) {}
   torch::data::Example<> apply_batch(torch::data::Example<> batch) override {
     if (!pin) return batch;
-    return {batch.data.is_pinned() ? batch.data : batch.data.pin_memory(),
-            batch.target.is_pinned() ? batch.target : batch.target.pin_memory()};
+    return {pinned(std::move(batch.data)), pinned(std::move(batch.target))};
+  }
+  // Host memory only: a dataset may already hand out CUDA tensors.
+  static torch::Tensor pinned(torch::Tensor t) {
+    return t.is_cpu() && !t.is_pinned() ? t.pin_memory() : t;
   }
   bool pin;
 };

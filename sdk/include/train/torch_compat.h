@@ -60,16 +60,31 @@ struct BackendFor {
   std::vector<c10::DeviceType> devices;
 };
 
+namespace detail {
+template <typename Group, typename = void>
+struct has_bound_device : std::false_type {};
+template <typename Group>
+struct has_bound_device<Group, std::void_t<decltype(std::declval<Group&>().setBoundDeviceId(
+                                   std::declval<c10::Device>()))>> : std::true_type {};
+}  // namespace detail
+
 /// The process group over `store` that sends each collective to the backend
 /// for its tensors' device type, as torch.distributed builds one; the first
-/// backend is the default (its name is the group's). On 1.13 a process group
-/// has one backend: the first is the group.
+/// backend is the default (its name is the group's). `bound_device`, where
+/// given, is this rank's CUDA device, which NCCL then uses for collectives
+/// without tensors (a barrier) instead of guessing from the rank, as
+/// init_process_group(device_id=...) does. On 1.13 a process group has one
+/// backend: the first is the group.
 inline c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
-    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<BackendFor>& backends) {
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<BackendFor>& backends,
+    c10::optional<c10::Device> bound_device = c10::nullopt) {
 #if TORCH_VERSION_MAJOR >= 2
   const auto& first = backends.front().backend;
   auto group =
       c10::make_intrusive<c10d::ProcessGroup>(store, first->getRank(), first->getSize());
+  if constexpr (detail::has_bound_device<c10d::ProcessGroup>::value) {
+    if (bound_device) group->setBoundDeviceId(*bound_device);  // before the backends take it
+  }
   group->setDefaultBackend(c10d::ProcessGroup::strToBackendType(first->getBackendName()));
   for (const auto& [backend, devices] : backends) {
     const auto type = c10d::ProcessGroup::strToBackendType(backend->getBackendName());
@@ -78,6 +93,7 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
   return group;
 #else
   (void)store;
+  (void)bound_device;
   return backends.front().backend;
 #endif
 }
@@ -107,10 +123,10 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
 /// tensors such as metrics; each under its own prefix of `store`. Collectives
 /// are bounded by `timeout` (NCCL's watchdog then aborts the process). On 1.13
 /// NCCL alone: CPU tensors are refused there. Only where LibTorch was built
-/// with NCCL; the NCCL communicator is made on the tensors' device at the
+/// with NCCL; the NCCL communicator is made on `device` (this rank's) at the
 /// first collective.
 inline c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, c10::Device device,
     std::shared_ptr<::gloo::transport::Device> gloo_device, std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
@@ -124,7 +140,7 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
 #else
   (void)gloo_device;
 #endif
-  return make_process_group(store, backends);
+  return make_process_group(store, backends, device);
 }
 #endif
 

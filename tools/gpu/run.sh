@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Builds trainrun on a GPU machine against the PyTorch installed there, runs the
+# GPU tests and the one-GPU throughput benchmark. That machine reaches no package
+# registry: the Debian packages of tools/gpu/packages.txt come along as .deb files
+# (tools/gpu/fetch.sh, run here first) and are unpacked under .gpu/root, never /.
+#
+# Through the device tool, from the repository's root:
+#   run(command: "tools/gpu/run.sh", carry: [".gpu"])
+#
+# Stages, in the order given: build, test (the GPU tests), all-tests (the whole
+# suite), bench; by default build test bench. The unpacked packages and the
+# build go to $TRAINRUN_GPU_WORK (/tmp/trainrun-gpu), outside what is carried;
+# logs to $OUT (the device tool's folder), else that folder's out/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+if (($#)); then stages=("$@"); else stages=(build test bench); fi
+work=${TRAINRUN_GPU_WORK:-/tmp/trainrun-gpu}
+out=${OUT:-$work/out}
+mkdir -p "$out"
+root=$work/root
+build=$work/build
+python=${PYTHON:-python3}
+jobs=$(nproc)
+
+stage_start() { echo "== $1 ($(date +%T))"; SECONDS=0; }
+stage_end() { echo "== $1 took ${SECONDS}s"; }
+
+failed=()
+echo "== machine"
+[[ -x /usr/local/cuda/bin/nvcc ]] && export PATH=$PATH:/usr/local/cuda/bin
+uname -srm
+(. /etc/os-release && echo "$PRETTY_NAME") || true
+ldd --version | head -1
+g++ --version | head -1 || { echo "run: no g++ here" >&2; exit 1; }
+cmake --version | head -1 || { echo "run: no cmake here" >&2; exit 1; }
+nvcc --version | tail -1 || { echo "run: no nvcc here; a CUDA LibTorch's CMake package needs it" >&2; exit 1; }
+nvidia-smi -L || echo "run: nvidia-smi found no GPU"
+"$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
+'devices', torch.cuda.device_count(), 'cxx11 ABI', torch.compiled_with_cxx11_abi())"
+torch_prefix=$("$python" -c "import torch; print(torch.utils.cmake_prefix_path)")
+gpus=$("$python" -c "import torch; print(torch.cuda.device_count())")
+
+# The unpacked Debian tree stands in for /usr: headers and libraries found
+# after the compiler's own and after LibTorch's (whose fmt differs from
+# Debian's); for the loader only the libraries this machine lacks (the build's
+# RUNPATH names the rest); pkg-config reading only its files.
+if [[ ! -e $root/.unpacked ]]; then
+  "$python" tools/gpu/unpack.py .gpu/debs "$root"
+fi
+multiarch=$root/usr/lib/x86_64-linux-gnu
+export CPLUS_INCLUDE_PATH=$root/usr/include C_INCLUDE_PATH=$root/usr/include
+export LIBRARY_PATH=$multiarch
+export LD_LIBRARY_PATH=$root/lacking${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PKG_CONFIG_LIBDIR=$multiarch/pkgconfig:$root/usr/share/pkgconfig
+export PKG_CONFIG_SYSROOT_DIR=$root
+export PATH=$PATH:$root/usr/bin  # ninja and pkg-config where the machine has none
+data=$root/usr/share/datasets/fashion-mnist
+export FASHION_MNIST_DIR=$data  # for the GPU tests and the benchmark
+
+for stage in "${stages[@]}"; do
+  case $stage in
+    build)
+      stage_start build
+      cmake -S . -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$torch_prefix;$root/usr" \
+        -DTRAINRUN_CHART_JS="$(ls "$root"/usr/share/javascript/chart.js/chart.{umd,min}.js \
+                               2>/dev/null | head -1)" \
+        > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+      grep -E "^-- (Found|Torch|trainrun)" "$out/configure.log" || true
+      cmake --build "$build" -j"$jobs" > "$out/build.log" 2>&1 \
+        || { grep -E -A5 "error|FAILED" "$out/build.log" | head -80; exit 1; }
+      echo "build: $(grep -c 'warning:' "$out/build.log" || true) warnings"
+      stage_end build
+      ;;
+    test)
+      stage_start test
+      rc=0
+      ctest --test-dir "$build" -L gpu --output-on-failure > "$out/gpu_tests.log" 2>&1 || rc=$?
+      grep -E "Test +#|tests passed|skipped:|ERROR|CHECK" "$out/gpu_tests.log" || true
+      echo "test: ctest exited $rc"
+      ((rc == 0)) || failed+=(test)
+      # A GPU here and a case that saw none: the tests did not reach it.
+      if ((gpus > 0)) && grep -qE "skipped: (no CUDA device|.*this machine has 0)" \
+           "$out/gpu_tests.log"; then
+        echo "test: torch sees $gpus GPU(s) but a GPU test saw none" >&2
+        failed+=(test-saw-no-gpu)
+      fi
+      stage_end test
+      ;;
+    all-tests)  # the whole suite, CPU tests included
+      stage_start all-tests
+      rc=0
+      ctest --test-dir "$build" --output-on-failure -j"$jobs" > "$out/all_tests.log" 2>&1 || rc=$?
+      grep -E "tests passed|\(Failed|\(Timeout|Not Run" "$out/all_tests.log" || true
+      echo "all-tests: ctest exited $rc"
+      ((rc == 0)) || failed+=(all-tests)
+      stage_end all-tests
+      ;;
+    bench)
+      stage_start bench
+      torchrun_script=$(dirname "$(command -v "$python")")/torchrun
+      [[ -x $torchrun_script ]] || torchrun_script=torchrun
+      "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 3 \
+        --data-dir "$data" --torchrun "$torchrun_script" 2>&1 | tee "$out/bench.log" \
+        || failed+=(bench)
+      "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 2 \
+        --compression bf16 --skip-torchrun --data-dir "$data" 2>&1 | tee -a "$out/bench.log" \
+        || failed+=(bench-bf16)
+      stage_end bench
+      ;;
+    *) echo "run: unknown stage $stage (build, test, all-tests, bench)" >&2; exit 2 ;;
+  esac
+done
+if ((${#failed[@]})); then
+  echo "run: failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "run: every stage passed"
