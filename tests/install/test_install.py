@@ -11,8 +11,9 @@ holds neither the build nor the prefix: the installed `trainrun` finds its
 library through its RPATH, and the library finds trainrun-worker in the
 prefix. The embedding example is also built against BUILD_DIR itself (the
 build-tree export). Where BUILD_DIR's LibTorch is not the system's and the
-system has one (pip's 2.x beside Debian's 1.13), a plugin project that finds
-the system's first fails to configure, naming both.
+system has one (pip's 2.x beside Debian's 1.13), the installed plugin links
+BUILD_DIR's LibTorch alone, and a plugin project told to use the system's
+(Torch_DIR) fails to configure, naming both.
 """
 import os
 import shutil
@@ -47,7 +48,7 @@ def cache_value(build, name):
 
 
 def check_other_torch_refused(source, prefix, build, tmp):
-    """find_package(trainrun) with another LibTorch first on CMAKE_PREFIX_PATH."""
+    """find_package(trainrun) in a project whose Torch_DIR is another LibTorch."""
     torch_dir = os.path.realpath(cache_value(build, "Torch_DIR"))
     system = "/usr/lib/x86_64-linux-gnu/cmake/Torch"
     if torch_dir.startswith("/usr/") or not os.path.isdir(system):
@@ -55,7 +56,8 @@ def check_other_torch_refused(source, prefix, build, tmp):
         return
     result = subprocess.run(
         ["cmake", "-S", os.path.join(source, "examples", "quickstart"), "-B",
-         os.path.join(tmp, "other-torch"), "-G", "Ninja", f"-DCMAKE_PREFIX_PATH=/usr;{prefix}"],
+         os.path.join(tmp, "other-torch"), "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}",
+         f"-DTorch_DIR={system}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     if result.returncode == 0 or "trainrun was built with LibTorch" not in result.stdout:
         raise SystemExit("FAIL: a plugin project that found another LibTorch first was not "
@@ -87,6 +89,17 @@ def main():
             raise SystemExit(f"FAIL: libtrainrun.so does not export Trainer::fit\n{symbols}")
         check_other_torch_refused(source, prefix, build, tmp)
         quickstart = build_example(source, "quickstart", prefix, tmp)
+        # Only the LibTorch trainrun was built with (pip's TorchConfig beside
+        # Debian's once took the latter's libraries).
+        torch_lib = os.path.realpath(os.path.join(cache_value(build, "Torch_DIR"),
+                                                  "..", "..", "..", "lib"))
+        needed = run(["ldd", os.path.join(quickstart, "libquickstart.so")])
+        for line in needed.splitlines():
+            if ("libtorch" in line or "libc10" in line) and "=>" in line:
+                path = os.path.realpath(line.split("=>")[1].split("(")[0].strip())
+                if not cache_value(build, "Torch_DIR").startswith("/usr/") and \
+                        not path.startswith(torch_lib + os.sep):
+                    raise SystemExit(f"FAIL: the plugin links another LibTorch: {line.strip()}")
         embedding = build_example(source, "embedding", prefix, tmp)
         plugin = os.path.join(quickstart, "libquickstart.so")
         # Nothing of trainrun on PATH: each finds the other through the prefix.
