@@ -118,19 +118,22 @@ def main():
             print(f"{line} samples/s", flush=True)
     med = lambda rows, i: statistics.median(row[i] for row in rows)
     t = med(ours, 0)
+    width = max([26] + [len(label) for label in labels.values()])
     shape = "1 worker on cuda:0" if args.gpu else "2 workers x 1 thread"
     print(f"FashionMNIST ResNet-18, {shape}, batch 128/worker, "
           f"{args.steps} steps after {args.warmup} warm-up (median of {args.rounds}):")
-    print(f"  trainrun + prepare_model   {t:7.1f} samples/s   peak RSS/worker {med(ours, 1):6.0f} MB")
+    print(f"  {'trainrun + prepare_model':<{width}} {t:7.1f} samples/s   "
+          f"peak RSS/worker {med(ours, 1):6.0f} MB")
     if compressed:
-        print(f"  ... with {args.compression} gradients  {med(compressed, 0):7.1f} samples/s   "
+        name = f"... with {args.compression} gradients"
+        print(f"  {name:<{width}} {med(compressed, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(compressed, 1):6.0f} MB")
     for name, rows in theirs.items():
-        print(f"  {labels[name]:<26} {med(rows, 0):7.1f} samples/s   "
+        print(f"  {labels[name]:<{width}} {med(rows, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(rows, 1):6.0f} MB")
     if ceiling:
         c = med(ceiling, 0)
-        print(f"  ceiling (1 worker x 2)     {c:7.1f} samples/s   "
+        print(f"  {'ceiling (1 worker x 2)':<{width}} {c:7.1f} samples/s   "
               f"peak RSS/worker {med(ceiling, 1):6.0f} MB")
     target = "1.0" if args.gpu else "1.05"
     for name, rows in theirs.items():
