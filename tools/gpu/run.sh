@@ -2,20 +2,24 @@
 # Builds trainrun on a GPU machine against the PyTorch installed there, runs the
 # GPU tests and the one-GPU throughput benchmark. That machine reaches no package
 # registry: the Debian packages of tools/gpu/packages.txt come along as .deb files
-# (tools/gpu/fetch.sh, run here first) and are unpacked under .gpu/root, never /.
+# (tools/gpu/fetch.sh, run here first) and are unpacked under .gpu-work/root,
+# never /.
 #
 # Through the device tool, from the repository's root:
 #   run(command: "tools/gpu/run.sh", carry: [".gpu"])
 #
 # Stages, in the order given: build, test (the GPU tests), all-tests (the whole
-# suite), bench; by default build test bench. The unpacked packages and the
-# build go to $TRAINRUN_GPU_WORK (/tmp/trainrun-gpu), outside what is carried;
-# logs to $OUT (the device tool's folder), else that folder's out/.
+# suite), bench; by default build test bench. Where one call would outrun the
+# tool's 10 minutes, run "tools/gpu/run.sh build test" and then
+# "tools/gpu/run.sh bench": the unpacked packages and the build stay in
+# $TRAINRUN_GPU_WORK (.gpu-work, ignored and not carried, so kept between
+# calls on a warm machine). Logs go to $OUT (the device tool's folder), else
+# .gpu-work/out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 if (($#)); then stages=("$@"); else stages=(build test bench); fi
-work=${TRAINRUN_GPU_WORK:-/tmp/trainrun-gpu}
+work=${TRAINRUN_GPU_WORK:-$repo/.gpu-work}
 out=${OUT:-$work/out}
 mkdir -p "$out"
 root=$work/root
