@@ -4,9 +4,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 Sandbox::Sandbox() {
@@ -112,6 +115,15 @@ std::vector<double> read_numbers(const std::filesystem::path& path) {
   double v;
   while (in >> v) values.push_back(v);
   return values;
+}
+
+double largest_difference(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const auto x = read_numbers(a);
+  const auto y = read_numbers(b);
+  if (x.size() != y.size() || x.empty()) return std::numeric_limits<double>::infinity();
+  double gap = 0;
+  for (size_t i = 0; i < x.size(); ++i) gap = std::max(gap, std::abs(x[i] - y[i]));
+  return gap;
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {

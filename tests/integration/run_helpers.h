@@ -53,6 +53,9 @@ nlohmann::json read_json(const std::filesystem::path& path);
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
 /// The whitespace-separated numbers of a text file.
 std::vector<double> read_numbers(const std::filesystem::path& path);
+/// The largest difference between two files of numbers, element by element;
+/// infinite when they hold different counts, or none.
+double largest_difference(const std::filesystem::path& a, const std::filesystem::path& b);
 /// result.jsonl's reports, oldest first, each with the checkpoint it
 /// committed: an asynchronous upload's commit line folded into its report.
 std::vector<nlohmann::json> read_reports(const std::filesystem::path& results);

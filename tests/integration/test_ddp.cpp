@@ -24,13 +24,9 @@ double equivalence_gap(const Sandbox& box) {
                      " --config bucket_cap_mb=0.002 --config first_bucket_cap_mb=0.001");
   INFO(two.output);
   REQUIRE(two.exit_code == 0);
-  auto a = read_numbers(box.root() / "one.txt");
-  auto b = read_numbers(box.root() / "two.txt");
-  REQUIRE(a.size() == b.size());
-  REQUIRE(a.size() == 8 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4);
-  double gap = 0;
-  for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::abs(a[i] - b[i]));
-  return gap;
+  const size_t parameters = 8 * 32 + 32 + 32 * 16 + 16 + 16 * 4 + 4;
+  REQUIRE(read_numbers(box.root() / "one.txt").size() == parameters);
+  return largest_difference(box.root() / "one.txt", box.root() / "two.txt");
 }
 
 nlohmann::json last_metrics(const Sandbox& box, const std::string& name) {
