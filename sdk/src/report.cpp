@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "host.h"
@@ -13,13 +14,24 @@ namespace train {
 namespace detail {
 
 void report_with(const Metrics& metrics, const char* checkpoint_dir, uint32_t upload_mode) {
+  if (metrics.size() > kMaxMetrics) {
+    throw std::invalid_argument("train::report: " + std::to_string(metrics.size()) +
+                                " metrics; a report carries at most " +
+                                std::to_string(kMaxMetrics));
+  }
+  nlohmann::json map = nlohmann::json::object();
+  for (const auto& [name, value] : metrics) {
+    const auto* text = std::get_if<std::string>(&value.value());
+    if (name.size() > kMaxMetricText || (text != nullptr && text->size() > kMaxMetricText)) {
+      throw std::invalid_argument("train::report: metric '" + name.substr(0, 64) +
+                                  "' has a name or text longer than " +
+                                  std::to_string(kMaxMetricText) + " bytes");
+    }
+    std::visit([&, &name = name](const auto& v) { map[name] = v; }, value.value());
+  }
   const auto& host = current_host("train::report");
   // Before the barrier, so that diverged replicas never reach a checkpoint.
   check_prepared_models("train::report");
-  nlohmann::json map = nlohmann::json::object();
-  for (const auto& [name, value] : metrics) {
-    std::visit([&, &name = name](const auto& v) { map[name] = v; }, value.value());
-  }
   std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(map);
   char error[1024] = {0};
   const bool async = checkpoint_dir != nullptr && upload_mode == TRAIN_UPLOAD_ASYNC;

@@ -5,7 +5,10 @@
 #include <trainrun/trainer.h>
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
@@ -244,4 +247,25 @@ TEST_CASE("Trainer API: report.html keeps a hostile metric name out of its marku
   size_t scripts = 0;
   for (size_t at = 0; (at = html.find("</script>", at)) != std::string::npos; ++at) ++scripts;
   CHECK(scripts == 3);
+}
+
+TEST_CASE("Trainer API: a run directory in use names its holder, one that has just locked it too") {
+  TempDir tmp;
+  auto options = fake_options(tmp.path, 1, {{"reports", 1}}, "held");
+  auto dir = options.run.storage_path / "held";
+  std::filesystem::create_directories(dir);
+  // A holder between its lock and the line that names it.
+  int fd = ::open((dir / ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  std::thread names([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string holder = "pid 4242 on host elsewhere\n";
+    CHECK(::pwrite(fd, holder.data(), holder.size(), 0) == static_cast<ssize_t>(holder.size()));
+  });
+  CHECK_THROWS_WITH_AS(Trainer(options).fit(),
+                       doctest::Contains("is in use by another run (pid 4242 on host elsewhere)"),
+                       UsageError);
+  names.join();
+  ::close(fd);
 }

@@ -44,6 +44,11 @@ RunOutput run_shell(const std::string& line) {
 
 RunOutput Sandbox::run(const std::string& args) const { return run_shell(command(args)); }
 
+RunOutput Sandbox::run_in_root(const std::string& args) const {
+  return run_shell("cd '" + root_.string() + "' && export TRAINRUN_CACHE_DIR='" +
+                   (root_ / "cache").string() + "' && exec '" TRAINRUN_EXE "' " + args);
+}
+
 RunOutput Sandbox::run_on_terminal(const std::string& args, int columns) const {
   auto script = root_ / "on_terminal.sh";
   std::ofstream(script) << "stty cols " << columns << " rows 40\n" << command(args) << "\n";
@@ -107,6 +112,16 @@ std::string read_text(const std::filesystem::path& path) {
 
 nlohmann::json read_json(const std::filesystem::path& path) {
   return nlohmann::json::parse(read_text(path));
+}
+
+std::vector<std::string> staging_leftovers(const std::filesystem::path& run_dir) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir)) {
+    if (entry.path().filename().string().rfind(".staging", 0) == 0) {
+      found.push_back(entry.path().filename());
+    }
+  }
+  return found;
 }
 
 std::vector<double> read_numbers(const std::filesystem::path& path) {

@@ -27,6 +27,9 @@ class Sandbox {
 
   /// Runs `trainrun --storage-path <root>/results ARGS` to completion.
   RunOutput run(const std::string& args) const;
+  /// `trainrun ARGS` with the sandbox as its working directory and no
+  /// --storage-path of its own.
+  RunOutput run_in_root(const std::string& args) const;
   /// The same on a terminal (a pseudo-terminal `columns` wide, from
   /// script(1)): what a person at a terminal sees, control characters and all.
   RunOutput run_on_terminal(const std::string& args, int columns = 100) const;
@@ -51,6 +54,8 @@ class Sandbox {
 std::string read_text(const std::filesystem::path& path);
 nlohmann::json read_json(const std::filesystem::path& path);
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
+/// The staging directories (.staging-*) a run directory holds.
+std::vector<std::string> staging_leftovers(const std::filesystem::path& run_dir);
 /// The whitespace-separated numbers of a text file.
 std::vector<double> read_numbers(const std::filesystem::path& path);
 /// The largest difference between two files of numbers, element by element;

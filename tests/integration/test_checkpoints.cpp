@@ -151,12 +151,7 @@ TEST_CASE("a full disk fails the run and leaves every earlier checkpoint intact"
     REQUIRE(std::filesystem::exists(dir / "checkpoint_state.json"));
     REQUIRE(std::filesystem::exists(dir / "error.json"));
     auto state = read_json(dir / "checkpoint_state.json");
-    std::vector<std::string> leftovers;
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-      if (entry.path().filename().string().rfind(".staging", 0) == 0) {
-        leftovers.push_back(entry.path().filename());
-      }
-    }
+    auto leftovers = staging_leftovers(dir);
     auto latest = dir / state["latest"].get<std::string>();
     auto manifest = read_json(latest / "manifest.json");
     std::vector<std::string> bad;
@@ -257,6 +252,8 @@ TEST_CASE("unsafe or clashing checkpoint files are refused and nothing is commit
   CHECK(link.exit_code == 1);
   CHECK(link.output.find("symbolic link, escape") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(box2.run_dir("c") / "checkpoint_000000"));
+  // One rank's files were staged when the run failed: nothing is left of them.
+  CHECK(staging_leftovers(box2.run_dir("c")).empty());
 }
 
 TEST_CASE("asynchronous checkpoints: handed over, committed after their report, one at a time") {
@@ -327,6 +324,8 @@ TEST_CASE("an asynchronous checkpoint that cannot be handed over is refused and 
   CHECK(mixed.output.find("every rank must pass the same train::CheckpointUploadMode") !=
         std::string::npos);
   CHECK_FALSE(std::filesystem::exists(box2.run_dir("c") / "checkpoint_000000"));
+  // One rank's files were staged when the run failed: nothing is left of them.
+  CHECK(staging_leftovers(box2.run_dir("c")).empty());
 }
 
 TEST_CASE("streamed checkpoints merge, commit, and are fetched to resume from") {

@@ -1,6 +1,8 @@
 #include <train/version.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 
 #include <doctest/doctest.h>
 
@@ -71,6 +73,25 @@ TEST_CASE("usage errors exit 2") {
   CHECK(version.output.find("trainrun " TRAIN_SDK_VERSION) != std::string::npos);
 }
 
+TEST_CASE("a storage URI is refused in one line before any worker starts; file:// is a path") {
+  Sandbox box;
+  for (const char* uri : {"s3://bucket/prefix", "gs://bucket", "hdfs://namenode:8020/runs",
+                          "abfs://container@account.dfs.core.windows.net/runs", "S3://b",
+                          "file://relative/path"}) {
+    CAPTURE(uri);
+    auto run = box.run_in_root(plugin(QUICKSTART_PLUGIN) + " -n 2 --name u --storage-path '" +
+                               uri + "'");
+    CHECK(run.exit_code == 2);
+    CHECK(run.output.find(std::string("storage path ") + uri) != std::string::npos);
+    CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+    CHECK(std::filesystem::is_empty(box.root()));  // no "s3:" directory, no cache, no run
+  }
+  auto run = box.run_in_root(plugin(QUICKSTART_PLUGIN) + " -n 1 --name f --config steps=1 " +
+                             "--storage-path 'file://" + box.results().string() + "'");
+  CHECK(run.exit_code == 0);
+  CHECK(std::filesystem::exists(box.run_dir("f") / "run.json"));
+}
+
 TEST_CASE("--use-gpu where no CUDA device can be used fails with one clear line") {
   if (!TRAINRUN_WITH_CUDA) {
     // Refused before any worker starts.
@@ -98,7 +119,7 @@ TEST_CASE("inspect prints the entries and versions") {
   INFO(run.output);
   CHECK(run.exit_code == 0);
   CHECK(run.output.find("entries:     bad_config, big_checkpoint, checkpoint_overlap, checkpoints, "
-                        "context, crash, epochs, hangs, "
+                        "context, crash, epochs, hangs, many_metrics, "
                         "mismatch, report_latency, resumable, sleeps, stacked, steps, throws") !=
         std::string::npos);
   CHECK(run.output.find("LibTorch:    " TRAINRUN_TORCH_VERSION) != std::string::npos);

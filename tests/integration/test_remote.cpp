@@ -2,9 +2,13 @@
 // apart from it connect with the run key (CURVE), and everything a local run
 // does keeps working.
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <regex>
 #include <thread>
@@ -154,4 +158,25 @@ TEST_CASE("listening is refused without a key off loopback, and with a key other
   CHECK(readable.exit_code == 2);
   CHECK(readable.output.find("chmod 600") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(box.results()));  // nothing started, nothing written
+}
+
+TEST_CASE("a port already in use is a usage error that leaves no run directory") {
+  Sandbox box;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const auto endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  auto run = box.run(kTestPlugin + " --entry steps -n 1 --name p --local-workers 1 --listen " +
+                     endpoint);
+  ::close(fd);
+  INFO(run.output);
+  CHECK(run.exit_code == 2);
+  CHECK(run.output == "trainrun: cannot listen on " + endpoint + ": Address already in use\n");
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("p")));
 }

@@ -244,3 +244,27 @@ TEST_CASE("an exception message longer than the limit is cut between characters,
   CHECK(message.find("\xef\xbf\xbd") == std::string::npos);  // no replacement character
   CHECK(message.substr(message.size() - 2) == "\xc3\xa9");   // ends on a whole character
 }
+
+TEST_CASE("a report of more metrics than a report carries fails naming the limit") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry many_metrics -n 1 --name m --config count=10000");
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("train::report: 10000 metrics; a report carries at most 4096") !=
+        std::string::npos);
+}
+
+TEST_CASE("metric names and values cannot forge lines or colour the terminal") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry many_metrics -n 1 --name f --config forge=true");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto results = box.run("results '" + box.run_dir("f").string() + "'");
+  REQUIRE(results.exit_code == 0);
+  for (const auto* out : {&run.output, &results.output}) {
+    CHECK(out->find("loss\\n[trainrun] run finished: forged=\\x1b[31mred\\r\\n[trainrun] forged too") !=
+          std::string::npos);
+    CHECK(out->find('\x1b') == std::string::npos);
+    CHECK(out->find("\n[trainrun] run finished: forged") == std::string::npos);
+    CHECK(out->find("\n[trainrun] forged too") == std::string::npos);
+  }
+}

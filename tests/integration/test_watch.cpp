@@ -4,11 +4,15 @@
 
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "run_helpers.h"
 
@@ -160,4 +164,44 @@ TEST_CASE("a failed run's report.html shows its error") {
   CHECK(bad.exit_code == 2);
   CHECK(contains(bad.output, "no run.json"));
   CHECK_FALSE(std::filesystem::exists(box.root() / "x.html"));
+}
+
+TEST_CASE("results --html replaces a regular file or makes a new one, and nothing else") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN + "' --entry steps -n 1 --name r");
+  REQUIRE(run.exit_code == 0);
+  auto html_to = [&](const std::filesystem::path& target) {
+    return box.run("results '" + box.run_dir("r").string() + "' --html '" + target.string() + "'");
+  };
+  auto root = box.root();
+  std::ofstream(root / "kept.txt") << "kept";
+  std::filesystem::create_symlink(root / "kept.txt", root / "link.html");
+  REQUIRE(::mkfifo((root / "fifo.html").c_str(), 0600) == 0);
+  std::filesystem::create_directory(root / "dir.html");
+  for (auto [name, what] : {std::pair{"link.html", "a symbolic link"},
+                            std::pair{"fifo.html", "a fifo"}, std::pair{"dir.html", "a directory"}}) {
+    CAPTURE(name);
+    auto refused = html_to(root / name);
+    CHECK(refused.exit_code == 2);
+    CHECK(contains(refused.output, (root / name).string() + " is " + what));
+    CHECK_FALSE(contains(refused.output, "wrote"));
+  }
+  CHECK(std::filesystem::is_symlink(root / "link.html"));
+  CHECK(read_text(root / "kept.txt") == "kept");
+  CHECK(std::filesystem::is_fifo(root / "fifo.html"));
+  // A device is refused too (as root a rename would replace /dev/full itself).
+  auto device = html_to("/dev/full");
+  CHECK(device.exit_code == 2);
+  CHECK(contains(device.output, "/dev/full is a character device"));
+  CHECK(std::filesystem::is_character_file("/dev/full"));
+  // A write that fails fails the command.
+  auto missing = html_to(root / "no-such-dir" / "page.html");
+  CHECK(missing.exit_code == 1);
+  CHECK_FALSE(contains(missing.output, "wrote"));
+  // A regular file is replaced, and a new path made.
+  std::ofstream(root / "old.html") << "old";
+  CHECK(html_to(root / "old.html").exit_code == 0);
+  CHECK(contains(read_text(root / "old.html"), "<!DOCTYPE html>"));
+  CHECK(html_to(root / "new.html").exit_code == 0);
+  CHECK(contains(read_text(root / "new.html"), "<!DOCTYPE html>"));
 }

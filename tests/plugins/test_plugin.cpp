@@ -133,6 +133,19 @@ void hangs(const train::Config& config) {
 
 TRAIN_FUNC(hangs);
 
+// One report of `count` metrics; with forge=true, a name and a text value
+// that try to start lines of their own and colour the terminal.
+void many_metrics(const train::Config& config) {
+  train::Metrics metrics;
+  for (int i = 0; i < config.get<int>("count", 1); ++i) metrics.emplace("m" + std::to_string(i), i);
+  if (config.get<bool>("forge", false)) {
+    metrics.emplace("loss\n[trainrun] run finished: forged", "\x1b[31mred\r\n[trainrun] forged too");
+  }
+  train::report(metrics);
+}
+
+TRAIN_FUNC(many_metrics);
+
 // Reads a config key with the wrong type.
 void bad_config(const train::Config& config) { (void)config.get<int>("epochs", 1); }
 

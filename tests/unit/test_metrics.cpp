@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <stdexcept>
+#include <string>
 
 TEST_CASE("metric values keep their kind") {
   train::Metrics metrics{{"loss", 0.25f}, {"epoch", 3},       {"step", 7LL},
@@ -17,6 +18,22 @@ TEST_CASE("metric values keep their kind") {
 
 TEST_CASE("report outside a trainrun worker is a clear error") {
   CHECK_THROWS_WITH_AS(train::report({{"loss", 1.0}}),
+                       doctest::Contains("outside a train function started by trainrun"),
+                       std::logic_error);
+}
+
+TEST_CASE("a report past the limits throws naming the limit, before it reaches the controller") {
+  train::Metrics many;
+  for (size_t i = 0; i <= train::kMaxMetrics; ++i) many.emplace("m" + std::to_string(i), 1.0);
+  CHECK_THROWS_WITH_AS(train::report(many),
+                       "train::report: 4097 metrics; a report carries at most 4096",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      train::report({{"note", std::string(train::kMaxMetricText + 1, 'x')}}),
+      "train::report: metric 'note' has a name or text longer than 65536 bytes",
+      std::invalid_argument);
+  many.erase(many.begin());  // 4096: within the limit, so the next check speaks
+  CHECK_THROWS_WITH_AS(train::report(many),
                        doctest::Contains("outside a train function started by trainrun"),
                        std::logic_error);
 }

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "common/metrics_format.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 
@@ -84,4 +85,33 @@ TEST_CASE("protocol: another protocol version is refused with both versions name
                   std::to_string(protocol::kProtocolVersion);
   CHECK_THROWS_WITH_AS(protocol::Incoming::parse(frames({"HELLO", other})),
                        doctest::Contains(expected.c_str()), ProtocolError);
+}
+
+TEST_CASE("protocol: metrics past the limits are refused naming the limit") {
+  auto pack = [](const nlohmann::json& map) {
+    auto bytes = nlohmann::json::to_msgpack(map);
+    return std::vector<char>(bytes.begin(), bytes.end());
+  };
+  nlohmann::json many = nlohmann::json::object();
+  for (int i = 0; i < 10000; ++i) many["m" + std::to_string(i)] = i;
+  CHECK_THROWS_WITH_AS(trainrun::protocol::decode_metrics(pack(many)),
+                       "more than 4096 metrics (a report carries at most that many)",
+                       trainrun::ProtocolError);
+  CHECK_THROWS_WITH_AS(
+      trainrun::protocol::decode_metrics(pack({{"note", std::string(70000, 'x')}})),
+      "a metric name or text longer than 65536 bytes", trainrun::ProtocolError);
+  CHECK(trainrun::protocol::decode_metrics(pack({{"loss", 0.5}}))["loss"] == 0.5);
+}
+
+TEST_CASE("metrics on the terminal: control characters are escapes, not control") {
+  using trainrun::escape_control;
+  using trainrun::format_metrics;
+  CHECK(escape_control("plain text, \xc3\xbcnicode") == "plain text, \xc3\xbcnicode");
+  CHECK(escape_control("a\nb\rc\td") == "a\\nb\\rc\\td");
+  CHECK(escape_control("\x1b[2J\x7f") == "\\x1b[2J\\x7f");
+  CHECK(escape_control("csi\xc2\x9b" "31m") == "csi\\u009b31m");  // C1 CSI as UTF-8
+  CHECK(escape_control("\xc2\xa0") == "\xc2\xa0");               // a no-break space stays
+  auto line = format_metrics({{"loss\n[trainrun] run finished", "x\ny"}});
+  CHECK(line == "loss\\n[trainrun] run finished=x\\ny");
+  CHECK(line.find('\n') == std::string::npos);
 }

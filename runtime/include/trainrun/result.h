@@ -107,8 +107,10 @@ Result load_result(const std::filesystem::path& run_dir);
 /// every numeric metric against iteration and time, the checkpoints (the
 /// best marked), the attempts, the run's facts and error. A run writes it in
 /// its directory as it goes; this writes it for any run: `trainrun results
-/// DIR --html FILE`. Atomic: a reader sees the old page or the new. Throws as
-/// load_result does, or IoError.
+/// DIR --html FILE`. Atomic: a reader sees the old page or the new. `file` is a
+/// new path or a regular file: a symbolic link, fifo, device or directory is a
+/// UsageError (a rename would replace it, not write through it). Throws as
+/// load_result does, or IoError (a full disk among them).
 void write_html_report(const std::filesystem::path& run_dir, const std::filesystem::path& file);
 
 /// The summary `trainrun results` prints: status, iterations, last metrics,

@@ -328,7 +328,24 @@ void write_report_page(const std::filesystem::path& run_dir, const std::filesyst
   write_file_atomic(file, report_page(run_dir, live), Durability::kUnsynced);
 }
 
+// The page replaces a regular file, or makes a new one: a rename over a link,
+// a fifo or a device would replace it, not write to it.
 void write_html_report(const std::filesystem::path& run_dir, const std::filesystem::path& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto type = fs::symlink_status(file, ec).type();
+  if (type != fs::file_type::regular && type != fs::file_type::not_found) {
+    if (ec) throw IoError("cannot inspect " + file.string() + ": " + ec.message());
+    const char* what = type == fs::file_type::symlink     ? "a symbolic link"
+                       : type == fs::file_type::directory ? "a directory"
+                       : type == fs::file_type::fifo      ? "a fifo"
+                       : type == fs::file_type::character ? "a character device"
+                       : type == fs::file_type::block     ? "a block device"
+                       : type == fs::file_type::socket    ? "a socket"
+                                                          : "not a regular file";
+    throw UsageError(file.string() + " is " + what +
+                     ": the page goes to a new path or replaces a regular file");
+  }
   write_report_page(run_dir, file, /*live=*/false);
 }
 

@@ -8,13 +8,16 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -164,6 +167,22 @@ void check_network(TrainerOptions& options) {
   if (!network.auth_key_file.empty()) (void)read_run_key(network.auth_key_file);  // fails early
 }
 
+// A port another process holds is the user's to change: refused before the
+// run directory exists. ZeroMQ's listeners set SO_REUSEADDR, so the
+// controller binds it again at once.
+void check_port_free(const std::string& listen) {
+  auto endpoint = parse_tcp_endpoint(listen);
+  if (!endpoint || endpoint->port == "0" || endpoint->port == "*") return;
+  zmq::context_t context;
+  zmq::socket_t probe(context, zmq::socket_type::router);
+  probe.set(zmq::sockopt::linger, 0);
+  try {
+    probe.bind(listen);
+  } catch (const zmq::error_t& e) {
+    throw UsageError("cannot listen on " + listen + ": " + e.what());
+  }
+}
+
 // Keeps the run directory's report.html current without letting a long
 // history make the run pay for it: a page that took t to write waits 10 t
 // (and at least kPageInterval) before the next. A page that cannot be
@@ -197,6 +216,30 @@ class ReportPageWriter {
   Clock::time_point next_{};
   bool warned_ = false;
 };
+
+// The storage path as a filesystem path. A URI ("s3://bucket/prefix", as Ray
+// Train users write it) would otherwise become a relative directory named
+// "s3:", and the checkpoints would stay on the controller's disk: refused.
+// "file://" names a path (file:///abs, file://localhost/abs).
+std::filesystem::path local_storage_path(const std::filesystem::path& given) {
+  static const std::regex kUri("([A-Za-z][A-Za-z0-9+.-]*)://(.*)");
+  const std::string text = given.string();
+  std::smatch match;
+  if (!std::regex_match(text, match, kUri)) return given;
+  std::string scheme = match[1].str();
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::string rest = match[2].str();
+  if (scheme == "file") {
+    if (rest.rfind("localhost/", 0) == 0) rest.erase(0, std::string("localhost").size());
+    if (!rest.empty() && rest[0] == '/') return rest;
+    throw UsageError("storage path " + text.substr(0, 256) +
+                     ": a file:// URI must name an absolute path on this host (file:///path)");
+  }
+  throw UsageError("storage path " + text.substr(0, 256) + ": " + scheme +
+                   ":// storage is not supported; give a filesystem path (local, or a shared "
+                   "filesystem every node mounts)");
+}
 
 }  // namespace
 
@@ -282,6 +325,7 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
   if (run.name.find('/') != std::string::npos || run.name == "." || run.name == "..") {
     throw UsageError("run name '" + run.name + "' must not contain '/'");
   }
+  run.storage_path = local_storage_path(run.storage_path);
   if (run.storage_path.empty()) {
     const char* home = std::getenv("HOME");
     run.storage_path = std::filesystem::path(home != nullptr ? home : ".") / "trainrun_results";
@@ -322,6 +366,7 @@ Result Trainer::fit() {
     setup.keys = RunKeys::derive(read_run_key(options_.network.auth_key_file));
   }
 
+  if (!options_.network.listen.empty()) check_port_free(options_.network.listen);
   RunStorage storage(options_.run.storage_path, options_.run.name);  // holds the run's lock
   CheckpointStore checkpoints(
       storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint

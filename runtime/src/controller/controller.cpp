@@ -142,6 +142,7 @@ RunOutcome Controller::run() {
       break;
     }
   }
+  checkpoints_.abort();  // what the last attempt staged and never committed
   summarize_dropped();
   if (error) error->attempt = attempt_;
   return RunOutcome{error, elapsed(), attempts_};

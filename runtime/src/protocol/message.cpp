@@ -1,5 +1,7 @@
 #include "protocol/message.h"
 
+#include <train/report.h>
+
 namespace trainrun::protocol {
 namespace {
 
@@ -10,7 +12,8 @@ namespace {
 const msgpack::unpack_limit kBodyLimits(/*array=*/1 << 20, /*map=*/1 << 16, /*str=*/1 << 20,
                                         /*bin=*/16 << 20, /*ext=*/0, /*depth=*/8);
 // train::report's metrics: a map of names to numbers, booleans and strings.
-const msgpack::unpack_limit kMetricsLimits(/*array=*/0, /*map=*/1 << 12, /*str=*/1 << 16,
+const msgpack::unpack_limit kMetricsLimits(/*array=*/0, /*map=*/train::kMaxMetrics,
+                                           /*str=*/train::kMaxMetricText,
                                            /*bin=*/0, /*ext=*/0, /*depth=*/2);
 
 }  // namespace
@@ -98,6 +101,12 @@ nlohmann::json decode_metrics(const std::vector<char>& bytes) {
       }
     }
     return nlohmann::json::from_msgpack(bytes.begin(), bytes.end());
+  } catch (const msgpack::map_size_overflow&) {
+    throw ProtocolError("more than " + std::to_string(train::kMaxMetrics) +
+                        " metrics (a report carries at most that many)");
+  } catch (const msgpack::str_size_overflow&) {
+    throw ProtocolError("a metric name or text longer than " +
+                        std::to_string(train::kMaxMetricText) + " bytes");
   } catch (const std::exception& e) {
     throw ProtocolError(std::string("metrics that are not a map of names to numbers, booleans "
                                     "and text: ") +

@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string_view>
+#include <thread>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
@@ -362,8 +364,14 @@ RunLock::RunLock(const std::filesystem::path& run_dir) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("cannot open " + path.string() + ": " + std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    // The holder writes its name just after it locks: a refusal in between
+    // waits for it, a little.
     char holder[256] = {0};
-    ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    ssize_t n = 0;
+    for (int i = 0; i < 200 && n <= 0; ++i) {
+      if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    }
     std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
     ::close(fd_);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -39,6 +40,11 @@ class MetricValue {
 /// Metrics of one report, by name.
 using Metrics = std::map<std::string, MetricValue>;
 
+/// The most metrics one report carries, and the longest name or text value
+/// (bytes): the controller refuses more.
+constexpr size_t kMaxMetrics = 4096;
+constexpr size_t kMaxMetricText = 65536;
+
 /// Reports metrics for this iteration, like Ray Train's `train.report`.
 ///
 /// A barrier: every rank must call it the same number of times, and it returns
@@ -51,6 +57,9 @@ using Metrics = std::map<std::string, MetricValue>;
 /// default), it compares every rank's parameters; if the replicas have diverged
 /// it throws std::runtime_error on every rank, naming the first parameter that
 /// differs and the ranks, and nothing is recorded.
+///
+/// More than kMaxMetrics metrics, or a name or text longer than
+/// kMaxMetricText bytes, is std::invalid_argument.
 void report(const Metrics& metrics);
 
 }  // namespace train
