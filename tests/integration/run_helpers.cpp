@@ -114,6 +114,25 @@ nlohmann::json read_json(const std::filesystem::path& path) {
   return nlohmann::json::parse(read_text(path));
 }
 
+int reset_connections(pid_t pid, int port) {
+  if (::geteuid() != 0) return -1;
+  // "ESTAB 0 0 127.0.0.1:40000 127.0.0.1:PORT users:(("trainrun-worker",pid=42,fd=9))"
+  auto listed = run_shell("ss -tnpH state established 'dport = :" + std::to_string(port) + "'");
+  std::istringstream lines(listed.output);
+  int reset = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("pid=" + std::to_string(pid) + ",") == std::string::npos) continue;
+    std::istringstream fields(line);
+    std::string local;
+    fields >> local >> local >> local;  // Recv-Q, Send-Q, then the local address
+    auto colon = local.rfind(':');
+    if (colon == std::string::npos) continue;
+    auto killed = run_shell("ss -K -tn 'sport = :" + local.substr(colon + 1) + "'");
+    reset += killed.exit_code == 0;
+  }
+  return reset;
+}
+
 std::vector<std::string> staging_leftovers(const std::filesystem::path& run_dir) {
   std::vector<std::string> found;
   for (const auto& entry : std::filesystem::directory_iterator(run_dir)) {

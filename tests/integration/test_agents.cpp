@@ -316,3 +316,56 @@ TEST_CASE("an elastic group shrinks from 4 to 2 workers when a node is lost, and
   CHECK(results.back()["attempt"] == 3);
   CHECK(children_end(box));
 }
+
+namespace {
+
+int port_of(const std::string& endpoint) { return std::stoi(endpoint.substr(endpoint.rfind(':') + 1)); }
+
+}  // namespace
+
+TEST_CASE("a node agent whose connection is reset mid-run reconnects and keeps its place") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry steps --name reset --config steps=24 --config sleep_ms=250"
+                                  " --max-failures 2",
+                             2, 1);
+  REQUIRE(wait_for_lines(box, "report 2 \\(", 1));
+  const int reset = reset_connections(run.agents[0], port_of(run.endpoint));
+  if (reset < 0) {
+    MESSAGE("skipped: resetting a TCP connection (ss -K) needs root");
+    ::kill(run.controller, SIGINT);
+    Sandbox::wait(run.controller);
+    Sandbox::wait(run.agents[0]);
+    return;
+  }
+  CHECK(reset == 1);
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);
+  auto log = read_text(box.run_dir("reset") / "logs" / "controller.log");
+  INFO(log);
+  INFO(read_text(box.root() / "agent-0.txt"));
+  CHECK(read_jsonl(box.run_dir("reset") / "result.jsonl").size() == 24);
+  auto info = read_json(box.run_dir("reset") / "run.json");
+  CHECK(info["attempts"].size() == 1);  // survived: no restart
+  CHECK(log.find("dropped a message") == std::string::npos);
+}
+
+TEST_CASE("a remote worker whose connection is reset before the ranks are assigned keeps its place") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry steps --name early --config steps=3", 2, 0, 1);
+  pid_t first = box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "'",
+                                 "first.txt");
+  REQUIRE(wait_for_lines(box, "a worker on [^ ]+ \\(pid " + std::to_string(first) + "\\) connected", 1));
+  const int reset = reset_connections(first, port_of(run.endpoint));
+  if (reset < 0) MESSAGE("skipped the reset: resetting a TCP connection (ss -K) needs root");
+  CHECK(reset != 0);
+  // Heartbeats cross the new connection before the second worker comes (in
+  // either order the run must finish).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  pid_t second = box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "'",
+                                  "second.txt");
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(first) == 0);
+  CHECK(Sandbox::wait(second) == 0);
+  INFO(read_text(box.root() / "first.txt"));
+  CHECK(read_jsonl(box.run_dir("early") / "result.jsonl").size() == 3);
+}

@@ -22,6 +22,7 @@
 #include "common/local_worker.h"
 #include "common/network.h"
 #include "common/signals.h"
+#include "protocol/link_tally.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 
@@ -72,7 +73,7 @@ class Agent {
       : options_(options), dealer_(context_, zmq::socket_type::dealer) {
     dealer_.set(zmq::sockopt::linger, 2000);
     if (options_.keys) make_curve_client(dealer_, *options_.keys);
-    dealer_.connect(options_.connect);
+    protocol::connect_dealer(dealer_, options_.connect);
     silence_limit_ =
         options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
   }
@@ -244,10 +245,12 @@ class Agent {
     }
   }
 
-  // Sends what is queued while the socket takes it.
+  // Sends what is queued while the socket takes it, counted; a heartbeat
+  // says what went before it.
   void flush() {
     while (!queue_.empty()) {
       auto& next = queue_.front();
+      if (next.type == protocol::Heartbeat::kType) next.body = protocol::pack_body(link_.heartbeat());
       bool more = next.blob.has_value();
       if (!dealer_.send(zmq::buffer(next.type),
                         zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -255,16 +258,27 @@ class Agent {
       }
       dealer_.send(next.body, more ? zmq::send_flags::sndmore : zmq::send_flags::none);
       if (more) dealer_.send(*next.blob, zmq::send_flags::none);
+      link_.sent(next.type);
       queue_.pop_front();
     }
   }
 
   void on_controller_message(std::vector<zmq::message_t> frames) {
     last_heard_ = Clock::now();
+    link_.received(frames[0].to_string_view());
     try {
       auto message = protocol::Incoming::parse(std::move(frames));
       const auto& type = message.type();
-      if (type == protocol::AgentAccepted::kType) {
+      if (type == protocol::Heartbeat::kType) {
+        // A SHUTDOWN or RESTART lost to a reset connection: the controller
+        // hears it, and ends the attempt (the next one starts afresh).
+        if (auto loss = link_.settle(message.as<protocol::Heartbeat>()); loss.messages > 0) {
+          auto reason = "its connection to the controller was reset, and " +
+                        std::to_string(loss.messages) + " of the controller's messages were lost";
+          spdlog::error("{}", reason);
+          queue_.push_back(outgoing(protocol::Failed{reason, "lost"}));
+        }
+      } else if (type == protocol::AgentAccepted::kType) {
         auto accepted = message.as<protocol::AgentAccepted>();
         if (accepted.heartbeat_timeout_ms > 0) {
           silence_limit_ = std::chrono::milliseconds(accepted.heartbeat_timeout_ms);
@@ -290,7 +304,7 @@ class Agent {
                       message.as<protocol::Refused>().reason);
         exit_code_ = 2;
         end_for_good(Clock::duration::zero());
-      } else if (type != protocol::Heartbeat::kType) {
+      } else {
         spdlog::warn("dropped a message of unknown type {} from the controller", type);
       }
     } catch (const ProtocolError& e) {
@@ -405,6 +419,7 @@ class Agent {
   SignalPipe signals_;
   zmq::context_t context_;
   zmq::socket_t dealer_;
+  protocol::LinkTally link_;
   std::vector<Child> children_;
   std::deque<Outgoing> queue_;
   std::vector<char> buffer_ = std::vector<char>(kOutputChunk);

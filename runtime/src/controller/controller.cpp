@@ -62,6 +62,9 @@ RunOutcome Controller::run() {
   if (setup_.options.handle_signals) signals_.emplace();
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::router_mandatory, false);
+  // A peer whose connection was reset reconnects under its own routing id
+  // and keeps its place (protocol::connect_dealer).
+  router_.set(zmq::sockopt::router_handover, true);
   // Bounds on what one peer costs: a frame larger than any message needs ends
   // its connection, and at most kPeerQueue messages wait for a peer that does
   // not read (a chunk is 1 MiB; a well-behaved worker has at most its credit
@@ -187,8 +190,7 @@ void Controller::start_attempt() {
     log_.info("attempt {} starts from {}", attempt_,
               info.resumed_from.empty() ? "the start" : info.resumed_from);
     // Node agents start this attempt's workers and announce them with AGENT.
-    for (const auto& [id, agent] : agents_)
-      protocol::send(router_, protocol::Restart{attempt_}, {}, id);
+    for (auto& [id, agent] : agents_) to_agent(id, agent, protocol::Restart{attempt_});
   }
   const int local = setup_.options.scaling.local_workers;
   if (pool_->size() > 0) {  // the standby workers, started during the last attempt
@@ -355,7 +357,7 @@ void Controller::reset_attempt() {
     auto& agent = it->second;
     if (now - agent.last_heard > agent_silence_limit()) {
       log_.warn("{} is gone: the next attempt goes on without it", agent.describe());
-      protocol::send(router_, protocol::Shutdown{"it fell silent", false}, {}, it->first);
+      to_agent(it->first, agent, protocol::Shutdown{"it fell silent", false});
       it = agents_.erase(it);
       continue;
     }
@@ -647,14 +649,14 @@ void Controller::summarize_dropped() {
 
 void Controller::send_heartbeats() {
   for (auto& worker : pool_->workers()) {
-    if (worker.main_id && !worker.exited) to_main(worker, protocol::Heartbeat{});
+    if (worker.main_id && !worker.exited) to_main(worker, worker.main_link.heartbeat());
   }
   if (standby_) {
     for (auto& worker : standby_->workers()) {
-      if (worker.main_id && !worker.exited) to_main(worker, protocol::Heartbeat{});
+      if (worker.main_id && !worker.exited) to_main(worker, worker.main_link.heartbeat());
     }
   }
-  for (const auto& [id, agent] : agents_) protocol::send(router_, protocol::Heartbeat{}, {}, id);
+  for (auto& [id, agent] : agents_) to_agent(id, agent, agent.link.heartbeat());
 }
 
 // An agent that missed two of its heartbeats (one a second) is gone, or cut
@@ -672,9 +674,7 @@ void Controller::stop_workers(bool graceful, bool restart) {
   stopping_ = true;
   restarting_ = restart;
   const char* reason = graceful ? "finished" : restart ? "a new attempt" : "the run failed";
-  for (const auto& [id, agent] : agents_) {
-    protocol::send(router_, protocol::Shutdown{reason, restart}, {}, id);
-  }
+  for (auto& [id, agent] : agents_) to_agent(id, agent, protocol::Shutdown{reason, restart});
   for (auto& worker : pool_->workers()) {
     // Remote workers exit on SHUTDOWN whether or not the run succeeded; local
     // ones that failed are signalled.

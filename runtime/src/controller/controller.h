@@ -194,6 +194,7 @@ class Controller {
   void accept_agent_workers(NodeAgent& agent, const protocol::AgentHello& hello);
   void handle_agent(NodeAgent& agent, protocol::Incoming& message);
   void on_agent_output(NodeAgent& agent, protocol::Incoming& message);
+  void agent_failed(const NodeAgent& agent, const std::string& reason);
   void on_agent_exited(NodeAgent& agent, const protocol::Exited& exited);
   /// Whether every node agent said each of its workers exited.
   bool agents_done() const;
@@ -204,7 +205,13 @@ class Controller {
   void handle_upload(WorkerSlot& worker, protocol::Incoming& message);
   template <typename T>
   void to_main(const WorkerSlot& worker, const T& message, std::vector<zmq::message_t> blobs = {}) {
+    worker.main_link.sent(T::kType);
     protocol::send(router_, message, std::move(blobs), worker.main_id);
+  }
+  template <typename T>
+  void to_agent(const std::string& id, NodeAgent& agent, const T& message) {
+    agent.link.sent(T::kType);
+    protocol::send(router_, message, {}, id);
   }
   template <typename T>
   void to_train(const WorkerSlot& worker, const T& message,

@@ -17,12 +17,12 @@ namespace trainrun {
 namespace {
 
 // The kind a worker's FAILED names: what a worker can know of itself (an
-// exception, a plugin or setup error); a claim to be a crash or an interrupt,
+// exception, a plugin or setup error, messages of its connection lost); a claim to be a crash or an interrupt,
 // which would outrank the real cause, is not taken.
 FailureKind worker_failure_kind(const std::string& name, FailureKind otherwise) {
   auto kind = parse_failure_kind(name);
   if (kind == FailureKind::kException || kind == FailureKind::kPlugin ||
-      kind == FailureKind::kSetup) {
+      kind == FailureKind::kSetup || kind == FailureKind::kLost) {
     return *kind;
   }
   return otherwise;
@@ -45,12 +45,18 @@ bool Controller::on_router_readable() {
   if (worker == nullptr && standby_) {
     if (WorkerSlot* waiting = standby_->by_connection(id)) {  // it waits for the next attempt
       waiting->last_heard = Clock::now();
+      waiting->main_link.received(frames[0].to_string_view());
       return true;
     }
   }
   if (worker == nullptr) {
     auto found = agents_.find(id);
     if (found != agents_.end()) agent = &found->second;
+  }
+  // Counted by their type frame, whatever the rest holds: the sender counted them so.
+  if (agent != nullptr) agent->link.received(frames[0].to_string_view());
+  if (worker != nullptr && worker->main_id == id) {
+    worker->main_link.received(frames[0].to_string_view());
   }
   try {
     auto message = protocol::Incoming::parse(std::move(frames));
@@ -113,6 +119,7 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
     WorkerSlot* waiting = standby_->at_index(hello.index);
     if (waiting != nullptr && !waiting->main_id && waiting->process.pid == hello.pid) {
       standby_->set_main_id(*waiting, id);
+      waiting->main_link.received(protocol::Hello::kType);
       waiting->host = hello.host;
       waiting->last_heard = Clock::now();
       return;  // it waits: the next attempt's HELLO
@@ -123,6 +130,7 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
                         ", pid " + std::to_string(hello.pid) + ")");
   }
   pool_->set_main_id(*worker, id);
+  worker->main_link.received(protocol::Hello::kType);
   worker->host = hello.host;
   worker->last_heard = Clock::now();
   ++hellos_;
@@ -162,6 +170,7 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
     throw ProtocolError("the run has all its " + std::to_string(max_workers()) + " workers");
   }
   pool_->set_main_id(*worker, id);
+  worker->main_link.received(protocol::Hello::kType);
   log_.info("a worker on {} (pid {}) connected", worker->host, worker->process.pid);
   // What it wrote before it connected, if its node agent forwarded any.
   for (auto& [agent_id, agent] : agents_) {
@@ -199,6 +208,7 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
   agent.host = hello.host.substr(0, 255);
   agent.pid = hello.pid;
   agent.last_heard = Clock::now();
+  agent.link.received(protocol::AgentHello::kType);
   if (waits || attempt_ > 1) {
     // Room left by the workers of this attempt and of the agents still to
     // announce theirs: one that cannot fit is refused, and the run goes on.
@@ -220,16 +230,14 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
     agent.waiting = true;
     log_.info("{} joined with {} workers: they join the group at its next {}", agent.describe(),
               agent.workers.size(), assigned_ && !stopping_ ? "checkpoint" : "attempt");
-    agents_.emplace(id, std::move(agent));
-    protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()},
-                   {}, id);
-    protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
+    auto& added = agents_.emplace(id, std::move(agent)).first->second;
+    to_agent(id, added, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()});
+    to_agent(id, added, protocol::Shutdown{"it joins at the next attempt", true});
     return;
   }
   accept_agent_workers(agent, hello);
-  agents_.emplace(id, std::move(agent));
-  protocol::send(router_, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()}, {},
-                 id);
+  auto& added = agents_.emplace(id, std::move(agent)).first->second;
+  to_agent(id, added, protocol::AgentAccepted{setup_.options.run.heartbeat_timeout.count()});
   maybe_assign();
 }
 
@@ -286,8 +294,19 @@ void Controller::accept_agent_workers(NodeAgent& agent, const protocol::AgentHel
 void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
   agent.last_heard = Clock::now();
   const auto& type = message.type();
-  if (type == protocol::Heartbeat::kType) return;
-  if (type == protocol::Output::kType) {
+  if (type == protocol::Heartbeat::kType) {
+    auto loss = agent.link.settle(message.as<protocol::Heartbeat>());
+    if (loss.output > 0) {
+      log_.warn("{}: its connection was reset, and {} pieces of its workers' output were lost",
+                agent.describe(), loss.output);
+    }
+    if (loss.messages > 0) {
+      agent_failed(agent, "its connection to the controller was reset, and " +
+                              std::to_string(loss.messages) + " of its messages were lost");
+    }
+  } else if (type == protocol::Failed::kType) {  // it lost messages of the controller's
+    agent_failed(agent, message.as<protocol::Failed>().message.substr(0, 1024));
+  } else if (type == protocol::Output::kType) {
     on_agent_output(agent, message);
   } else if (type == protocol::AgentHello::kType) {  // after RESTART
     auto hello = message.as<protocol::AgentHello>();
@@ -304,6 +323,15 @@ void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
   } else {
     throw ProtocolError("unexpected message type " + type + " from " + agent.describe());
   }
+}
+
+// What an agent cannot go on from ends the attempt (a retryable loss); its
+// workers are restarted with the others'.
+void Controller::agent_failed(const NodeAgent& agent, const std::string& reason) {
+  if (stopping_) return;
+  auto message = agent.describe() + ": " + reason;
+  failures_.add(RunError{FailureKind::kLost, message, -1, agent.host, agent.pid});
+  log_.error("{}", message);
 }
 
 void Controller::on_agent_output(NodeAgent& agent, protocol::Incoming& message) {
@@ -433,7 +461,7 @@ void Controller::assign_ranks() {
     if (any_here) continue;
     agent.waiting = true;
     log_.info("{}: its workers join the group at its next checkpoint", agent.describe());
-    protocol::send(router_, protocol::Shutdown{"it joins at the next attempt", true}, {}, id);
+    to_agent(id, agent, protocol::Shutdown{"it joins at the next attempt", true});
   }
   std::vector<int> ranks;
   for (const auto& place : placements) ranks.push_back(place.world_rank);
@@ -490,7 +518,15 @@ void Controller::assign_ranks() {
 
 void Controller::handle_main(WorkerSlot& worker, protocol::Incoming& message) {
   const auto& type = message.type();
-  if (type == protocol::Heartbeat::kType) return;
+  if (type == protocol::Heartbeat::kType) {
+    auto loss = worker.main_link.settle(message.as<protocol::Heartbeat>());
+    if (loss.messages > 0) {
+      fail(worker, FailureKind::kLost,
+           "its connection to the controller was reset, and " + std::to_string(loss.messages) +
+               " of its messages were lost");
+    }
+    return;
+  }
   if (type == protocol::FetchChunk::kType) {
     auto fetch = message.as<protocol::FetchChunk>();
     if (fetch.offset == 0) ++plugin_downloads_;

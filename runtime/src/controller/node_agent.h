@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "protocol/link_tally.h"
+
 namespace trainrun {
 
 struct NodeAgent {
@@ -35,6 +37,7 @@ struct NodeAgent {
   size_t early_bytes = 0;
   size_t dropped_bytes = 0;
   std::chrono::steady_clock::time_point last_heard;
+  protocol::LinkTally link;  // its connection's messages, both ways
 
   /// "the node agent on host (pid 7)".
   std::string describe() const {

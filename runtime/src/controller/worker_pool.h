@@ -21,6 +21,7 @@
 
 #include "common/local_worker.h"
 #include "controller/worker_output.h"
+#include "protocol/link_tally.h"
 
 namespace trainrun {
 
@@ -47,6 +48,9 @@ struct WorkerSlot {
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;
   Clock::time_point last_heard;
+  // Its main connection's messages, both ways (sent ones counted where a
+  // const slot sends: Controller::to_main).
+  mutable protocol::LinkTally main_link;
 
   /// Its rank, or before ranks are assigned its launch index (its rank-to-be).
   int display_rank() const { return rank < 0 ? index : rank; }

@@ -2,6 +2,8 @@
 
 #include <train/report.h>
 
+#include "common/secret.h"
+
 namespace trainrun::protocol {
 namespace {
 
@@ -52,6 +54,11 @@ Incoming Incoming::parse(std::vector<zmq::message_t> frames) {
   }
   for (size_t i = 2; i < frames.size(); ++i) message.blobs_.push_back(std::move(frames[i]));
   return message;
+}
+
+void connect_dealer(zmq::socket_t& socket, const std::string& endpoint) {
+  socket.set(zmq::sockopt::routing_id, "peer-" + make_secret().substr(0, 32));
+  socket.connect(endpoint);
 }
 
 int poll(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout) {

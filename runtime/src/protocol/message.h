@@ -20,7 +20,7 @@
 namespace trainrun::protocol {
 
 /// Bumped on any incompatible change to a message.
-constexpr int kProtocolVersion = 7;
+constexpr int kProtocolVersion = 8;
 
 /// A received message. `payload` points into `handle`, which owns the memory.
 class Incoming {
@@ -92,6 +92,12 @@ bool try_send(zmq::socket_t& socket, const T& payload) {
 /// to numbers, booleans and text, at most 4096 entries. Throws ProtocolError
 /// for anything else, without unbounded recursion however deep the input nests.
 nlohmann::json decode_metrics(const std::vector<char>& bytes);
+
+/// Gives a DEALER a routing id of its own (random, never starting with a zero
+/// byte) and connects it. ZeroMQ reconnects a connection that was reset, and
+/// with the same id (and the controller's ROUTER_HANDOVER) the peer keeps its
+/// place instead of arriving as a stranger.
+void connect_dealer(zmq::socket_t& socket, const std::string& endpoint);
 
 /// zmq::poll that returns 0 when a signal interrupts it, instead of throwing:
 /// the caller's loop comes round again and handles the signal.

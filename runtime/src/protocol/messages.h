@@ -173,7 +173,7 @@ struct Done {
 struct Failed {
   static constexpr const char* kType = "FAILED";
   std::string message;
-  std::string kind;  // a FailureKind's name: "exception", "plugin", "setup"
+  std::string kind;  // a FailureKind's name: "exception", "plugin", "setup", "lost"
   MSGPACK_DEFINE_MAP(message, kind);
 };
 
@@ -207,10 +207,15 @@ struct Exited {
   MSGPACK_DEFINE_MAP(pid, code, signal);
 };
 
+// Both ways, on a worker's main connection and an agent's. `sent` and
+// `output` are what its sender sent on this connection before it (LinkTally);
+// -1: it does not count (a scripted test peer).
 struct Heartbeat {
   static constexpr const char* kType = "HEARTBEAT";
   int64_t sent_ms = 0;
-  MSGPACK_DEFINE_MAP(sent_ms);
+  int64_t sent = -1;
+  int64_t output = -1;
+  MSGPACK_DEFINE_MAP(sent_ms, sent, output);
 };
 
 // Controller -> worker.

@@ -14,6 +14,7 @@
 
 #include "common/constants.h"
 #include "common/network.h"
+#include "protocol/link_tally.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
 #include "transfer/chunk_pull.h"
@@ -63,8 +64,7 @@ class Worker {
     // A remote worker proves itself with the secret derived from the run key.
     const auto& secret =
         options_.index < 0 && options_.keys ? options_.keys->hello_secret : options_.secret;
-    protocol::send(dealer_, protocol::Hello{options_.index, host_name(), ::getpid(), secret,
-                                            options_.attempt});
+    send(protocol::Hello{options_.index, host_name(), ::getpid(), secret, options_.attempt});
     auto startup =
         options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
     silence_limit_ = startup;
@@ -77,7 +77,7 @@ class Worker {
       if (waiting_for_plugin_) obtain_plugin();
       auto now = Clock::now();
       if (now >= next_heartbeat) {
-        protocol::send(dealer_, protocol::Heartbeat{now_ms()});
+        send(link_.heartbeat(now_ms()));
         next_heartbeat = now + heartbeat_interval_;
       }
       if (now - last_heard_ > silence_limit_) {
@@ -94,10 +94,20 @@ class Worker {
     auto frames = protocol::recv_frames(dealer_, true);
     if (frames.empty()) return;
     last_heard_ = Clock::now();
+    link_.received(frames[0].to_string_view());
     try {
       auto message = protocol::Incoming::parse(std::move(frames));
       const auto& type = message.type();
-      if (type == protocol::Assign::kType) {
+      if (type == protocol::Heartbeat::kType) {
+        // The controller's messages lost to a reset connection: this worker
+        // cannot go on as if it had them (an ASSIGN, a piece of the plugin).
+        if (auto loss = link_.settle(message.as<protocol::Heartbeat>()); loss.messages > 0) {
+          auto reason = "its connection to the controller was reset, and " +
+                        std::to_string(loss.messages) + " of the controller's messages were lost";
+          spdlog::error("{}", reason);
+          send(protocol::Failed{reason, std::string(to_string(FailureKind::kLost))});
+        }
+      } else if (type == protocol::Assign::kType) {
         on_assign(message.as<protocol::Assign>());
       } else if (type == protocol::Chunk::kType) {
         on_plugin_chunk(message);
@@ -107,7 +117,7 @@ class Worker {
         spdlog::error("the controller refused this worker: {}",
                       message.as<protocol::Refused>().reason);
         exit_code_ = 2;
-      } else if (type != protocol::Heartbeat::kType) {
+      } else {
         spdlog::warn("dropped a message of unknown type {} from the controller", type);
       }
     } catch (const ProtocolError& e) {
@@ -169,7 +179,7 @@ class Worker {
   }
 
   void request_chunks() {
-    for (const auto& fetch : fetcher_->requests()) protocol::send(dealer_, fetch);
+    for (const auto& fetch : fetcher_->requests()) send(fetch);
   }
 
   void on_plugin_chunk(protocol::Incoming& message) {
@@ -201,13 +211,21 @@ class Worker {
     });
   }
 
+  // Every message on the main connection goes through here, counted.
+  template <typename T>
+  void send(const T& message) {
+    link_.sent(T::kType);
+    protocol::send(dealer_, message);
+  }
+
   void fail_setup(const std::string& message) {
-    protocol::send(dealer_, protocol::Failed{message, std::string(to_string(FailureKind::kSetup))});
+    send(protocol::Failed{message, std::string(to_string(FailureKind::kSetup))});
   }
 
   WorkerOptions options_;
   zmq::context_t context_;
   zmq::socket_t dealer_;
+  protocol::LinkTally link_;
   std::optional<protocol::Assign> assign_;
   std::optional<DownloadClaim> claim_;  // held while this worker downloads the plugin
   bool waiting_for_plugin_ = false;     // for another worker of this host to download it
@@ -225,7 +243,7 @@ class Worker {
 
 void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options) {
   if (options.keys) make_curve_client(socket, *options.keys);
-  socket.connect(options.connect);
+  protocol::connect_dealer(socket, options.connect);
 }
 
 int run_worker(const WorkerOptions& options) {
