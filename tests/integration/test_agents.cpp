@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <regex>
 #include <thread>
 
@@ -368,4 +369,35 @@ TEST_CASE("a remote worker whose connection is reset before the ranks are assign
   CHECK(Sandbox::wait(second) == 0);
   INFO(read_text(box.root() / "first.txt"));
   CHECK(read_jsonl(box.run_dir("early") / "result.jsonl").size() == 3);
+}
+
+TEST_CASE("a worker whose train connection is reset ends the attempt as a loss that says so") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry steps --name lost --config steps=20 --config sleep_ms=250"
+                                  " --max-failures 2",
+                             2, 1);
+  REQUIRE(wait_for_lines(box, "report 2 \\(", 1));
+  auto workers = box.worker_pids();
+  workers.erase(std::remove(workers.begin(), workers.end(), run.agents[0]), workers.end());
+  REQUIRE_FALSE(workers.empty());
+  // Every connection of one worker: its main one survives, its train one cannot.
+  const int reset = reset_connections(workers[0], port_of(run.endpoint));
+  if (reset < 0) {
+    MESSAGE("skipped: resetting a TCP connection (ss -K) needs root");
+    ::kill(run.controller, SIGINT);
+    Sandbox::wait(run.controller);
+    Sandbox::wait(run.agents[0]);
+    return;
+  }
+  CHECK(reset >= 3);  // main, train, store (and upload, once it exists)
+  INFO(box.output_so_far());
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);
+  auto attempts = read_json(box.run_dir("lost") / "run.json")["attempts"];
+  REQUIRE(attempts.size() == 2);
+  auto error = attempts[0]["error"];
+  CHECK(error["kind"] == "lost");
+  CHECK(error["message"].get<std::string>().find("connection to the controller was reset") !=
+        std::string::npos);
+  CHECK(read_jsonl(box.run_dir("lost") / "result.jsonl").back()["attempt"] == 2);
 }

@@ -61,7 +61,7 @@ void CheckpointUploader::run(zmq::context_t& context, const WorkerOptions& optio
   try {
     zmq::socket_t controller(context, zmq::socket_type::dealer);
     controller.set(zmq::sockopt::linger, 2000);  // UPLOADED gets out before the process ends
-    connect_to_controller(controller, options);
+    connect_to_controller(controller, options, protocol::kUploadChannel);
     attach.channel = protocol::kUploadChannel;
     protocol::send(controller, attach);
     while (true) {

@@ -30,7 +30,7 @@ ControllerStore::ControllerStore(zmq::context_t& context, const WorkerOptions& o
                                  protocol::Attach attach) {
   socket_.emplace(context, zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);  // nothing it sends matters once it closes
-  connect_to_controller(*socket_, options);
+  connect_to_controller(*socket_, options, protocol::kStoreChannel);
   attach.channel = protocol::kStoreChannel;
   protocol::send(*socket_, attach);
 }

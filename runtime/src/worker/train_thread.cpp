@@ -292,7 +292,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path) {
   zmq::socket_t controller(context, zmq::socket_type::dealer);
   controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
-  connect_to_controller(controller, options);
+  connect_to_controller(controller, options, protocol::kTrainChannel);
   const auto& secret = assign.attach_secret.empty() ? options.secret : assign.attach_secret;
   protocol::Attach attach{assign.world_rank, ::getpid(), secret};
   protocol::send(controller, attach);

@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "common/constants.h"
 #include "common/network.h"
@@ -42,12 +44,26 @@ void export_torchrun_environment(const protocol::Assign& assign) {
   ::setenv("LOCAL_WORLD_SIZE", std::to_string(assign.local_world_size).c_str(), 1);
 }
 
+// Where a channel's connection tells the main thread it was reset (inproc:
+// the main thread connects before the channel's socket exists).
+std::string reset_watch(const char* channel) {
+  return std::string("inproc://trainrun-reset-") + channel;
+}
+
 class Worker {
  public:
   explicit Worker(const WorkerOptions& options)
       : options_(options), dealer_(context_, zmq::socket_type::dealer) {
     dealer_.set(zmq::sockopt::linger, 2000);
     connect_to_controller(dealer_, options_);
+    resets_.reserve(3);
+    for (const char* channel :
+         {protocol::kTrainChannel, protocol::kStoreChannel, protocol::kUploadChannel}) {
+      auto& watch = resets_.emplace_back(context_, zmq::socket_type::pair);
+      watch.set(zmq::sockopt::linger, 0);
+      watch.connect(reset_watch(channel));
+      reset_channels_.push_back(channel);
+    }
   }
 
   ~Worker() {
@@ -71,9 +87,15 @@ class Worker {
     last_heard_ = Clock::now();
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
     while (exit_code_ < 0) {
-      zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0}};
-      protocol::poll(items, 1, std::chrono::milliseconds(100));
+      zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
+                                 {resets_[0].handle(), 0, ZMQ_POLLIN, 0},
+                                 {resets_[1].handle(), 0, ZMQ_POLLIN, 0},
+                                 {resets_[2].handle(), 0, ZMQ_POLLIN, 0}};
+      protocol::poll(items, 4, std::chrono::milliseconds(100));
       if (items[0].revents & ZMQ_POLLIN) on_controller_message();
+      for (size_t i = 0; i < resets_.size(); ++i) {
+        if (items[i + 1].revents & ZMQ_POLLIN) on_reset(i);
+      }
       if (waiting_for_plugin_) obtain_plugin();
       auto now = Clock::now();
       if (now >= next_heartbeat) {
@@ -211,6 +233,21 @@ class Worker {
     });
   }
 
+  // A channel's connection was reset while the train function ran: what was
+  // in flight (a REPORT, its acknowledgement, a store's reply) may be lost, and
+  // a rank waiting for it would wait for ever. The attempt ends, retryably.
+  void on_reset(size_t index) {
+    while (!protocol::recv_frames(resets_[index], true).empty()) {
+    }
+    if (reset_told_ || !train_thread_.joinable() || train_finished_) return;
+    reset_told_ = true;
+    auto reason = std::string("its ") + reset_channels_[index] +
+                  " connection to the controller was reset, and what was in flight on it may "
+                  "be lost";
+    spdlog::error("{}", reason);
+    send(protocol::Failed{reason, std::string(to_string(FailureKind::kLost))});
+  }
+
   // Every message on the main connection goes through here, counted.
   template <typename T>
   void send(const T& message) {
@@ -226,6 +263,9 @@ class Worker {
   zmq::context_t context_;
   zmq::socket_t dealer_;
   protocol::LinkTally link_;
+  std::vector<zmq::socket_t> resets_;  // the channels' reset watches
+  std::vector<const char*> reset_channels_;
+  bool reset_told_ = false;
   std::optional<protocol::Assign> assign_;
   std::optional<DownloadClaim> claim_;  // held while this worker downloads the plugin
   bool waiting_for_plugin_ = false;     // for another worker of this host to download it
@@ -241,7 +281,12 @@ class Worker {
 
 }  // namespace
 
-void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options) {
+void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options,
+                           const char* channel) {
+  if (channel != nullptr) {
+    // Best effort: without the watch a reset shows as a collective's timeout.
+    (void)zmq_socket_monitor(socket.handle(), reset_watch(channel).c_str(), ZMQ_EVENT_DISCONNECTED);
+  }
   if (options.keys) make_curve_client(socket, *options.keys);
   protocol::connect_dealer(socket, options.connect);
 }

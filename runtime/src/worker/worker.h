@@ -28,7 +28,12 @@ struct WorkerOptions {
 };
 
 /// Connects `socket` to the controller, with CURVE when there is a run key.
-void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options);
+/// The connection of a `channel` (the train thread's, its store's, its upload
+/// thread's) is watched by the worker's main thread: ZeroMQ would reconnect it
+/// after a reset, but what was in flight on it is lost, and the attempt cannot
+/// go on as if it were not.
+void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options,
+                           const char* channel = nullptr);
 
 /// Runs the worker; returns the process exit code.
 int run_worker(const WorkerOptions& options);
