@@ -166,7 +166,7 @@ TEST_CASE("fake workers: a controller pid inherited from the environment is not 
   CHECK_FALSE(result.error);
 }
 
-TEST_CASE("fake workers: a one-second heartbeat timeout works; a shorter one than 100 ms is refused") {
+TEST_CASE("fake workers: a one-second heartbeat timeout works, a shorter one than 100 ms is refused") {
   TempDir tmp;
   auto result = run(tmp, 2, {{"reports", 4}, {"report_delay_ms", 400}}, std::chrono::seconds(1));
   CHECK_FALSE(result.error);  // heartbeats every 250 ms, not every second

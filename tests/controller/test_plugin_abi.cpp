@@ -97,7 +97,7 @@ TEST_CASE("plugin ABI: a host table without the progress function still runs the
   CHECK(calls.progress == 0);
 }
 
-TEST_CASE("plugin ABI: a host table with it hears every batch; a smaller one is refused") {
+TEST_CASE("plugin ABI: a host table with it hears every batch, a smaller one is refused") {
   Calls calls;
   std::string error;
   CHECK(run_epochs(sizeof(train_host_v1_t), calls, error) == TRAIN_OK);

@@ -12,6 +12,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -126,11 +127,17 @@ TEST_CASE("Trainer API: callbacks hear every report, the attempt and the end, in
 
 TEST_CASE("Trainer API: stop() from another thread ends the run as interrupted, in order") {
   TempDir tmp;
-  Trainer trainer(fake_options(tmp.path, 2, {{"reports", 1000}, {"report_delay_ms", 20}}));
+  std::atomic<int> reports{0};
+  Callbacks callbacks;
+  callbacks.on_report = [&](const ReportRecord&) { ++reports; };
+  Trainer trainer(fake_options(tmp.path, 2, {{"reports", 1000}, {"report_delay_ms", 20}}),
+                  callbacks);
   trainer.stop();  // no run yet: nothing happens
   Result result;
   std::thread run([&] { result = trainer.fit(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  for (int i = 0; i < 600 && reports == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   auto asked = std::chrono::steady_clock::now();
   trainer.stop();
   run.join();

@@ -220,7 +220,7 @@ TEST_CASE("a node agent with more workers than the run has room for fails it at 
   INFO(error.dump());
   CHECK(error["kind"] == "usage");  // a deployment's mistake: never retried
   CHECK(error["message"].get<std::string>().find(
-            "started 3 workers, but the run has room for 2 more") != std::string::npos);
+            "started 3 workers, but the run has room for 2 (--num-workers 2)") != std::string::npos);
   CHECK(children_end(box));
 }
 
@@ -255,7 +255,7 @@ TEST_CASE("a lost node is replaced by a new node agent, and the next attempt goe
   Sandbox box;
   auto run = start_agent_run(box,
                              "--entry resumable --name replaced --max-failures 1 "
-                             "--heartbeat-timeout 2 --config steps=200 --config sleep_ms=20",
+                             "--heartbeat-timeout 4 --config steps=200 --config sleep_ms=20",
                              2, 2);
   REQUIRE(wait_for_lines(box, "report 3 ", 1));
   ::kill(run.agents[1], SIGKILL);
@@ -282,7 +282,7 @@ TEST_CASE("an elastic group shrinks from 4 to 2 workers when a node is lost, and
   Sandbox box;
   auto run = start_agent_run(box,
                              "--entry resumable --name elastic --max-failures 1 "
-                             "--heartbeat-timeout 2 --config steps=400 --config sleep_ms=20",
+                             "--heartbeat-timeout 4 --config steps=800 --config sleep_ms=20",
                              4, 2, 0, "2:4");
   REQUIRE(wait_for_lines(box, "report 3 ", 1));
   ::kill(run.agents[1], SIGKILL);
@@ -313,7 +313,7 @@ TEST_CASE("an elastic group shrinks from 4 to 2 workers when a node is lost, and
     CHECK(line["iteration"] == ++iteration);
     CHECK(line["metrics"]["sum"] == (attempt == 2 ? 2.0 : 4.0));
   }
-  CHECK(results.back()["metrics"]["step"] == 399);
+  CHECK(results.back()["metrics"]["step"] == 799);
   CHECK(results.back()["attempt"] == 3);
   CHECK(children_end(box));
 }
@@ -400,4 +400,70 @@ TEST_CASE("a worker whose train connection is reset ends the attempt as a loss t
   CHECK(error["message"].get<std::string>().find("connection to the controller was reset") !=
         std::string::npos);
   CHECK(read_jsonl(box.run_dir("lost") / "result.jsonl").back()["attempt"] == 2);
+}
+
+TEST_CASE("a node agent with another key starts no worker and says at once that it was refused") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry steps --name k --config steps=2", 1, 0, 1);
+  auto other = (box.root() / "other.key").string();
+  REQUIRE(box.run("keygen '" + other + "'").exit_code == 0);
+  // Without the handshake first it would start 3 workers and wait the minute out.
+  pid_t wrong = box.start_worker("--connect " + run.endpoint + " --auth-key '" + other +
+                                     "' --nproc 3 --startup-timeout-ms 60000",
+                                 "wrong.txt");
+  CHECK(Sandbox::wait(wrong) == 2);
+  auto said = read_text(box.root() / "wrong.txt");
+  INFO(said);
+  CHECK(said.find("the controller at " + run.endpoint + " refused this key") != std::string::npos);
+  CHECK(said.find("no worker was started") != std::string::npos);
+  CHECK(said.find("started 3 workers") == std::string::npos);
+  // The run takes an agent with its key all the same.
+  pid_t right = add_agent(box, run, 1, "right.txt");
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(right) == 0);
+}
+
+TEST_CASE("a node agent stopped for longer than the heartbeat timeout does not blame the controller") {
+  Sandbox box;
+  auto run = start_agent_run(box, "--entry steps --name stall --config steps=40 --config sleep_ms=500"
+                                  " --heartbeat-timeout 5",
+                             2, 1);
+  REQUIRE(wait_for_lines(box, "report 2 \\(", 1));
+  // Its workers go on and the controller keeps talking; the agent hears
+  // nothing for 9 s, as a frozen VM would not.
+  ::kill(run.agents[0], SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(9));
+  ::kill(run.agents[0], SIGCONT);
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);
+  auto said = read_text(box.root() / "agent-0.txt");
+  INFO(said);
+  CHECK(said.find("lost the controller") == std::string::npos);
+  CHECK(said.find("this agent did not run for a while") != std::string::npos);
+  CHECK(read_json(box.run_dir("stall") / "run.json")["attempts"].size() == 1);
+  CHECK(read_jsonl(box.run_dir("stall") / "result.jsonl").size() == 40);
+}
+
+TEST_CASE("two node agents at the same instant for the room of one: one is refused, the run goes on") {
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    Sandbox box;
+    // Both agents at once (they race for the room), or the second a moment
+    // later (the first one's workers already hold it): the same end.
+    const auto args = std::string("--entry steps --name race --config steps=3 --config sleep_ms=1000");
+    auto run = start_agent_run(box, args, 2, round == 0 ? 2 : 1, 2);
+    if (round == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      run.agents.push_back(add_agent(box, run, 2, "agent-1.txt"));
+    }
+    CHECK(Sandbox::wait(run.controller) == 0);
+    const int a = Sandbox::wait(run.agents[0]);
+    const int b = Sandbox::wait(run.agents[1]);
+    const auto said = read_text(box.root() / "agent-0.txt") + read_text(box.root() / "agent-1.txt");
+    INFO(said);
+    CHECK(std::min(a, b) == 0);  // one agent's workers ran the run
+    CHECK(std::max(a, b) == 2);  // the other was refused
+    CHECK(read_jsonl(box.run_dir("race") / "result.jsonl").size() == 3);
+    CHECK(read_json(box.run_dir("race") / "run.json")["status"] == "finished");
+  }
 }

@@ -40,7 +40,7 @@ std::string keygen(const Sandbox& box, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("remote workers with the run key join over CURVE; one with another key gets nothing") {
+TEST_CASE("remote workers with the run key join over CURVE, one with another key gets nothing") {
   Sandbox box;
   auto key = keygen(box, "run.key");
   auto other = keygen(box, "other.key");
@@ -54,7 +54,8 @@ TEST_CASE("remote workers with the run key join over CURVE; one with another key
   pid_t stranger = box.start_worker(
       "--connect " + endpoint + " --auth-key '" + other + "' --startup-timeout-ms 20000",
       "stranger.txt");
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // It is refused at its handshake, and says so, before the others come.
+  CHECK(Sandbox::wait(stranger) == 2);
   pid_t a = box.start_worker("--connect " + endpoint + " --auth-key '" + key + "'", "a.txt");
   pid_t b = box.start_worker("--connect " + endpoint + " --auth-key '" + key + "'", "b.txt");
   CHECK(Sandbox::wait(controller) == 0);
@@ -68,10 +69,10 @@ TEST_CASE("remote workers with the run key join over CURVE; one with another key
   auto remote_output = read_text(box.root() / "a.txt") + read_text(box.root() / "b.txt");
   CHECK(remote_output.find("world_size=3") != std::string::npos);
   CHECK(std::filesystem::exists(box.root() / "remote-cache"));
-  // The stranger never got an assignment.
-  ::kill(stranger, SIGTERM);
-  Sandbox::wait(stranger);
-  CHECK(read_text(box.root() / "stranger.txt").find("context") == std::string::npos);
+  // The stranger never got an assignment, and said why at once.
+  auto stranger_said = read_text(box.root() / "stranger.txt");
+  CHECK(stranger_said.find("context") == std::string::npos);
+  CHECK(stranger_said.find("refused this key") != std::string::npos);
   CHECK(read_text(box.run_dir("remote") / "logs" / "controller.log").find("refused a peer") !=
         std::string::npos);
 }
@@ -136,9 +137,10 @@ TEST_CASE("a run whose remote workers do not come fails at the startup timeout, 
   auto error = read_json(box.run_dir("lonely") / "error.json");
   INFO(error.dump());
   CHECK(error["kind"] == "setup");
-  // The local worker's HELLO comes well within 5 s, even on a loaded machine.
-  CHECK(error["message"].get<std::string>().find("only 1 of 2 workers connected within 5000 ms") !=
-        std::string::npos);
+  // The local worker's HELLO may come late on a loaded machine: 0 or 1 of 2.
+  CHECK(std::regex_search(error["message"].get<std::string>(),
+                          std::regex("only [01] of 2 workers connected within 5000 ms \\(1 to "
+                                     "connect to tcp://127\\.0\\.0\\.1:[0-9]+\\)")));
   CHECK_FALSE(box.any_worker_alive());
 }
 

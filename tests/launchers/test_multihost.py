@@ -37,7 +37,7 @@ import netns  # noqa: E402
 
 PORT = 29400
 HEARTBEAT_S = 5
-FAILURE_SLACK_S = 5  # beyond the heartbeat timeout: the controller's poll, stopping the others
+FAILURE_SLACK_S = 20  # beyond the heartbeat timeout: the controller's poll, stopping the others (a hang would be Gloo's 30 minutes)
 WHOLE_TEST_S = 220  # a watchdog well inside ctest's budget
 RUN_TIMEOUT_S = 90  # any one trainrun run
 POLL_S = 0.02

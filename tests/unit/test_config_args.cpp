@@ -23,7 +23,7 @@ TEST_CASE("--config values: numbers, booleans, JSON and strings") {
   CHECK(parse_config_value("/data/x") == "/data/x");
 }
 
-TEST_CASE("--config overrides --config-file; bad input is a UsageError") {
+TEST_CASE("--config overrides --config-file, bad input is a UsageError") {
   auto dir = std::filesystem::temp_directory_path() / "trainrun-config-test";
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "c.json") << R"({"epochs": 10, "lr": 0.1})";

@@ -34,7 +34,7 @@ TEST_CASE("progress: rate over the window, ETA to the run's end when epochs are 
   CHECK(p.batches == 10);
 }
 
-TEST_CASE("progress: without planned epochs the ETA is the epoch's; a new attempt starts over") {
+TEST_CASE("progress: without planned epochs the ETA is the epoch's, a new attempt starts over") {
   auto t0 = Clock::now();
   ProgressTracker tracker(0, t0);
   tracker.update(sample(4, 0, 40), t0);

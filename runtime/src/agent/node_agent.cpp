@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <regex>
 #include <thread>
 #include <vector>
@@ -21,7 +22,9 @@
 #include "common/constants.h"
 #include "common/local_worker.h"
 #include "common/network.h"
+#include "common/silence.h"
 #include "common/signals.h"
+#include "protocol/handshake.h"
 #include "protocol/link_tally.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
@@ -73,6 +76,7 @@ class Agent {
       : options_(options), dealer_(context_, zmq::socket_type::dealer) {
     dealer_.set(zmq::sockopt::linger, 2000);
     if (options_.keys) make_curve_client(dealer_, *options_.keys);
+    handshake_.emplace(context_, dealer_);
     protocol::connect_dealer(dealer_, options_.connect);
     silence_limit_ =
         options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
@@ -85,8 +89,21 @@ class Agent {
   }
 
   int run() {
+    // The controller takes this agent's key before any worker starts: a
+    // wrong one costs no worker, and is said at once.
+    auto outcome = handshake_->wait(silence_limit_, signals_.fd());
+    handshake_.reset();
+    if (outcome != protocol::HandshakeWatch::Outcome::kDone) {
+      spdlog::error("{}; no worker was started",
+                    protocol::HandshakeWatch::describe(outcome, options_.connect,
+                                                       options_.keys.has_value(), silence_limit_));
+      return outcome == protocol::HandshakeWatch::Outcome::kRefused ||
+                     outcome == protocol::HandshakeWatch::Outcome::kMismatch
+                 ? 2
+                 : 1;
+    }
     start_workers(0);
-    last_heard_ = Clock::now();
+    silence_ = Silence();
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
     auto next_reap = Clock::now();
     // Workers that exited by themselves (finished, or crashed) leave the agent
@@ -94,6 +111,12 @@ class Agent {
     while (!ending_ || !all_exited()) {
       poll_once();
       auto now = Clock::now();
+      bool stalled = false;
+      const auto silent = silence_.at(now, &stalled);
+      if (stalled) {
+        spdlog::warn("this agent did not run for a while (stopped, or starved of CPU): the "
+                     "controller's silence counts from now");
+      }
       if (child_exited_ || now >= next_reap) {
         child_exited_ = false;
         reap();
@@ -117,7 +140,7 @@ class Agent {
         if (queue_.empty()) queue_.push_back(outgoing(protocol::Heartbeat{}));
         next_heartbeat = now + heartbeat_interval_;
       }
-      if (!stop_at_ && now - last_heard_ > silence_limit_) {
+      if (!stop_at_ && silent > silence_limit_) {
         spdlog::error(
             "lost the controller at {}: nothing heard for {} ms; ending the workers",
             options_.connect,
@@ -189,6 +212,7 @@ class Agent {
     }
     if (!options_.interface.empty()) args.insert(args.end(), {"--interface", options_.interface});
     if (attempt > 0) args.insert(args.end(), {"--attempt", std::to_string(attempt)});
+    args.insert(args.end(), {"--agent-pid", std::to_string(::getpid())});
     // The node's cores, shared: N workers with a thread per core each would
     // oversubscribe it N times (a run that names --cpus-per-worker overrides this).
     std::vector<std::string> env;
@@ -264,7 +288,7 @@ class Agent {
   }
 
   void on_controller_message(std::vector<zmq::message_t> frames) {
-    last_heard_ = Clock::now();
+    silence_.heard(Clock::now());
     link_.received(frames[0].to_string_view());
     try {
       auto message = protocol::Incoming::parse(std::move(frames));
@@ -419,11 +443,12 @@ class Agent {
   SignalPipe signals_;
   zmq::context_t context_;
   zmq::socket_t dealer_;
+  std::optional<protocol::HandshakeWatch> handshake_;  // until the first handshake
   protocol::LinkTally link_;
   std::vector<Child> children_;
   std::deque<Outgoing> queue_;
   std::vector<char> buffer_ = std::vector<char>(kOutputChunk);
-  Clock::time_point last_heard_;
+  Silence silence_;  // the controller's
   std::chrono::milliseconds silence_limit_{0};
   std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;
   std::optional<Clock::time_point> stop_at_;

@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   app.add_option("--attempt", options.attempt,
                  "the attempt a node agent started this worker for (set by the agent)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--agent-pid", options.agent_pid,
+                 "the node agent that started this worker (set by the agent)")
+      ->check(CLI::NonNegativeNumber);
   std::filesystem::path key_file;
   app.add_option("--auth-key", key_file, "the run key (trainrun keygen) the controller was given")
       ->envname(trainrun::kAuthKeyVariable);

@@ -195,6 +195,8 @@ class Controller {
   void handle_agent(NodeAgent& agent, protocol::Incoming& message);
   void on_agent_output(NodeAgent& agent, protocol::Incoming& message);
   void agent_failed(const NodeAgent& agent, const std::string& reason);
+  void admit_agent(const std::string& id, const protocol::AgentHello& hello);
+  void check_agent_worker(const protocol::Hello& hello);
   void on_agent_exited(NodeAgent& agent, const protocol::Exited& exited);
   /// Whether every node agent said each of its workers exited.
   bool agents_done() const;
@@ -269,6 +271,9 @@ class Controller {
   std::unique_ptr<WorkerPool> standby_;
   std::unordered_map<std::string, NodeAgent> agents_;  // by connection
   std::unordered_set<std::string> claimed_;  // the workers agents said they started (process_key)
+  // Agents refused (process_key), whose workers are refused too; at most kMaxRefusedAgents.
+  static constexpr size_t kMaxRefusedAgents = 1024;
+  std::unordered_set<std::string> refused_agents_;
   int agent_claims_ = 0;
   ReportCoordinator reports_;
   CheckpointService checkpoints_;

@@ -147,6 +147,7 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
     throw ProtocolError("HELLO without this run's key (a remote worker on " +
                         hello.host.substr(0, 64) + ")");
   }
+  if (hello.agent_pid != 0) check_agent_worker(hello);
   if (hello.attempt > 0 && hello.attempt != attempt_) {
     // Started by its agent for an attempt that ended before it connected.
     protocol::send(router_, protocol::Shutdown{"its attempt is over", true}, {}, id);
@@ -187,11 +188,43 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
   maybe_assign();
 }
 
+// A node agent's worker takes a place only as one its agent announced: the
+// workers of an agent that was refused are refused too, so that which agent
+// gets the room does not depend on whose workers connect first. (An agent
+// announces its workers as it starts them, on a connection whose handshake is
+// done: its AGENT comes before their HELLOs.)
+void Controller::check_agent_worker(const protocol::Hello& hello) {
+  const auto agent_key = process_key(hello.host.substr(0, 255), hello.agent_pid);
+  if (refused_agents_.count(agent_key)) {
+    throw ProtocolError("its node agent (pid " + std::to_string(hello.agent_pid) +
+                        ") was refused");
+  }
+  for (const auto& [id, agent] : agents_) {
+    if (agent.host == hello.host && agent.pid == hello.agent_pid &&
+        (agent.announced || agent.waiting) && !agent.workers.count(hello.pid)) {
+      throw ProtocolError("its node agent (pid " + std::to_string(hello.agent_pid) +
+                          ") did not announce pid " + std::to_string(hello.pid));
+    }
+  }
+}
+
 // A node agent: it proves itself as a remote worker does. It comes before the
 // ranks are assigned (it sends AGENT as soon as its workers are started, a
 // second before they connect) and claims no more workers than the run has
 // room for, none claimed already.
 void Controller::on_agent_hello(const std::string& id, const protocol::AgentHello& hello) {
+  try {
+    admit_agent(id, hello);
+  } catch (const ProtocolError&) {
+    // Its workers are refused too (bounded: a peer may say AGENT many times).
+    if (refused_agents_.size() < kMaxRefusedAgents) {
+      refused_agents_.insert(process_key(hello.host.substr(0, 255), hello.pid));
+    }
+    throw;
+  }
+}
+
+void Controller::admit_agent(const std::string& id, const protocol::AgentHello& hello) {
   if (listening_.empty()) throw ProtocolError("AGENT, but this run does not listen");
   if (setup_.keys && !secret_matches(hello.secret, setup_.keys->hello_secret)) {
     throw ProtocolError("AGENT without this run's key (on " + hello.host.substr(0, 64) + ")");
@@ -262,14 +295,21 @@ int Controller::free_room() const {
 // The workers an agent started for this attempt: no more than there is room
 // for, none claimed already.
 void Controller::accept_agent_workers(NodeAgent& agent, const protocol::AgentHello& hello) {
-  const int room = max_workers() - setup_.options.scaling.local_workers - agent_claims_;
-  if (hello.workers.size() > static_cast<size_t>(room)) {
+  const int alone = max_workers() - setup_.options.scaling.local_workers;
+  const int room = alone - agent_claims_;
+  if (hello.workers.size() > static_cast<size_t>(alone)) {  // it could never fit: the user's to fix
     auto message = agent.describe() + " started " + std::to_string(hello.workers.size()) +
-                   " workers, but the run has room for " + std::to_string(room) +
-                   " more (--num-workers " + std::to_string(max_workers()) + ")";
+                   " workers, but the run has room for " + std::to_string(alone) +
+                   " (--num-workers " + std::to_string(max_workers()) + ")";
     failures_.add(RunError{FailureKind::kUsage, message, -1, agent.host, agent.pid});
     log_.error("{}", message);
     throw ProtocolError(message);
+  }
+  if (hello.workers.size() > static_cast<size_t>(room)) {
+    // Other agents came first: refused, as it would be once the ranks were
+    // assigned, and the run goes on.
+    throw ProtocolError("the run has room for " + std::to_string(std::max(0, room)) +
+                        " more workers (others came first)");
   }
   std::unordered_set<int64_t> pids;
   for (int64_t pid : hello.workers) {

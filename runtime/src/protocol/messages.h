@@ -69,7 +69,8 @@ struct Hello {
   int64_t pid = 0;
   std::string secret;  // the run's worker secret (common/secret.h)
   int32_t attempt = 0;  // a node agent's worker: the attempt it was started for; 0 = any
-  MSGPACK_DEFINE_MAP(index, host, pid, secret, attempt);
+  int64_t agent_pid = 0;  // a node agent's worker: the agent's pid; 0 = none
+  MSGPACK_DEFINE_MAP(index, host, pid, secret, attempt, agent_pid);
 };
 
 /// The connections a worker opens after HELLO, each beginning with ATTACH.

@@ -16,6 +16,8 @@
 
 #include "common/constants.h"
 #include "common/network.h"
+#include "common/silence.h"
+#include "protocol/handshake.h"
 #include "protocol/link_tally.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
@@ -55,6 +57,7 @@ class Worker {
   explicit Worker(const WorkerOptions& options)
       : options_(options), dealer_(context_, zmq::socket_type::dealer) {
     dealer_.set(zmq::sockopt::linger, 2000);
+    if (options_.index < 0) handshake_.emplace(context_, dealer_);  // a remote worker
     connect_to_controller(dealer_, options_);
     resets_.reserve(3);
     for (const char* channel :
@@ -77,14 +80,24 @@ class Worker {
   bool can_close() const { return !train_thread_.joinable() || train_finished_; }
 
   int run() {
+    auto startup =
+        options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
+    if (handshake_) {  // a remote worker's key is said wrong at once, not at the timeout
+      auto outcome = handshake_->wait(startup, -1);
+      handshake_.reset();
+      if (outcome != protocol::HandshakeWatch::Outcome::kDone) {
+        spdlog::error("{}", protocol::HandshakeWatch::describe(outcome, options_.connect,
+                                                               options_.keys.has_value(), startup));
+        return outcome == protocol::HandshakeWatch::Outcome::kTimedOut ? 1 : 2;
+      }
+    }
     // A remote worker proves itself with the secret derived from the run key.
     const auto& secret =
         options_.index < 0 && options_.keys ? options_.keys->hello_secret : options_.secret;
-    send(protocol::Hello{options_.index, host_name(), ::getpid(), secret, options_.attempt});
-    auto startup =
-        options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
+    send(protocol::Hello{options_.index, host_name(), ::getpid(), secret, options_.attempt,
+                         options_.agent_pid});
     silence_limit_ = startup;
-    last_heard_ = Clock::now();
+    silence_ = Silence();
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
     while (exit_code_ < 0) {
       zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
@@ -102,7 +115,7 @@ class Worker {
         send(link_.heartbeat(now_ms()));
         next_heartbeat = now + heartbeat_interval_;
       }
-      if (now - last_heard_ > silence_limit_) {
+      if (silence_.at(now) > silence_limit_) {
         spdlog::error("lost the controller at {}: nothing heard for {} s", options_.connect,
                       std::chrono::duration_cast<std::chrono::seconds>(silence_limit_).count());
         exit_code_ = 1;
@@ -115,7 +128,7 @@ class Worker {
   void on_controller_message() {
     auto frames = protocol::recv_frames(dealer_, true);
     if (frames.empty()) return;
-    last_heard_ = Clock::now();
+    silence_.heard(Clock::now());
     link_.received(frames[0].to_string_view());
     try {
       auto message = protocol::Incoming::parse(std::move(frames));
@@ -262,6 +275,7 @@ class Worker {
   WorkerOptions options_;
   zmq::context_t context_;
   zmq::socket_t dealer_;
+  std::optional<protocol::HandshakeWatch> handshake_;  // a remote worker's, until it succeeds
   protocol::LinkTally link_;
   std::vector<zmq::socket_t> resets_;  // the channels' reset watches
   std::vector<const char*> reset_channels_;
@@ -273,7 +287,7 @@ class Worker {
   std::optional<ChunkFetcher> fetcher_;
   std::thread train_thread_;
   std::atomic<bool> train_finished_{false};
-  Clock::time_point last_heard_;
+  Silence silence_;  // the controller's
   std::chrono::milliseconds silence_limit_{0};
   std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;
   int exit_code_ = -1;

@@ -25,6 +25,7 @@ struct WorkerOptions {
   std::optional<RunKeys> keys;  // from the run key: CURVE to the controller
   std::string interface;  // the network interface Gloo binds, when the controller leaves it open
   int attempt = 0;        // a node agent's worker: the attempt it was started for; 0 = any
+  int64_t agent_pid = 0;  // a node agent's worker: the agent's pid; 0 = none
 };
 
 /// Connects `socket` to the controller, with CURVE when there is a run key.
