@@ -84,8 +84,7 @@ TEST_CASE("fake workers: a rank that exits mid-run is the root cause, with its e
   CHECK(result.error->rank == 1);
   CHECK(result.error->message == "exited with code 3 before finishing");
   CHECK(result.iterations == 2);
-  CHECK(run_directory::read_run_info(tmp.path / "results" / "fake")->status ==
-        RunStatus::kFailed);
+  CHECK(run_directory::read_run_info(tmp.path / "results" / "fake")->status == RunStatus::kFailed);
 }
 
 TEST_CASE("fake workers: frames that are not a message are dropped and the run goes on") {
@@ -95,7 +94,8 @@ TEST_CASE("fake workers: frames that are not a message are dropped and the run g
   CHECK(result.iterations == 2);
   auto log = read_lines(tmp.path / "results" / "fake" / "logs" / "controller.log");
   bool dropped = false;
-  for (const auto& line : log) dropped |= line.find("dropped a message from rank 0") != std::string::npos;
+  for (const auto& line : log)
+    dropped |= line.find("dropped a message from rank 0") != std::string::npos;
   CHECK(dropped);
 }
 
@@ -139,8 +139,8 @@ TEST_CASE("fake workers: output without a newline is forwarded in bounded pieces
 
 TEST_CASE("fake workers: a DONE sent while its own report waits is dropped, not a usage error") {
   TempDir tmp;
-  auto result = run(tmp, 3, {{"reports", 2}, {"early_done_rank", 0}, {"slow_rank", 2},
-                             {"report_delay_ms", 300}});
+  auto result = run(
+      tmp, 3, {{"reports", 2}, {"early_done_rank", 0}, {"slow_rank", 2}, {"report_delay_ms", 300}});
   CHECK_FALSE(result.error);
   CHECK(result.iterations == 2);
 }
@@ -166,7 +166,8 @@ TEST_CASE("fake workers: a controller pid inherited from the environment is not 
   CHECK_FALSE(result.error);
 }
 
-TEST_CASE("fake workers: a one-second heartbeat timeout works, a shorter one than 100 ms is refused") {
+TEST_CASE(
+    "fake workers: a one-second heartbeat timeout works, a shorter one than 100 ms is refused") {
   TempDir tmp;
   auto result = run(tmp, 2, {{"reports", 4}, {"report_delay_ms", 400}}, std::chrono::seconds(1));
   CHECK_FALSE(result.error);  // heartbeats every 250 ms, not every second
@@ -177,8 +178,8 @@ TEST_CASE("fake workers: a one-second heartbeat timeout works, a shorter one tha
 
 TEST_CASE("fake workers: a rank's scratch directory goes when it ends, however it ends") {
   TempDir tmp;
-  auto result = run(tmp, 2, {{"reports", 3}, {"scratch", true}, {"exit_rank", 1},
-                             {"exit_after", 1}});
+  auto result =
+      run(tmp, 2, {{"reports", 3}, {"scratch", true}, {"exit_rank", 1}, {"exit_after", 1}});
   REQUIRE(result.error);
   for (int rank = 0; rank < 2; ++rank) {
     CAPTURE(rank);
@@ -252,8 +253,8 @@ TEST_CASE("fake workers: a progress line with carriage returns keeps its prefix"
 TEST_CASE("fake workers: mutated messages of every type from a rank end the run cleanly") {
   for (int seed = 1; seed <= 4; ++seed) {
     TempDir tmp;
-    auto result = run(tmp, 2,
-                      {{"reports", 3}, {"fuzz_rank", 1}, {"fuzz_messages", 3000}, {"fuzz_seed", seed}});
+    auto result = run(
+        tmp, 2, {{"reports", 3}, {"fuzz_rank", 1}, {"fuzz_messages", 3000}, {"fuzz_seed", seed}});
     INFO("seed " << seed);
     // A mutated message can be a valid one that ends the run (a FAILED, a
     // REPORT out of step): that is a clean end. Never an internal error, and

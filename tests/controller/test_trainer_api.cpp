@@ -7,9 +7,9 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <sys/file.h>
 #include <unistd.h>
-#include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
 #include <atomic>

@@ -220,7 +220,8 @@ TEST_CASE("a node agent with more workers than the run has room for fails it at 
   INFO(error.dump());
   CHECK(error["kind"] == "usage");  // a deployment's mistake: never retried
   CHECK(error["message"].get<std::string>().find(
-            "started 3 workers, but the run has room for 2 (--num-workers 2)") != std::string::npos);
+            "started 3 workers, but the run has room for 2 (--num-workers 2)") !=
+        std::string::npos);
   CHECK(children_end(box));
 }
 
@@ -320,14 +321,17 @@ TEST_CASE("an elastic group shrinks from 4 to 2 workers when a node is lost, and
 
 namespace {
 
-int port_of(const std::string& endpoint) { return std::stoi(endpoint.substr(endpoint.rfind(':') + 1)); }
+int port_of(const std::string& endpoint) {
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
 
 }  // namespace
 
 TEST_CASE("a node agent whose connection is reset mid-run reconnects and keeps its place") {
   Sandbox box;
-  auto run = start_agent_run(box, "--entry steps --name reset --config steps=24 --config sleep_ms=250"
-                                  " --max-failures 2",
+  auto run = start_agent_run(box,
+                             "--entry steps --name reset --config steps=24 --config sleep_ms=250"
+                             " --max-failures 2",
                              2, 1);
   REQUIRE(wait_for_lines(box, "report 2 \\(", 1));
   const int reset = reset_connections(run.agents[0], port_of(run.endpoint));
@@ -350,20 +354,22 @@ TEST_CASE("a node agent whose connection is reset mid-run reconnects and keeps i
   CHECK(log.find("dropped a message") == std::string::npos);
 }
 
-TEST_CASE("a remote worker whose connection is reset before the ranks are assigned keeps its place") {
+TEST_CASE(
+    "a remote worker whose connection is reset before the ranks are assigned keeps its place") {
   Sandbox box;
   auto run = start_agent_run(box, "--entry steps --name early --config steps=3", 2, 0, 1);
-  pid_t first = box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "'",
-                                 "first.txt");
-  REQUIRE(wait_for_lines(box, "a worker on [^ ]+ \\(pid " + std::to_string(first) + "\\) connected", 1));
+  pid_t first =
+      box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "'", "first.txt");
+  REQUIRE(wait_for_lines(box, "a worker on [^ ]+ \\(pid " + std::to_string(first) + "\\) connected",
+                         1));
   const int reset = reset_connections(first, port_of(run.endpoint));
   if (reset < 0) MESSAGE("skipped the reset: resetting a TCP connection (ss -K) needs root");
   CHECK(reset != 0);
   // Heartbeats cross the new connection before the second worker comes (in
   // either order the run must finish).
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  pid_t second = box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "'",
-                                  "second.txt");
+  pid_t second =
+      box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "'", "second.txt");
   CHECK(Sandbox::wait(run.controller) == 0);
   CHECK(Sandbox::wait(first) == 0);
   CHECK(Sandbox::wait(second) == 0);
@@ -373,8 +379,9 @@ TEST_CASE("a remote worker whose connection is reset before the ranks are assign
 
 TEST_CASE("a worker whose train connection is reset ends the attempt as a loss that says so") {
   Sandbox box;
-  auto run = start_agent_run(box, "--entry steps --name lost --config steps=20 --config sleep_ms=250"
-                                  " --max-failures 2",
+  auto run = start_agent_run(box,
+                             "--entry steps --name lost --config steps=20 --config sleep_ms=250"
+                             " --max-failures 2",
                              2, 1);
   REQUIRE(wait_for_lines(box, "report 2 \\(", 1));
   auto workers = box.worker_pids();
@@ -423,10 +430,12 @@ TEST_CASE("a node agent with another key starts no worker and says at once that 
   CHECK(Sandbox::wait(right) == 0);
 }
 
-TEST_CASE("a node agent stopped for longer than the heartbeat timeout does not blame the controller") {
+TEST_CASE(
+    "a node agent stopped for longer than the heartbeat timeout does not blame the controller") {
   Sandbox box;
-  auto run = start_agent_run(box, "--entry steps --name stall --config steps=40 --config sleep_ms=500"
-                                  " --heartbeat-timeout 5",
+  auto run = start_agent_run(box,
+                             "--entry steps --name stall --config steps=40 --config sleep_ms=500"
+                             " --heartbeat-timeout 5",
                              2, 1);
   REQUIRE(wait_for_lines(box, "report 2 \\(", 1));
   // Its workers go on and the controller keeps talking; the agent hears
@@ -444,13 +453,15 @@ TEST_CASE("a node agent stopped for longer than the heartbeat timeout does not b
   CHECK(read_jsonl(box.run_dir("stall") / "result.jsonl").size() == 40);
 }
 
-TEST_CASE("two node agents at the same instant for the room of one: one is refused, the run goes on") {
+TEST_CASE(
+    "two node agents at the same instant for the room of one: one is refused, the run goes on") {
   for (int round = 0; round < 2; ++round) {
     CAPTURE(round);
     Sandbox box;
     // Both agents at once (they race for the room), or the second a moment
     // later (the first one's workers already hold it): the same end.
-    const auto args = std::string("--entry steps --name race --config steps=3 --config sleep_ms=1000");
+    const auto args =
+        std::string("--entry steps --name race --config steps=3 --config sleep_ms=1000");
     auto run = start_agent_run(box, args, 2, round == 0 ? 2 : 1, 2);
     if (round == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));

@@ -1,13 +1,12 @@
-#include <doctest/doctest.h>
+#include <trainrun/result.h>
 
+#include <doctest/doctest.h>
 #include <signal.h>
 
 #include <chrono>
 #include <fstream>
 #include <set>
 #include <thread>
-
-#include <trainrun/result.h>
 
 #include "common/hash.h"
 #include "run_helpers.h"
@@ -377,11 +376,10 @@ TEST_CASE("a crash after any step of a commit: the next run recovers, from what 
     const char* resumed;  // what the rerun's train function found to resume from
   };
   // The first commit, then the second (which drops checkpoint_000000: --num-to-keep 1).
-  for (auto [point, resumed] : {Case{"commit:staged", "none"}, Case{"commit:manifest", "none"},
-                                Case{"commit:renamed", "report 0 of none"},
-                                Case{"commit:renamed@2", "report 1 of none"},
-                                Case{"commit:state@2", "report 1 of none"},
-                                Case{"commit:deleted@2", "report 1 of none"}}) {
+  for (auto [point, resumed] :
+       {Case{"commit:staged", "none"}, Case{"commit:manifest", "none"},
+        Case{"commit:renamed", "report 0 of none"}, Case{"commit:renamed@2", "report 1 of none"},
+        Case{"commit:state@2", "report 1 of none"}, Case{"commit:deleted@2", "report 1 of none"}}) {
     CAPTURE(point);
     Sandbox box;
     ::setenv("TRAINRUN_CRASH_POINT", point, 1);

@@ -1,5 +1,4 @@
 #include <doctest/doctest.h>
-
 #include <signal.h>
 
 #include <chrono>
@@ -34,9 +33,9 @@ std::string wait_for_endpoint(const Sandbox& box, const std::string& name) {
 // controller's endpoint (empty if it did not show up in time).
 std::pair<pid_t, std::string> start_slow_run(const Sandbox& box, const std::string& name,
                                              int steps = 4) {
-  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN + "' --entry steps -n 2 --name " +
-                        name + " --config steps=" + std::to_string(steps) +
-                        " --config sleep_ms=300");
+  pid_t pid =
+      box.start(std::string("--plugin '") + TEST_PLUGIN + "' --entry steps -n 2 --name " + name +
+                " --config steps=" + std::to_string(steps) + " --config sleep_ms=300");
   return {pid, wait_for_endpoint(box, name)};
 }
 
@@ -46,8 +45,8 @@ std::vector<std::string> listening_addresses(const std::vector<pid_t>& pids) {
   std::set<std::string> inodes;
   for (pid_t pid : pids) {
     std::error_code ec;
-    for (const auto& fd : std::filesystem::directory_iterator(
-             "/proc/" + std::to_string(pid) + "/fd", ec)) {
+    for (const auto& fd :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
       auto target = std::filesystem::read_symlink(fd.path(), ec).string();
       if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
     }
@@ -238,7 +237,8 @@ TEST_CASE("a closed stdout does not end a run, and SIGHUP ends it as an interrup
   CHECK(info["status"] == "finished");
   CHECK(read_jsonl(box.run_dir("piped") / "result.jsonl").size() == 3);
 
-  pid_t pid = box.start(std::string("--plugin '") + TEST_PLUGIN + "' --entry sleeps -n 2 --name hup");
+  pid_t pid =
+      box.start(std::string("--plugin '") + TEST_PLUGIN + "' --entry sleeps -n 2 --name hup");
   for (int i = 0; i < 400 && box.worker_pids().size() < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }

@@ -1,10 +1,10 @@
 #include <train/version.h>
 
+#include <doctest/doctest.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-
-#include <doctest/doctest.h>
 
 #include "common/torch_line.h"
 #include "run_helpers.h"
@@ -75,12 +75,12 @@ TEST_CASE("usage errors exit 2") {
 
 TEST_CASE("a storage URI is refused in one line before any worker starts, file:// is a path") {
   Sandbox box;
-  for (const char* uri : {"s3://bucket/prefix", "gs://bucket", "hdfs://namenode:8020/runs",
-                          "abfs://container@account.dfs.core.windows.net/runs", "S3://b",
-                          "file://relative/path"}) {
+  for (const char* uri :
+       {"s3://bucket/prefix", "gs://bucket", "hdfs://namenode:8020/runs",
+        "abfs://container@account.dfs.core.windows.net/runs", "S3://b", "file://relative/path"}) {
     CAPTURE(uri);
-    auto run = box.run_in_root(plugin(QUICKSTART_PLUGIN) + " -n 2 --name u --storage-path '" +
-                               uri + "'");
+    auto run =
+        box.run_in_root(plugin(QUICKSTART_PLUGIN) + " -n 2 --name u --storage-path '" + uri + "'");
     CHECK(run.exit_code == 2);
     CHECK(run.output.find(std::string("storage path ") + uri) != std::string::npos);
     CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);

@@ -174,8 +174,8 @@ TEST_CASE("a port already in use is a usage error that leaves no run directory")
   REQUIRE(::listen(fd, 1) == 0);
   REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
   const auto endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
-  auto run = box.run(kTestPlugin + " --entry steps -n 1 --name p --local-workers 1 --listen " +
-                     endpoint);
+  auto run =
+      box.run(kTestPlugin + " --entry steps -n 1 --name p --local-workers 1 --listen " + endpoint);
   ::close(fd);
   INFO(run.output);
   CHECK(run.exit_code == 2);

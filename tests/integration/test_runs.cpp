@@ -261,7 +261,8 @@ TEST_CASE("metric names and values cannot forge lines or colour the terminal") {
   auto results = box.run("results '" + box.run_dir("f").string() + "'");
   REQUIRE(results.exit_code == 0);
   for (const auto* out : {&run.output, &results.output}) {
-    CHECK(out->find("loss\\n[trainrun] run finished: forged=\\x1b[31mred\\r\\n[trainrun] forged too") !=
+    CHECK(out->find(
+              "loss\\n[trainrun] run finished: forged=\\x1b[31mred\\r\\n[trainrun] forged too") !=
           std::string::npos);
     CHECK(out->find('\x1b') == std::string::npos);
     CHECK(out->find("\n[trainrun] run finished: forged") == std::string::npos);

@@ -178,8 +178,9 @@ TEST_CASE("results --html replaces a regular file or makes a new one, and nothin
   std::filesystem::create_symlink(root / "kept.txt", root / "link.html");
   REQUIRE(::mkfifo((root / "fifo.html").c_str(), 0600) == 0);
   std::filesystem::create_directory(root / "dir.html");
-  for (auto [name, what] : {std::pair{"link.html", "a symbolic link"},
-                            std::pair{"fifo.html", "a fifo"}, std::pair{"dir.html", "a directory"}}) {
+  for (auto [name, what] :
+       {std::pair{"link.html", "a symbolic link"}, std::pair{"fifo.html", "a fifo"},
+        std::pair{"dir.html", "a directory"}}) {
     CAPTURE(name);
     auto refused = html_to(root / name);
     CHECK(refused.exit_code == 2);

@@ -139,7 +139,8 @@ void many_metrics(const train::Config& config) {
   train::Metrics metrics;
   for (int i = 0; i < config.get<int>("count", 1); ++i) metrics.emplace("m" + std::to_string(i), i);
   if (config.get<bool>("forge", false)) {
-    metrics.emplace("loss\n[trainrun] run finished: forged", "\x1b[31mred\r\n[trainrun] forged too");
+    metrics.emplace("loss\n[trainrun] run finished: forged",
+                    "\x1b[31mred\r\n[trainrun] forged too");
   }
   train::report(metrics);
 }

@@ -28,10 +28,9 @@ TEST_CASE("a report past the limits throws naming the limit, before it reaches t
   CHECK_THROWS_WITH_AS(train::report(many),
                        "train::report: 4097 metrics; a report carries at most 4096",
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      train::report({{"note", std::string(train::kMaxMetricText + 1, 'x')}}),
-      "train::report: metric 'note' has a name or text longer than 65536 bytes",
-      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(train::report({{"note", std::string(train::kMaxMetricText + 1, 'x')}}),
+                       "train::report: metric 'note' has a name or text longer than 65536 bytes",
+                       std::invalid_argument);
   many.erase(many.begin());  // 4096: within the limit, so the next check speaks
   CHECK_THROWS_WITH_AS(train::report(many),
                        doctest::Contains("outside a train function started by trainrun"),

@@ -109,8 +109,9 @@ TEST_CASE("metrics on the terminal: control characters are escapes, not control"
   CHECK(escape_control("plain text, \xc3\xbcnicode") == "plain text, \xc3\xbcnicode");
   CHECK(escape_control("a\nb\rc\td") == "a\\nb\\rc\\td");
   CHECK(escape_control("\x1b[2J\x7f") == "\\x1b[2J\\x7f");
-  CHECK(escape_control("csi\xc2\x9b" "31m") == "csi\\u009b31m");  // C1 CSI as UTF-8
-  CHECK(escape_control("\xc2\xa0") == "\xc2\xa0");               // a no-break space stays
+  CHECK(escape_control("csi\xc2\x9b"
+                       "31m") == "csi\\u009b31m");  // C1 CSI as UTF-8
+  CHECK(escape_control("\xc2\xa0") == "\xc2\xa0");  // a no-break space stays
   auto line = format_metrics({{"loss\n[trainrun] run finished", "x\ny"}});
   CHECK(line == "loss\\n[trainrun] run finished=x\\ny");
   CHECK(line.find('\n') == std::string::npos);

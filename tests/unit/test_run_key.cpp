@@ -1,7 +1,6 @@
-#include <doctest/doctest.h>
-
 #include <trainrun/error.h>
 
+#include <doctest/doctest.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -96,7 +95,8 @@ TEST_CASE("run key: derived keys are the same for the same key, and differ other
   CHECK(z85(a.server_public).size() == 40);
 }
 
-TEST_CASE("run key: a CURVE peer with the run's key gets through, one with another key gets nothing") {
+TEST_CASE(
+    "run key: a CURVE peer with the run's key gets through, one with another key gets nothing") {
   auto keys = RunKeys::derive(key_of(7));
   CurveServer server(keys);
   zmq::context_t context;

@@ -22,8 +22,8 @@
 #include "common/constants.h"
 #include "common/local_worker.h"
 #include "common/network.h"
-#include "common/silence.h"
 #include "common/signals.h"
+#include "common/silence.h"
 #include "protocol/handshake.h"
 #include "protocol/link_tally.h"
 #include "protocol/message.h"
@@ -114,8 +114,9 @@ class Agent {
       bool stalled = false;
       const auto silent = silence_.at(now, &stalled);
       if (stalled) {
-        spdlog::warn("this agent did not run for a while (stopped, or starved of CPU): the "
-                     "controller's silence counts from now");
+        spdlog::warn(
+            "this agent did not run for a while (stopped, or starved of CPU): the "
+            "controller's silence counts from now");
       }
       if (child_exited_ || now >= next_reap) {
         child_exited_ = false;
@@ -188,6 +189,7 @@ class Agent {
     const auto& secret = options_.keys ? options_.keys->hello_secret : std::string();
     queue_.push_back(
         outgoing(protocol::AgentHello{host_name(), ::getpid(), secret, pids, error, attempt}));
+    flush();  // now, before the workers can say HELLO: the controller knows them by it
   }
 
   // Ends the workers, and the agent once they have exited.
@@ -274,7 +276,8 @@ class Agent {
   void flush() {
     while (!queue_.empty()) {
       auto& next = queue_.front();
-      if (next.type == protocol::Heartbeat::kType) next.body = protocol::pack_body(link_.heartbeat());
+      if (next.type == protocol::Heartbeat::kType)
+        next.body = protocol::pack_body(link_.heartbeat());
       bool more = next.blob.has_value();
       if (!dealer_.send(zmq::buffer(next.type),
                         zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -300,7 +303,8 @@ class Agent {
           auto reason = "its connection to the controller was reset, and " +
                         std::to_string(loss.messages) + " of the controller's messages were lost";
           spdlog::error("{}", reason);
-          queue_.push_back(outgoing(protocol::Failed{reason, "lost"}));
+          queue_.push_back(
+              outgoing(protocol::Failed{reason, std::string(to_string(FailureKind::kLost))}));
         }
       } else if (type == protocol::AgentAccepted::kType) {
         auto accepted = message.as<protocol::AgentAccepted>();

@@ -50,8 +50,8 @@ std::string format_metrics(const nlohmann::json& metrics) {
   std::string line;
   if (metrics.is_object()) {
     for (const auto& item : metrics.items()) {
-      line += (line.empty() ? "" : " ") + escape_control(item.key()) + "=" +
-              format_value(item.value());
+      line +=
+          (line.empty() ? "" : " ") + escape_control(item.key()) + "=" + format_value(item.value());
     }
   }
   return line.empty() ? "-" : line;

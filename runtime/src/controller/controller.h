@@ -197,6 +197,7 @@ class Controller {
   void agent_failed(const NodeAgent& agent, const std::string& reason);
   void admit_agent(const std::string& id, const protocol::AgentHello& hello);
   void check_agent_worker(const protocol::Hello& hello);
+  void remember_refused(const std::string& host, int64_t pid);
   void on_agent_exited(NodeAgent& agent, const protocol::Exited& exited);
   /// Whether every node agent said each of its workers exited.
   bool agents_done() const;
@@ -206,7 +207,7 @@ class Controller {
   void handle_store(WorkerSlot& worker, protocol::Incoming& message);
   void handle_upload(WorkerSlot& worker, protocol::Incoming& message);
   template <typename T>
-  void to_main(const WorkerSlot& worker, const T& message, std::vector<zmq::message_t> blobs = {}) {
+  void to_main(WorkerSlot& worker, const T& message, std::vector<zmq::message_t> blobs = {}) {
     worker.main_link.sent(T::kType);
     protocol::send(router_, message, std::move(blobs), worker.main_id);
   }

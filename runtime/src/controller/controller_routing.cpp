@@ -17,8 +17,8 @@ namespace trainrun {
 namespace {
 
 // The kind a worker's FAILED names: what a worker can know of itself (an
-// exception, a plugin or setup error, messages of its connection lost); a claim to be a crash or an interrupt,
-// which would outrank the real cause, is not taken.
+// exception, a plugin or setup error, messages of its connection lost); a claim to be a crash or an
+// interrupt, which would outrank the real cause, is not taken.
 FailureKind worker_failure_kind(const std::string& name, FailureKind otherwise) {
   auto kind = parse_failure_kind(name);
   if (kind == FailureKind::kException || kind == FailureKind::kPlugin ||
@@ -81,6 +81,13 @@ bool Controller::on_router_readable() {
   } catch (const ProtocolError& e) {
     if (worker == nullptr && agent == nullptr) {
       protocol::send(router_, protocol::Refused{e.what()}, {}, id);
+    }
+    if (agent != nullptr && agent->refused) {  // its workers are refused with it
+      log_.warn("{} is refused: {}", agent->describe(), e.what());
+      to_agent(id, *agent, protocol::Refused{e.what()});
+      remember_refused(agent->host, agent->pid);
+      agents_.erase(id);
+      return true;
     }
     if (dropped_.allow(Clock::now())) {
       log_.warn("dropped a message from {}: {}",
@@ -196,8 +203,7 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
 void Controller::check_agent_worker(const protocol::Hello& hello) {
   const auto agent_key = process_key(hello.host.substr(0, 255), hello.agent_pid);
   if (refused_agents_.count(agent_key)) {
-    throw ProtocolError("its node agent (pid " + std::to_string(hello.agent_pid) +
-                        ") was refused");
+    throw ProtocolError("its node agent (pid " + std::to_string(hello.agent_pid) + ") was refused");
   }
   for (const auto& [id, agent] : agents_) {
     if (agent.host == hello.host && agent.pid == hello.agent_pid &&
@@ -216,12 +222,18 @@ void Controller::on_agent_hello(const std::string& id, const protocol::AgentHell
   try {
     admit_agent(id, hello);
   } catch (const ProtocolError&) {
-    // Its workers are refused too (bounded: a peer may say AGENT many times).
-    if (refused_agents_.size() < kMaxRefusedAgents) {
-      refused_agents_.insert(process_key(hello.host.substr(0, 255), hello.pid));
+    // Its workers are refused too; only for an agent that proved itself,
+    // lest a stranger name another's pid.
+    if (!setup_.keys || secret_matches(hello.secret, setup_.keys->hello_secret)) {
+      remember_refused(hello.host.substr(0, 255), hello.pid);
     }
     throw;
   }
+}
+
+// Bounded: a peer may say AGENT many times.
+void Controller::remember_refused(const std::string& host, int64_t pid) {
+  if (refused_agents_.size() < kMaxRefusedAgents) refused_agents_.insert(process_key(host, pid));
 }
 
 void Controller::admit_agent(const std::string& id, const protocol::AgentHello& hello) {
@@ -356,7 +368,12 @@ void Controller::handle_agent(NodeAgent& agent, protocol::Incoming& message) {
                           ", which the run did not ask for");
     }
     if (hello.workers.empty() && hello.error.empty()) throw ProtocolError("AGENT of no workers");
-    accept_agent_workers(agent, hello);
+    try {
+      accept_agent_workers(agent, hello);
+    } catch (const ProtocolError&) {
+      agent.refused = true;  // on_router_readable sends it away
+      throw;
+    }
     maybe_assign();
   } else if (type == protocol::Exited::kType) {
     on_agent_exited(agent, message.as<protocol::Exited>());

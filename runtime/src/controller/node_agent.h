@@ -33,6 +33,7 @@ struct NodeAgent {
   // It joined an elastic run during an attempt: its workers wait (ended) for
   // the next attempt, which the next committed checkpoint starts.
   bool waiting = false;
+  bool refused = false;  // its AGENT after a RESTART found no room: it is sent away
   std::unordered_map<int64_t, std::array<std::string, 2>> early_output;  // by pid: stdout, stderr
   size_t early_bytes = 0;
   size_t dropped_bytes = 0;

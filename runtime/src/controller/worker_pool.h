@@ -33,9 +33,9 @@ struct WorkerSlot {
   bool remote = false;  // connected over the network: no process, output or scratch here
   LocalWorker process;  // for a remote worker only its pid (on its host)
   std::unique_ptr<WorkerOutput> output;
-  std::optional<std::string> main_id;   // its main thread's connection, set by HELLO
-  std::optional<std::string> train_id;  // its train thread's, set by ATTACH
-  std::optional<std::string> store_id;  // its rendezvous store's, set by ATTACH
+  std::optional<std::string> main_id;    // its main thread's connection, set by HELLO
+  std::optional<std::string> train_id;   // its train thread's, set by ATTACH
+  std::optional<std::string> store_id;   // its rendezvous store's, set by ATTACH
   std::optional<std::string> upload_id;  // its upload thread's, set by ATTACH
   std::string host;
   std::string attach_secret;      // a remote worker's, sent in its ASSIGN; ATTACH carries it
@@ -48,9 +48,7 @@ struct WorkerSlot {
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;
   Clock::time_point last_heard;
-  // Its main connection's messages, both ways (sent ones counted where a
-  // const slot sends: Controller::to_main).
-  mutable protocol::LinkTally main_link;
+  protocol::LinkTally main_link;  // its main connection's messages, both ways
 
   /// Its rank, or before ranks are assigned its launch index (its rank-to-be).
   int display_rank() const { return rank < 0 ? index : rank; }

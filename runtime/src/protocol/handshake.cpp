@@ -34,7 +34,8 @@ HandshakeWatch::Outcome HandshakeWatch::wait(std::chrono::milliseconds timeout, 
   const auto deadline = Clock::now() + timeout;
   int mismatches = 0;
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return Outcome::kTimedOut;
     zmq::pollitem_t items[] = {{events_->handle(), 0, ZMQ_POLLIN, 0},
                                {nullptr, interrupt_fd, ZMQ_POLLIN, 0}};
@@ -67,7 +68,8 @@ std::string HandshakeWatch::describe(Outcome outcome, const std::string& endpoin
     case Outcome::kTimedOut:
       return "no handshake with the controller at " + endpoint + " within " +
              std::to_string(timeout.count()) + " ms";
-    case Outcome::kInterrupted: return "interrupted before the controller at " + endpoint + " answered";
+    case Outcome::kInterrupted:
+      return "interrupted before the controller at " + endpoint + " answered";
   }
   return "";
 }

@@ -101,10 +101,8 @@ nlohmann::json decode_metrics(const std::vector<char>& bytes) {
         case msgpack::type::NEGATIVE_INTEGER:
         case msgpack::type::FLOAT32:
         case msgpack::type::FLOAT64:
-        case msgpack::type::STR:
-          break;
-        default:
-          throw ProtocolError("a value that is not a number, boolean or text");
+        case msgpack::type::STR: break;
+        default: throw ProtocolError("a value that is not a number, boolean or text");
       }
     }
     return nlohmann::json::from_msgpack(bytes.begin(), bytes.end());

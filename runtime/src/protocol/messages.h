@@ -67,8 +67,8 @@ struct Hello {
   int32_t index = 0;  // the worker's launch index (local workers) or -1
   std::string host;
   int64_t pid = 0;
-  std::string secret;  // the run's worker secret (common/secret.h)
-  int32_t attempt = 0;  // a node agent's worker: the attempt it was started for; 0 = any
+  std::string secret;     // the run's worker secret (common/secret.h)
+  int32_t attempt = 0;    // a node agent's worker: the attempt it was started for; 0 = any
   int64_t agent_pid = 0;  // a node agent's worker: the agent's pid; 0 = none
   MSGPACK_DEFINE_MAP(index, host, pid, secret, attempt, agent_pid);
 };
@@ -251,7 +251,8 @@ struct Assign {
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size, store_prefix,
                      bind_host, num_threads, device, heartbeat_timeout_ms, heartbeat_interval_ms,
-                     collective_timeout_ms, checkpoint_dir, fetch_checkpoint, attach_secret, storage_probe, storage_token);
+                     collective_timeout_ms, checkpoint_dir, fetch_checkpoint, attach_secret,
+                     storage_probe, storage_token);
 };
 
 struct AgentAccepted {

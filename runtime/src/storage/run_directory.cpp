@@ -363,7 +363,13 @@ RunLock::RunLock(const std::filesystem::path& run_dir) {
   auto path = run_dir / kLockFile;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("cannot open " + path.string() + ": " + std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  // A reader's look (is_held: a shared lock for an instant) is not a holder.
+  bool locked = false;
+  for (int i = 0; i < 20 && !locked; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    locked = ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+  }
+  if (!locked) {
     // The holder writes its name just after it locks: a refusal in between
     // waits for it, a little.
     char holder[256] = {0};
@@ -386,7 +392,10 @@ RunLock::RunLock(const std::filesystem::path& run_dir) {
   if (::ftruncate(fd_, 0) == 0) write_all(fd_, holder);
 }
 
-RunLock::~RunLock() { ::close(fd_); }
+RunLock::~RunLock() {
+  (void)::ftruncate(fd_, 0);  // the next holder's refusals name no one stale
+  ::close(fd_);
+}
 
 bool is_held(const std::filesystem::path& run_dir) {
   Fd fd(::open((run_dir / kLockFile).c_str(), O_RDONLY | O_CLOEXEC));

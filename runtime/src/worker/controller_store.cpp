@@ -47,8 +47,8 @@ void ControllerStore::close() {
 }
 
 protocol::StoreReply ControllerStore::call(StoreOp op, std::vector<std::string> keys,
-                                           std::vector<std::vector<uint8_t>> values,
-                                           int64_t amount, std::chrono::milliseconds timeout) {
+                                           std::vector<std::vector<uint8_t>> values, int64_t amount,
+                                           std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!socket_) throw Error("the rendezvous store is closed");
   protocol::StoreRequest request;
@@ -65,9 +65,10 @@ protocol::StoreReply ControllerStore::call(StoreOp op, std::vector<std::string> 
     if (bounded) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left <= std::chrono::milliseconds::zero()) {
-        throw TimeoutError("rendezvous store: no answer to " + request.op + " within " +
-                           std::to_string(timeout.count()) + " ms" +
-                           (request.keys.empty() ? "" : " (keys " + describe_keys(request.keys) + ")"));
+        throw TimeoutError(
+            "rendezvous store: no answer to " + request.op + " within " +
+            std::to_string(timeout.count()) + " ms" +
+            (request.keys.empty() ? "" : " (keys " + describe_keys(request.keys) + ")"));
       }
       wait = std::min(wait, left + std::chrono::milliseconds(1));
     }

@@ -1,11 +1,11 @@
 #include "worker/train_thread.h"
 
+#include <train/torch_compat.h>
 #include <trainrun/error.h>
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <train/torch_compat.h>
 #ifdef USE_C10D_NCCL  // a LibTorch built with CUDA and NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #endif

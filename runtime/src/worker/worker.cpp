@@ -82,6 +82,7 @@ class Worker {
   int run() {
     auto startup =
         options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
+    const auto began = Clock::now();  // the handshake's wait is the startup's too
     if (handshake_) {  // a remote worker's key is said wrong at once, not at the timeout
       auto outcome = handshake_->wait(startup, -1);
       handshake_.reset();
@@ -97,7 +98,7 @@ class Worker {
     send(protocol::Hello{options_.index, host_name(), ::getpid(), secret, options_.attempt,
                          options_.agent_pid});
     silence_limit_ = startup;
-    silence_ = Silence();
+    silence_ = Silence(began);
     auto next_heartbeat = Clock::now() + heartbeat_interval_;
     while (exit_code_ < 0) {
       zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
@@ -252,7 +253,7 @@ class Worker {
   void on_reset(size_t index) {
     while (!protocol::recv_frames(resets_[index], true).empty()) {
     }
-    if (reset_told_ || !train_thread_.joinable() || train_finished_) return;
+    if (reset_told_ || exit_code_ >= 0 || !train_thread_.joinable() || train_finished_) return;
     reset_told_ = true;
     auto reason = std::string("its ") + reset_channels_[index] +
                   " connection to the controller was reset, and what was in flight on it may "

@@ -5,12 +5,12 @@
 // thread runs the train function on a connection of its own (train_thread.h).
 // The process exits when the controller says SHUTDOWN or goes silent.
 
+#include <zmq.hpp>
+
 #include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
-
-#include <zmq.hpp>
 
 #include "common/run_key.h"
 
@@ -21,8 +21,8 @@ struct WorkerOptions {
   int index = -1;       // launch index of a local worker, -1 for a remote one
   std::filesystem::path cache_dir;
   std::chrono::milliseconds startup_timeout{0};  // waiting for ASSIGN; 0 = default
-  std::string secret;  // the run's worker secret, for HELLO and ATTACH
-  std::optional<RunKeys> keys;  // from the run key: CURVE to the controller
+  std::string secret;                            // the run's worker secret, for HELLO and ATTACH
+  std::optional<RunKeys> keys;                   // from the run key: CURVE to the controller
   std::string interface;  // the network interface Gloo binds, when the controller leaves it open
   int attempt = 0;        // a node agent's worker: the attempt it was started for; 0 = any
   int64_t agent_pid = 0;  // a node agent's worker: the agent's pid; 0 = none
