@@ -117,20 +117,27 @@ nlohmann::json read_json(const std::filesystem::path& path) {
 int reset_connections(pid_t pid, int port) {
   if (::geteuid() != 0) return -1;
   // "ESTAB 0 0 127.0.0.1:40000 127.0.0.1:PORT users:(("trainrun-worker",pid=42,fd=9))"
-  auto listed = run_shell("ss -tnpH state established 'dport = :" + std::to_string(port) + "'");
-  std::istringstream lines(listed.output);
+  auto local_ports = [&] {
+    auto listed = run_shell("ss -tnpH state established 'dport = :" + std::to_string(port) + "'");
+    std::istringstream lines(listed.output);
+    std::vector<std::string> ports;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("pid=" + std::to_string(pid) + ",") == std::string::npos) continue;
+      std::istringstream fields(line);
+      std::string local;
+      fields >> local >> local >> local;  // Recv-Q, Send-Q, then the local address
+      auto colon = local.rfind(':');
+      if (colon != std::string::npos) ports.push_back(local.substr(colon + 1));
+    }
+    return ports;
+  };
+  auto before = local_ports();
+  for (const auto& local : before) run_shell("ss -K -tn 'sport = :" + local + "'");
+  // Counted by what is gone: a kernel without INET_DIAG_DESTROY kills nothing.
+  auto after = local_ports();
   int reset = 0;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.find("pid=" + std::to_string(pid) + ",") == std::string::npos) continue;
-    std::istringstream fields(line);
-    std::string local;
-    fields >> local >> local >> local;  // Recv-Q, Send-Q, then the local address
-    auto colon = local.rfind(':');
-    if (colon == std::string::npos) continue;
-    auto killed = run_shell("ss -K -tn 'sport = :" + local.substr(colon + 1) + "'");
-    reset += killed.exit_code == 0;
-  }
-  return reset;
+  for (const auto& local : before) reset += std::find(after.begin(), after.end(), local) == after.end();
+  return before.empty() || reset > 0 ? reset : -1;
 }
 
 std::vector<std::string> staging_leftovers(const std::filesystem::path& run_dir) {

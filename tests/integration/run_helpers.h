@@ -55,7 +55,8 @@ std::string read_text(const std::filesystem::path& path);
 nlohmann::json read_json(const std::filesystem::path& path);
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
 /// Resets (ss -K: an RST both ways) every established TCP connection that
-/// process `pid` holds to `port`; returns how many. Needs root: -1 without it.
+/// process `pid` holds to `port`; returns how many. -1 where that cannot be
+/// done: without root, or on a kernel without INET_DIAG_DESTROY.
 int reset_connections(pid_t pid, int port);
 /// The staging directories (.staging-*) a run directory holds.
 std::vector<std::string> staging_leftovers(const std::filesystem::path& run_dir);
