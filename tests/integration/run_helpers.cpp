@@ -136,7 +136,8 @@ int reset_connections(pid_t pid, int port) {
   // Counted by what is gone: a kernel without INET_DIAG_DESTROY kills nothing.
   auto after = local_ports();
   int reset = 0;
-  for (const auto& local : before) reset += std::find(after.begin(), after.end(), local) == after.end();
+  for (const auto& local : before)
+    reset += std::find(after.begin(), after.end(), local) == after.end();
   return before.empty() || reset > 0 ? reset : -1;
 }
 

@@ -50,11 +50,11 @@ TEST_CASE("a plugin that workers cannot load fails with exit code 2 and the load
 
 TEST_CASE("entries: unknown or ambiguous --entry is refused with the list") {
   expect_refused(plugin(TEST_PLUGIN) + " --entry nope",
-                 "has no entry 'nope' (available: bad_config, big_checkpoint, checkpoint_overlap, "
-                 "checkpoints, context, ");
+                 "has no entry 'nope' (available: bad_config, big_checkpoint, broken_pipe, "
+                 "checkpoint_overlap, checkpoints, context, ");
   expect_refused(
       plugin(TEST_PLUGIN),
-      "has several entries (bad_config, big_checkpoint, checkpoint_overlap, checkpoints,");
+      "has several entries (bad_config, big_checkpoint, broken_pipe, checkpoint_overlap,");
 }
 
 TEST_CASE("usage errors exit 2") {
@@ -118,7 +118,8 @@ TEST_CASE("inspect prints the entries and versions") {
   auto run = box.run(std::string("inspect '") + TEST_PLUGIN + "'");
   INFO(run.output);
   CHECK(run.exit_code == 0);
-  CHECK(run.output.find("entries:     bad_config, big_checkpoint, checkpoint_overlap, checkpoints, "
+  CHECK(run.output.find("entries:     bad_config, big_checkpoint, broken_pipe, checkpoint_overlap, "
+                        "checkpoints, "
                         "context, crash, epochs, hangs, many_metrics, "
                         "mismatch, report_latency, resumable, sleeps, stacked, steps, throws") !=
         std::string::npos);

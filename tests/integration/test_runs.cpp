@@ -269,3 +269,15 @@ TEST_CASE("metric names and values cannot forge lines or colour the terminal") {
     CHECK(out->find("\n[trainrun] forged too") == std::string::npos);
   }
 }
+
+TEST_CASE("a write to a socket whose peer is gone raises in the train function, not SIGPIPE") {
+  // As a rank writing to the Gloo pair of a rank that died: the rank that
+  // died is the root cause, not this one killed by a signal.
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry broken_pipe -n 1 --name p");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  auto error = read_json(box.run_dir("p") / "error.json");
+  CHECK(error["kind"] == "exception");
+  CHECK(error["message"] == "raised: write: Broken pipe");
+}

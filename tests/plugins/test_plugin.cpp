@@ -6,12 +6,15 @@
 #include <torch/torch.h>
 
 #include <spawn.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -146,6 +149,23 @@ void many_metrics(const train::Config& config) {
 }
 
 TRAIN_FUNC(many_metrics);
+
+// Writes to a socket whose peer is gone, as a rank does to the Gloo pair of a
+// rank that died: the write fails (EPIPE) and this throws, or SIGPIPE kills it.
+void broken_pipe(const train::Config&) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    throw std::runtime_error("socketpair failed");
+  }
+  ::close(fds[1]);
+  const char byte = 'x';
+  const auto written = ::write(fds[0], &byte, 1);
+  const int error = errno;
+  ::close(fds[0]);
+  if (written < 0) throw std::runtime_error(std::string("write: ") + std::strerror(error));
+}
+
+TRAIN_FUNC(broken_pipe);
 
 // Reads a config key with the wrong type.
 void bad_config(const train::Config& config) { (void)config.get<int>("epochs", 1); }

@@ -5,6 +5,7 @@
 // and supervises them (agent/node_agent.h).
 
 #include <CLI/CLI.hpp>
+#include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,15 @@
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
+  // A write to a socket whose peer is gone (the Gloo pair of a rank that
+  // died) fails with EPIPE, which the backend raises, as under Python, which
+  // ignores SIGPIPE: by default it would kill this rank, which would then pass
+  // for the root cause. A handler, not SIG_IGN: what the train function
+  // starts gets the default back at exec.
+  struct sigaction broken_pipe {};
+  broken_pipe.sa_handler = [](int) {};
+  sigemptyset(&broken_pipe.sa_mask);
+  ::sigaction(SIGPIPE, &broken_pipe, nullptr);
   // Started by a controller or a node agent: a worker, whatever a launcher's
   // environment it inherited says.
   const bool supervised = trainrun::die_with_parent();
