@@ -111,6 +111,10 @@ std::optional<torch::ScalarType> wire_type(torch::ScalarType type, Compression c
 }  // namespace
 
 void Reducer::build_buckets(const ModelOptions& options) {
+  if (options.find_unused_parameters() && !slots_.empty()) {
+    used_host_ = torch::zeros({static_cast<int64_t>(slots_.size())}, torch::kInt);
+    used_ = used_host_.to(slots_.front().param.device());
+  }
   std::vector<BucketInput> inputs;
   for (const auto& slot : slots_) {
     const auto& p = slot.param;
@@ -138,8 +142,13 @@ void Reducer::build_buckets(const ModelOptions& options) {
       slot.view = torch::empty({0}, bucket.contents.options())
                       .set_(bucket.contents.storage(), offset, slot.param.sizes());
       offset += slot.param.numel();
-      if (slot.param.grad().defined()) slot.view.copy_(slot.param.grad());
-      slot.param.mutable_grad() = slot.view;  // autograd accumulates into the bucket
+      // Autograd accumulates into the bucket from here on. An undefined .grad
+      // stays undefined until a gradient comes, as in one process: an
+      // optimizer skips such a parameter (no weight decay, no momentum).
+      if (slot.param.grad().defined()) {
+        slot.view.copy_(slot.param.grad());
+        slot.param.mutable_grad() = slot.view;
+      }
     }
     bucket.pending = bucket.slots.size();
     if (auto wire = wire_type(bucket.contents.scalar_type(), compression_)) {
@@ -147,7 +156,7 @@ void Reducer::build_buckets(const ModelOptions& options) {
       if (scatter_bf16_) {
         const int64_t world = group_->getSize();
         bucket.chunk = std::max<int64_t>(1, (total + world - 1) / world);  // 0 would mean allreduce
-        bucket.wire = torch::zeros({world * bucket.chunk}, options);  // the padding stays 0
+        bucket.wire = torch::zeros({world * bucket.chunk}, options);       // the padding stays 0
         bucket.scattered = torch::empty({world * bucket.chunk}, options);
         bucket.own = torch::empty({bucket.chunk}, options);
         bucket.sum = torch::empty({bucket.chunk}, bucket.contents.options());
@@ -214,12 +223,17 @@ void Reducer::on_gradient_incoming(size_t index) {
   if (sync_) {
     begin_backward();
     slot.late = true;
+  } else {
+    slot.accumulated = true;
   }
 }
 
 void Reducer::on_gradient_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!sync_) return;
+  if (!sync_) {
+    slots_[index].accumulated = true;
+    return;
+  }
   begin_backward();
   slots_[index].late = false;  // the moved post-hook ran after all
   take_gradient(index);
@@ -271,9 +285,10 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     auto& bucket = buckets_[next_bucket_++];
     wait_for_gradients(bucket);
-    // Divided before the cast (DDP's hooks cast first): one rounding, and a
-    // local gradient up to world x 65504 still fits fp16.
-    bucket.contents.div_(world);
+    // Times 1/world, as DDP scales each gradient: the same bits. Before the
+    // cast (DDP's compression hooks cast first): one rounding, and a local
+    // gradient up to world x 65504 still fits fp16.
+    bucket.contents.mul_(1.0 / world);
     if (bucket.wire.defined())
       bucket.wire.narrow(0, 0, bucket.contents.numel()).copy_(bucket.contents);
     try {
@@ -343,16 +358,22 @@ void Reducer::finalize() {
           ". Pass train::ModelOptions().find_unused_parameters(true) to prepare_model if that "
           "is intended, or make every parameter take part in the loss");
     }
-    torch::NoGradGuard no_grad;
     for (size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].ready) continue;
-      slots_[i].view.zero_();  // an unused parameter contributes zero on this rank
-      slots_[i].param.mutable_grad() = slots_[i].view;
-      mark_ready(i);
+      if (!slots_[i].ready) take_unused(i);
     }
   }
   torch::NoGradGuard no_grad;
   try {
+    if (used_.defined()) {
+      // After every bucket, on every rank: the same collectives in the same order.
+      auto* flags = used_host_.data_ptr<int32_t>();
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        flags[i] = slots_[i].unused && !slots_[i].accumulated ? 0 : 1;
+      }
+      used_.copy_(used_host_);
+      std::vector<torch::Tensor> tensors{used_};
+      used_work_ = group_->allreduce(tensors);
+    }
     // In bucket order on every rank, as the collectives must be.
     for (auto& bucket : buckets_) {
       if (bucket.chunk > 0) gather_sums(bucket);
@@ -364,26 +385,63 @@ void Reducer::finalize() {
         bucket.contents.copy_(bucket.wire.narrow(0, 0, bucket.contents.numel()));
       }
     }
+    if (used_work_) {
+      used_work_->wait();
+      used_work_.reset();
+      settle_unused();
+    }
   } catch (...) {
     // Nothing still in flight writes into a buffer the next iteration fills.
-    for (auto& bucket : buckets_) {
-      if (!bucket.work) continue;
+    auto drain = [](c10::intrusive_ptr<c10d::Work>& work) {
+      if (!work) return;
       try {
-        bucket.work->wait();
+        work->wait();
       } catch (...) {  // the first error is the one that counts
       }
-      bucket.work.reset();
-    }
+      work.reset();
+    };
+    for (auto& bucket : buckets_) drain(bucket.work);
+    drain(used_work_);
     reset_iteration();
     throw;
   }
+  for (auto& slot : slots_) slot.accumulated = false;  // synchronised
   reset_iteration();
   if (broadcast_buffers_ && !buffers_.empty()) broadcast_from_rank0(*group_, buffers_);
 }
 
+void Reducer::take_unused(size_t index) {
+  auto& slot = slots_[index];
+  auto& grad = slot.param.mutable_grad();
+  slot.unused = true;
+  if (!grad.defined()) {
+    slot.view.zero_();
+  } else if (!grad.is_same(slot.view)) {
+    slot.view.copy_(grad);  // .grad itself stays as it is until settle_unused
+  } else if (!slot.accumulated) {
+    slot.prior = grad.detach().clone();  // the bucket overwrites it
+  }
+  mark_ready(index);
+}
+
+void Reducer::settle_unused() {
+  auto used = used_.cpu();
+  const auto* counts = used.data_ptr<int32_t>();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto& slot = slots_[i];
+    if (!slot.unused) continue;
+    if (counts[i] > 0) {
+      slot.param.mutable_grad() = slot.view;  // the average of what the ranks had
+    } else if (slot.prior.defined()) {
+      slot.view.copy_(slot.prior);  // no rank used it: .grad as it was
+    }
+  }
+}
+
 void Reducer::reset_iteration() {
   for (auto& slot : slots_) {
-    slot.ready = slot.late = false;
+    slot.ready = slot.late = slot.unused = false;
+    slot.prior = torch::Tensor();
     slot.stream.reset();
   }
   for (auto& bucket : buckets_) bucket.pending = bucket.slots.size();

@@ -1,17 +1,22 @@
 #pragma once
 
 // Gradient synchronisation for one prepared model, after PyTorch's
-// c10d::Reducer. Gradients live in flat per-bucket buffers (each parameter's
-// .grad shares its bucket's storage), so autograd accumulates straight into
-// what is allreduced. A post-hook on each parameter's gradient accumulator marks it
-// ready; a bucket whose parameters are all ready is divided by the world size
+// c10d::Reducer. Gradients live in flat per-bucket buffers: once a parameter
+// has had a gradient, its .grad shares its bucket's storage, so autograd
+// accumulates straight into what is allreduced (a .grad that is undefined, or
+// replaced, is copied in when its gradient is ready). A post-hook on each
+// parameter's gradient accumulator marks it
+// ready; a bucket whose parameters are all ready is multiplied by 1/world size
 // (and with compression cast to bf16 or fp16 into a second buffer, cast back
 // once its allreduce is done; bf16 over Gloo goes as an alltoall, then, in
 // finalisation, an allgather of the sums) and its allreduce launched asynchronously,
 // buckets strictly in order so every
 // rank issues the same collectives in the same order. A callback queued on the
-// autograd engine finalises at the end of backward: unused parameters, waiting
-// for every bucket, buffer broadcast. On CUDA a bucket's collective is queued
+// autograd engine finalises at the end of backward: unused parameters (with
+// find_unused_parameters each contributes what its .grad holds, and a map of
+// the parameters used on any rank decides which .grad takes the average and
+// which stays as it was, as in one process), waiting for every bucket, buffer
+// broadcast. On CUDA a bucket's collective is queued
 // on the stream of the hook that completes it, after the streams of its other
 // gradients (events, no host wait). Finalisation is an autograd final
 // callback, which the engine runs on the streams current where backward() was
@@ -56,6 +61,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     torch::Tensor view;  // its place in the bucket, shaped like the parameter
     bool ready = false;
     bool late = false;  // its post-hook moved during this backward: ready at finalisation
+    // A gradient came in a backward under NoSync since the last synchronisation.
+    bool accumulated = false;
+    // Unused in this synchronising backward on this rank (find_unused_parameters):
+    // what its .grad was before, restored as it was if no rank used it either.
+    bool unused = false;
+    torch::Tensor prior;  // a copy, only when .grad was the bucket's own view
     // Where its gradient was produced (CUDA: the stream autograd ran its
     // accumulator on); a bucket's collective waits for it if it launches on another.
     c10::optional<c10::Stream> stream;
@@ -80,6 +91,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void on_gradient_ready(size_t slot);
   void begin_backward();
   void take_gradient(size_t slot);
+  /// find_unused_parameters: a parameter without a gradient in this backward
+  /// contributes what its .grad holds (accumulated under NoSync, or zero).
+  void take_unused(size_t slot);
+  /// After the collectives: .grad of the parameters this rank did not use is
+  /// the average where some rank used them, and as it was where none did.
+  void settle_unused();
   void mark_ready(size_t slot);
   void launch_ready_buckets();
   /// bf16 over Gloo: once a bucket's alltoall is done, sums this rank's piece
@@ -99,6 +116,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool scatter_bf16_ = false;  // bf16 buckets go as alltoall + allgather (Gloo)
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  // find_unused_parameters: by slot, 1 where this rank used the parameter since
+  // the last synchronisation; summed across ranks after the buckets.
+  torch::Tensor used_, used_host_;  // on the model's device, and its CPU copy
+  c10::intrusive_ptr<c10d::Work> used_work_;
   // By slot: the accumulator carrying its post-hook (autograd holds only weak
   // references to accumulators, so this keeps the hooks alive).
   std::vector<compat::NodePtr> accumulators_;

@@ -136,7 +136,6 @@ void no_sync(const train::Config& config) {
     xs.push_back(torch::randn({4, 8}));
     ys.push_back(torch::randn({4, 4}));
   }
-  for (auto& p : model->parameters()) p.mutable_grad().zero_();
   double spread_local = 0;
   {
     auto guard = train::NoSync(*model);
@@ -147,6 +146,7 @@ void no_sync(const train::Config& config) {
   auto synced = flat_grads(*model);
 
   for (int i = 0; i < 3; ++i) torch::mse_loss(reference->forward(xs[i]), ys[i]).backward();
+  // Every parameter is used here, so every .grad is defined on both.
   std::vector<torch::Tensor> expected{flat_grads(*reference)};
   train::process_group()->allreduce(expected)->wait();
   expected[0].div_(ctx.world_size());
@@ -172,7 +172,9 @@ void unused(const train::Config& config) {
     model->forward(torch::randn({8, 4})).sum().backward();
     optimizer.step();
   }
-  train::report({{"unused_grad_norm", model->unused->weight.grad().norm().item<double>()}});
+  // As in one process: a parameter no rank used has no gradient.
+  train::report({{"unused_grad_defined", model->unused->weight.grad().defined()},
+                 {"used_grad_defined", model->used->weight.grad().defined()}});
 }
 
 // Every rank saves its model and loads it back after prepare_model, as a port of

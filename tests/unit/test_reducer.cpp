@@ -250,6 +250,76 @@ TEST_CASE("with find_unused_parameters a missing gradient counts as zero") {
   }
 }
 
+TEST_CASE(
+    "with find_unused_parameters a gradient accumulated under no_sync is averaged, not lost") {
+  // `extra` gets gradient only in the pass under no_sync, on every rank; the
+  // synchronising pass does not use it. One process would hold the sum of
+  // the passes; every rank must hold the mean of those sums.
+  const int world = 2;
+  const Pass with_extra{false, true}, without_extra{false, false};
+  std::vector<ByName> synced(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kWithExtra);
+    auto reducer = attach(net, group, train::ModelOptions().find_unused_parameters(true));
+    reducer->set_sync(false);
+    net->loss(input(rank, 0), with_extra).backward();
+    reducer->set_sync(true);
+    net->loss(input(rank, 1), without_extra).backward();
+    synced[rank] = grads_of(*net);
+  });
+
+  std::vector<ByName> accumulated;
+  for (int rank = 0; rank < world; ++rank) {
+    Net net(Layers::kWithExtra);
+    net->loss(input(rank, 0), with_extra).backward();
+    net->loss(input(rank, 1), without_extra).backward();
+    accumulated.push_back(grads_of(*net));
+  }
+  REQUIRE(mean(accumulated).at("extra.weight").abs().sum().item<float>() > 0);
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    check_close(synced[rank], mean(accumulated));
+  }
+}
+
+TEST_CASE("a parameter no rank uses keeps its .grad exactly as one process would") {
+  // Three ranks (a third does not round-trip through the average). Step A: no
+  // rank uses `extra`: its .grad stays undefined, so Adam with weight decay
+  // leaves it alone. Step B: rank 0 uses it. Step C, without zero_grad: no
+  // rank uses it: its .grad keeps step B's value, bit for bit.
+  const int world = 3;
+  std::vector<int> undefined_after_a(world), unmoved_by_adam(world), others_moved(world),
+      kept_after_c(world), defined_after_b(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kWithExtra);
+    auto reducer = attach(net, group, train::ModelOptions().find_unused_parameters(true));
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1).weight_decay(0.1));
+    const auto before = weights_of(*net);
+    net->loss(input(rank, 0), Pass{false, false}).backward();
+    undefined_after_a[rank] =
+        !net->extra->weight.grad().defined() && !net->extra->bias.grad().defined();
+    adam.step();
+    const auto after = weights_of(*net);
+    unmoved_by_adam[rank] = torch::equal(after.at("extra.weight"), before.at("extra.weight")) &&
+                            torch::equal(after.at("extra.bias"), before.at("extra.bias"));
+    others_moved[rank] = !torch::equal(after.at("fc1.weight"), before.at("fc1.weight"));
+
+    net->loss(input(rank, 1), Pass{false, rank == 0}).backward();
+    defined_after_b[rank] = net->extra->weight.grad().defined();
+    const auto step_b = defined_after_b[rank] ? net->extra->weight.grad().clone() : torch::Tensor();
+    net->loss(input(rank, 2), Pass{false, false}).backward();
+    kept_after_c[rank] = step_b.defined() && torch::equal(net->extra->weight.grad(), step_b);
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(undefined_after_a[rank]);
+    CHECK(unmoved_by_adam[rank]);
+    CHECK(others_moved[rank]);
+    CHECK(defined_after_b[rank]);
+    CHECK(kept_after_c[rank]);
+  }
+}
+
 TEST_CASE("no sync accumulates locally, and the next synced backward averages the sum") {
   const int world = 2;
   std::vector<ByName> unsynced(world);
@@ -385,7 +455,9 @@ TEST_CASE("fp16-compressed gradients average within fp16's precision, over Gloo"
                               .compression(train::Compression::kFP16));
     CHECK(reducer->num_buckets() > 1);
     for (int step = 0; step < 2; ++step) {
-      for (auto& p : net->parameters()) p.mutable_grad().zero_();
+      for (auto& p : net->parameters()) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
       net->loss(input(rank, step)).backward();
     }
     synced[rank] = grads_of(*net);
@@ -464,7 +536,9 @@ TEST_CASE(
                 train::Compression::kBF16));
         CHECK((reducer->num_buckets() > 1) == (c == 0));
         for (int step = 0; step < 2; ++step) {
-          for (auto& p : net->parameters()) p.mutable_grad().zero_();
+          for (auto& p : net->parameters()) {
+            if (p.grad().defined()) p.mutable_grad().zero_();
+          }
           net->loss(input(rank, step)).backward();
         }
         synced[c][rank] = grads_of(*net);

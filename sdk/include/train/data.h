@@ -7,9 +7,11 @@
 #include <torch/data.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace train {
 
@@ -21,13 +23,16 @@ struct LoaderOptions {
   TORCH_ARG(bool, shuffle) = true;
   /// Drop each rank's last, incomplete batch.
   TORCH_ARG(bool, drop_last) = false;
+  /// The shuffle's seed: epoch e is shuffled with seed + e, the same on every
+  /// rank (DistributedSampler's seed).
+  TORCH_ARG(uint64_t, seed) = 0;
   /// Background threads that load batches (LibTorch's DataLoader workers).
   TORCH_ARG(size_t, workers) = 0;
   /// Pad with repeated samples so every rank gets as many batches as the others
   /// (every rank must run the same number of backward passes); false gives each
-  /// sample to at most one rank, for evaluation (LibTorch's split: when the
-  /// world size does not divide the dataset, the last size % world_size
-  /// samples are left out).
+  /// sample to at most one rank, for evaluation: when the world size does not
+  /// divide the dataset, size % world_size samples are left out (shuffled, a
+  /// different few every epoch; in order, the last ones).
   TORCH_ARG(bool, allow_duplicates) = true;
   /// Shows where this loader is (epoch, batch of batches) in the run's progress
   /// display, from rank 0. The loader shown is the first to begin an epoch
@@ -65,46 +70,51 @@ class LoaderProgress {
 
 }  // namespace detail
 
-/// Samples for this rank: LibTorch's DistributedRandomSampler (shuffle) or
-/// DistributedSequentialSampler behind one type. set_epoch reseeds the shuffle.
+/// Samples for this rank, as PyTorch's DistributedSampler chooses them.
+///
+/// Shuffled: every epoch, a permutation of the whole dataset drawn from a
+/// generator seeded with seed + epoch (torch::randperm, the same on every
+/// rank); it is then padded by repeating its start (allow_duplicates) or cut
+/// short, to a multiple of the world size, and rank r takes every world-th
+/// index from r on. Which samples are repeated or left out changes with the
+/// epoch, and the indices are PyTorch's for the same seed, epoch and size.
+/// In order: rank r reads a contiguous block of the padded or cut range (PyTorch
+/// strides), padded by wrapping round to the first samples.
 class DistributedSampler : public torch::data::samplers::Sampler<> {
  public:
-  DistributedSampler(size_t size, const Context& ctx, bool shuffle, bool allow_duplicates)
-      : size_(size),
-        replicas_(static_cast<size_t>(ctx.world_size())),
-        rank_(static_cast<size_t>(ctx.world_rank())),
-        allow_duplicates_(allow_duplicates) {
-    const auto replicas = replicas_;
-    const auto rank = rank_;
-    if (shuffle) {
-      sampler_ = std::make_shared<torch::data::samplers::DistributedRandomSampler>(
-          size, replicas, rank, allow_duplicates);
-    } else {
-      sampler_ = std::make_shared<torch::data::samplers::DistributedSequentialSampler>(
-          size, replicas, rank, allow_duplicates);
-    }
-  }
-  void set_epoch(size_t epoch) { sampler_->set_epoch(epoch); }
-  void reset(c10::optional<size_t> new_size = c10::nullopt) override { sampler_->reset(new_size); }
-  c10::optional<std::vector<size_t>> next(size_t batch_size) override {
-    return sampler_->next(batch_size);
-  }
-  void save(torch::serialize::OutputArchive& archive) const override { sampler_->save(archive); }
-  void load(torch::serialize::InputArchive& archive) override { sampler_->load(archive); }
+  DistributedSampler(size_t size, const Context& ctx, bool shuffle, bool allow_duplicates,
+                     uint64_t seed = 0);
 
-  /// Samples this rank gets in an epoch: LibTorch's split (local_sample_count),
-  /// the same shuffled or not, computed without touching the sampler's
-  /// state, which copies share.
-  size_t local_size() const {
-    if (replicas_ == 1) return size_;
-    return allow_duplicates_ ? (size_ + replicas_ - 1) / replicas_ : size_ / replicas_;
-  }
+  /// Chooses the epoch's order (shuffled: the permutation); takes effect at the
+  /// next reset, which the loader makes when an epoch begins.
+  void set_epoch(size_t epoch) { state_->epoch = epoch; }
+  void reset(c10::optional<size_t> new_size = c10::nullopt) override;
+  c10::optional<std::vector<size_t>> next(size_t batch_size) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Samples this rank gets in an epoch, computed without touching the
+  /// sampler's state, which copies share.
+  size_t local_size() const;
 
  private:
-  std::shared_ptr<torch::data::samplers::DistributedSampler<>> sampler_;
-  size_t size_, replicas_, rank_;
-  bool allow_duplicates_;
+  struct State {
+    size_t size = 0;
+    size_t epoch = 0;
+    std::vector<size_t> indices;  // this rank's, this epoch
+    size_t position = 0;          // how many of them next() has given
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  size_t replicas_, rank_;
+  bool shuffle_, allow_duplicates_;
+  uint64_t seed_;
 };
+
+namespace detail {
+/// Throws std::runtime_error on every rank, naming the sizes, unless every
+/// rank passes the same `size`. A collective: one allgather of 8 bytes per rank.
+void check_same_dataset_size(size_t size, const char* caller);
+}  // namespace detail
 
 /// Whether a dataset's batches are stacked already: it was mapped with
 /// torch::data::transforms::Stack<>(), as LibTorch's own examples write it.
@@ -117,8 +127,8 @@ namespace detail {
 /// Puts a batch in page-locked host memory when `pin` is set, so that its copy
 /// to a CUDA device can overlap work already queued there. Runs where the batch
 /// is made: on LibTorch's loader threads when the loader has workers.
-struct PinMemory : torch::data::transforms::BatchTransform<torch::data::Example<>,
-                                                            torch::data::Example<>> {
+struct PinMemory
+    : torch::data::transforms::BatchTransform<torch::data::Example<>, torch::data::Example<>> {
   explicit PinMemory(bool pin = false) : pin(pin) {}
   torch::data::Example<> apply_batch(torch::data::Example<> batch) override {
     if (!pin) return batch;
@@ -225,12 +235,12 @@ class DataLoader {
   /// Starts an epoch (in the order set by set_epoch).
   Iterator begin() {
     // Built directly: LibTorch 1.13's map() cannot chain onto a stacked dataset.
-    inner_ = std::make_unique<Inner>(Pinned(stacked(), detail::PinMemory(device_.is_cuda())),
-                                     sampler_,
-                                     torch::data::DataLoaderOptions()
-                                         .batch_size(options_.batch_size())
-                                         .drop_last(options_.drop_last())
-                                         .workers(options_.workers()));
+    inner_ =
+        std::make_unique<Inner>(Pinned(stacked(), detail::PinMemory(device_.is_cuda())), sampler_,
+                                torch::data::DataLoaderOptions()
+                                    .batch_size(options_.batch_size())
+                                    .drop_last(options_.drop_last())
+                                    .workers(options_.workers()));
     detail::LoaderProgress* shown = progress_ && progress_->claim() ? progress_.get() : nullptr;
     if (shown != nullptr) {
       // Counted once, and only where a sampler can be counted without running it.
@@ -274,16 +284,21 @@ class DataLoader {
 };
 
 /// Shards a LibTorch dataset across ranks, like Ray Train's prepare_data_loader:
-/// each rank reads its part through LibTorch's distributed samplers, and each
-/// batch arrives on this worker's device. The dataset is any
+/// each rank reads its part through a DistributedSampler, and each batch
+/// arrives on this worker's device. The dataset is any
 /// torch::data::datasets::Dataset whose examples are torch::data::Example<>,
 /// as it is or already mapped with torch::data::transforms::Stack<>().
-/// Throws std::logic_error outside a train function started by trainrun.
+/// Every rank must call it, with a dataset of the same size: it checks the
+/// sizes (one small collective) and throws std::runtime_error on every rank,
+/// naming them, when they differ. Throws std::logic_error outside a train
+/// function started by trainrun.
 template <typename Dataset>
 DataLoader<Dataset> prepare_data_loader(Dataset dataset, const LoaderOptions& options = {}) {
   auto ctx = get_context();
-  DistributedSampler sampler(dataset.size().value(), ctx, options.shuffle(),
-                             options.allow_duplicates());
+  const size_t size = dataset.size().value();
+  if (ctx.world_size() > 1) detail::check_same_dataset_size(size, "prepare_data_loader");
+  DistributedSampler sampler(size, ctx, options.shuffle(), options.allow_duplicates(),
+                             options.seed());
   return DataLoader<Dataset>(std::move(dataset), std::move(sampler), options, ctx.device());
 }
 

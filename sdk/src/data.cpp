@@ -1,0 +1,109 @@
+#include <train/data.h>
+#include <train/distributed.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace train {
+
+DistributedSampler::DistributedSampler(size_t size, const Context& ctx, bool shuffle,
+                                       bool allow_duplicates, uint64_t seed)
+    : replicas_(static_cast<size_t>(ctx.world_size())),
+      rank_(static_cast<size_t>(ctx.world_rank())),
+      shuffle_(shuffle),
+      allow_duplicates_(allow_duplicates),
+      seed_(seed) {
+  reset(size);
+}
+
+size_t DistributedSampler::local_size() const {
+  // DistributedSampler's num_samples: rounded up with padding, down without.
+  const size_t size = state_->size;
+  return allow_duplicates_ ? (size + replicas_ - 1) / replicas_ : size / replicas_;
+}
+
+void DistributedSampler::reset(c10::optional<size_t> new_size) {
+  auto& state = *state_;
+  if (new_size) state.size = *new_size;
+  const size_t size = state.size;
+  const size_t local = local_size();
+  // The whole range first, shuffled or not; then padded by wrapping round
+  // (position i holds order[i % size]) or cut, to local x replicas positions.
+  std::vector<int64_t> order;
+  if (shuffle_ && size > 0) {
+    auto generator = at::detail::createCPUGenerator(seed_ + state.epoch);
+    auto permutation = torch::randperm(static_cast<int64_t>(size), generator, torch::kLong);
+    const auto* values = permutation.data_ptr<int64_t>();
+    order.assign(values, values + size);
+  }
+  auto at = [&](size_t position) {
+    const size_t i = position % size;
+    return order.empty() ? i : static_cast<size_t>(order[i]);
+  };
+  state.indices.clear();
+  state.indices.reserve(local);
+  for (size_t k = 0; k < local; ++k) {
+    // Shuffled, every replicas-th position from rank on (PyTorch's stride);
+    // in order, a contiguous block.
+    state.indices.push_back(at(shuffle_ ? rank_ + k * replicas_ : rank_ * local + k));
+  }
+  state.position = 0;
+}
+
+c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
+  auto& state = *state_;
+  if (state.position >= state.indices.size()) return c10::nullopt;
+  const size_t end = std::min(state.indices.size(), state.position + batch_size);
+  std::vector<size_t> batch(state.indices.begin() + static_cast<std::ptrdiff_t>(state.position),
+                            state.indices.begin() + static_cast<std::ptrdiff_t>(end));
+  state.position = end;
+  return batch;
+}
+
+// The names of LibTorch's DistributedRandomSampler, so that either loads the other's.
+void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("sample_index_", torch::tensor(static_cast<int64_t>(state_->position)), true);
+  archive.write("epoch_", torch::tensor(static_cast<int64_t>(state_->epoch)), true);
+}
+
+void DistributedSampler::load(torch::serialize::InputArchive& archive) {
+  auto value = torch::empty(1, torch::kInt64);
+  archive.read("epoch_", value, true);
+  state_->epoch = static_cast<size_t>(value.item<int64_t>());
+  reset();
+  archive.read("sample_index_", value, true);
+  state_->position = std::min(static_cast<size_t>(value.item<int64_t>()), state_->indices.size());
+}
+
+namespace detail {
+
+void check_same_dataset_size(size_t size, const char* caller) {
+  auto ctx = get_context();
+  auto group = process_group();
+  auto mine = torch::tensor({static_cast<int64_t>(size)}, torch::kLong).to(ctx.device());
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int r = 0; r < ctx.world_size(); ++r) outputs[0].push_back(torch::empty_like(mine));
+  std::vector<torch::Tensor> inputs{mine};
+  group->allgather(outputs, inputs)->wait();
+  std::vector<int64_t> sizes;
+  for (const auto& t : outputs[0]) sizes.push_back(t.cpu().item<int64_t>());
+  std::string others;
+  int first = -1;
+  for (int r = 1; r < ctx.world_size(); ++r) {
+    if (sizes[r] == sizes[0]) continue;
+    if (first < 0) first = r;
+    others += (others.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (first < 0) return;
+  throw std::runtime_error(std::string(caller) + ": the dataset has " + std::to_string(sizes[0]) +
+                           " samples on rank 0 and " + std::to_string(sizes[first]) + " on rank " +
+                           std::to_string(first) +
+                           " (ranks whose size differs from rank 0's: " + others +
+                           "). Every rank must pass the same dataset: the ranks split it by its "
+                           "size, so different sizes skip or repeat samples");
+}
+
+}  // namespace detail
+}  // namespace train
