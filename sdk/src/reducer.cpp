@@ -493,6 +493,12 @@ void check_divergence(const std::vector<PreparedModel>& models, c10d::ProcessGro
   check_replicas_equal(checked, group, device, caller);
 }
 
+bool has_checked_models() {
+  const auto& models = registry();
+  return std::any_of(models.begin(), models.end(),
+                     [](const PreparedModel& m) { return m.check_divergence; });
+}
+
 void check_prepared_models(const std::string& caller) {
   const auto& models = registry();
   if (models.empty()) return;  // one worker, or no model prepared

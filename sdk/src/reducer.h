@@ -152,6 +152,10 @@ PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
 void check_divergence(const std::vector<PreparedModel>& models, c10d::ProcessGroup& group,
                       const std::string& caller);
 
+/// Whether the running train function prepared a model that train::report
+/// checks (the same answer on every rank).
+bool has_checked_models();
+
 /// check_divergence over the models prepared in the running train function.
 void check_prepared_models(const std::string& caller);
 

@@ -30,7 +30,16 @@ void report_with(const Metrics& metrics, const char* checkpoint_dir, uint32_t up
     std::visit([&, &name = name](const auto& v) { map[name] = v; }, value.value());
   }
   const auto& host = current_host("train::report");
-  // Before the barrier, so that diverged replicas never reach a checkpoint.
+  // The replica check is a collective, before the barrier so that diverged
+  // replicas never reach a checkpoint. Every rank first reaches this report:
+  // a rank that returned from train_func, or reports fewer times, then ends
+  // the run, named, instead of leaving the others inside the collective.
+  if (has_checked_models() && TRAIN_HOST_HAS(&host, arrive)) {
+    char arrive_error[1024] = {0};
+    if (host.arrive(host.handle, arrive_error, sizeof(arrive_error)) != 0) {
+      throw std::runtime_error(std::string("train::report failed: ") + arrive_error);
+    }
+  }
   check_prepared_models("train::report");
   std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(map);
   char error[1024] = {0};

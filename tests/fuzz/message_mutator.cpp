@@ -31,6 +31,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::FetchChunk::kType] = sample_body(p::FetchChunk{p::kPluginSource, 0, 0, 1 << 20});
     m[p::Report::kType] =
         sample_body(p::Report{1, std::vector<char>(metrics.begin(), metrics.end()), true, {file}});
+    m[p::Arrive::kType] = sample_body(p::Arrive{1});
     m[p::UploadChunk::kType] = sample_body(p::UploadChunk{0, 0});
     m[p::Uploaded::kType] = sample_body(p::Uploaded{1, {file}, ""});
     m[p::FetchCheckpoint::kType] = sample_body(p::FetchCheckpoint{"checkpoint_000001"});
@@ -96,30 +97,18 @@ std::vector<zmq::message_t> MessageMutator::next(const std::string& type) {
   // A value of any msgpack type, some of them hostile.
   auto any_value = [&]() -> json {
     switch (below(12)) {
-      case 0:
-        return nullptr;
-      case 1:
-        return below(2) == 1;
-      case 2:
-        return std::numeric_limits<int64_t>::min();
-      case 3:
-        return std::numeric_limits<uint64_t>::max();
-      case 4:
-        return -static_cast<int64_t>(below(1000));
-      case 5:
-        return std::numeric_limits<double>::quiet_NaN();
-      case 6:
-        return random_bytes(40);  // text that is rarely UTF-8
-      case 7:
-        return std::string(70000, 'x');
-      case 8:
-        return json::binary(std::vector<uint8_t>(below(100), 0xc1));
-      case 9:
-        return json::array({1, "two", json::object()});
-      case 10:
-        return json{{"nested", json{{"deeper", 1}}}};
-      default:
-        return static_cast<int64_t>(below(1u << 20));
+      case 0: return nullptr;
+      case 1: return below(2) == 1;
+      case 2: return std::numeric_limits<int64_t>::min();
+      case 3: return std::numeric_limits<uint64_t>::max();
+      case 4: return -static_cast<int64_t>(below(1000));
+      case 5: return std::numeric_limits<double>::quiet_NaN();
+      case 6: return random_bytes(40);  // text that is rarely UTF-8
+      case 7: return std::string(70000, 'x');
+      case 8: return json::binary(std::vector<uint8_t>(below(100), 0xc1));
+      case 9: return json::array({1, "two", json::object()});
+      case 10: return json{{"nested", json{{"deeper", 1}}}};
+      default: return static_cast<int64_t>(below(1u << 20));
     }
   };
   switch (below(12)) {

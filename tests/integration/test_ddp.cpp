@@ -190,6 +190,55 @@ TEST_CASE(
   CHECK(last_metrics(box, "lenient")["used_grad_defined"] == true);
 }
 
+TEST_CASE(
+    "a rank that reports fewer times ends the run at once, naming it, with a model prepared") {
+  // The replica check of report 3 is a collective: rank 0 must not wait in it
+  // for a rank that has returned (a bound of 120 s instead of 30 minutes, so
+  // that a regression fails in time).
+  Sandbox box;
+  auto run =
+      box.run(kDdpPlugin + " --entry fewer_reports -n 2 --name fewer --collective-timeout 120");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  auto error = read_json(box.run_dir("fewer") / "error.json");
+  CHECK(error["kind"] == "usage");
+  CHECK(error["rank"] == 1);
+  CHECK(error["message"].get<std::string>().find(
+            "returned from train_func after 2 reports while rank 0 waits in report 3") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "a rank that returns while the others train ends the run, naming it and where they were") {
+  Sandbox box;
+  auto run =
+      box.run(kDdpPlugin + " --entry early_return -n 2 --name early --collective-timeout 120");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  auto error = read_json(box.run_dir("early") / "error.json");
+  CHECK(error["kind"] == "usage");
+  CHECK(error["rank"] == 1);
+  const auto message = error["message"].get<std::string>();
+  CHECK(message.find("returned from train_func after 0 reports while rank 0, after as many, was "
+                     "still training; rank 0 then raised: ") != std::string::npos);
+  CHECK(message.find("timed out") == std::string::npos);  // not the collective timeout
+}
+
+TEST_CASE("ranks whose datasets differ in size fail prepare_data_loader, naming both sizes") {
+  Sandbox box;
+  for (int size : {104, 120}) {
+    CAPTURE(size);
+    const auto name = "sizes" + std::to_string(size);
+    auto run = box.run(kDdpPlugin + " --entry dataset_sizes -n 2 --name " + name +
+                       " --config rank1_size=" + std::to_string(size));
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(read_json(box.run_dir(name) / "error.json")["message"].get<std::string>().find(
+              "prepare_data_loader: the dataset has 100 samples on rank 0 and " +
+              std::to_string(size) + " on rank 1") != std::string::npos);
+  }
+}
+
 TEST_CASE("parameters loaded with torch::load after prepare_model keep the replicas identical") {
   Sandbox box;
   CHECK(run_entry(box, "load_after_prepare")["replica_spread"] == 0.0);

@@ -216,6 +216,87 @@ void diverge(const train::Config& config) {
   train::report({{"reported", true}});
 }
 
+// A prepared model, two training steps each followed by a report; then every
+// rank but rank 1 makes a last report of its own (with no collective between).
+void fewer_reports(const train::Config& config) {
+  auto ctx = train::get_context();
+  auto model = train::prepare_model(make_mlp(), model_options(config));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  for (int i = 0; i < 2; ++i) {
+    optimizer.zero_grad();
+    torch::mse_loss(model->forward(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+    optimizer.step();
+    train::report({{"step", i}});
+  }
+  if (ctx.world_rank() != 1) train::report({{"final", true}});
+}
+
+// Rank 1 returns after config "rank1_steps" training steps (default 1), while
+// the others train config "steps" steps (default 50), without reporting.
+void early_return(const train::Config& config) {
+  auto ctx = train::get_context();
+  auto model = train::prepare_model(make_mlp(), model_options(config));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  const int steps =
+      ctx.world_rank() == 1 ? config.get<int>("rank1_steps", 1) : config.get<int>("steps", 50);
+  for (int i = 0; i < steps; ++i) {
+    optimizer.zero_grad();
+    torch::mse_loss(model->forward(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+    optimizer.step();
+  }
+}
+
+// A dataset of 100 samples on rank 0 and config "rank1_size" (default 104) on
+// the others, through prepare_data_loader.
+void dataset_sizes(const train::Config& config) {
+  struct Numbers : torch::data::datasets::Dataset<Numbers> {
+    explicit Numbers(size_t n) : n(n) {}
+    torch::data::Example<> get(size_t i) override {
+      return {torch::tensor(static_cast<int64_t>(i)), torch::tensor(static_cast<int64_t>(i))};
+    }
+    c10::optional<size_t> size() const override { return n; }
+    size_t n;
+  };
+  auto ctx = train::get_context();
+  const size_t size =
+      ctx.world_rank() == 0 ? 100 : static_cast<size_t>(config.get<int>("rank1_size", 104));
+  auto loader = train::prepare_data_loader(Numbers(size), train::LoaderOptions().batch_size(10));
+  int64_t samples = 0;
+  for (auto& batch : loader) samples += batch.data.size(0);
+  train::report({{"samples", samples}});
+}
+
+// Sizes 10, 101 and 1000, shuffled or not, with duplicates or not, epochs 0
+// to 3: the indices this rank reads, as JSON lines
+// "<size>/<shuffle>/<allow_duplicates>/<epoch>/<rank>: [...]" in config "out".
+void sampler_indices(const train::Config& config) {
+  auto ctx = train::get_context();
+  std::ofstream out(config.get<std::string>("out") + "/rank" + std::to_string(ctx.world_rank()) +
+                    ".txt");
+  for (size_t size : {10, 101, 1000}) {
+    for (bool shuffle : {true, false}) {
+      for (bool duplicates : {true, false}) {
+        train::DistributedSampler sampler(size, ctx, shuffle, duplicates);
+        for (size_t epoch = 0; epoch < 4; ++epoch) {
+          sampler.set_epoch(epoch);
+          sampler.reset();
+          out << size << "/" << shuffle << "/" << duplicates << "/" << epoch << "/"
+              << ctx.world_rank() << ":";
+          while (auto batch = sampler.next(7)) {
+            for (size_t i : *batch) out << " " << i;
+          }
+          out << "\n";
+        }
+      }
+    }
+  }
+  train::report({});
+}
+
+TRAIN_FUNC(fewer_reports);
+TRAIN_FUNC(early_return);
+TRAIN_FUNC(dataset_sizes);
+TRAIN_FUNC(sampler_indices);
 TRAIN_FUNC(equivalence);
 TRAIN_FUNC(init);
 TRAIN_FUNC(sampler);

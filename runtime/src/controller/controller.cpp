@@ -231,7 +231,7 @@ Controller::AttemptEnd Controller::run_attempt() {
     }
     if (interrupted_) return {interrupted_};
     if (failures_.settled(Clock::now(), kFailureGrace) && remote_workers_accounted()) {
-      return {failures_.root_cause()};
+      return {after_early_return(failures_.root_cause())};
     }
     // Done once every rank returned and the last checkpoint is committed.
     if (!failures_.any() && assigned_ && !async_checkpoint_ &&
@@ -732,6 +732,28 @@ void Controller::write_storage_probe() {
   } catch (const IoError& e) {
     log_.warn("remote workers will stream their checkpoints: {}", e.what());
   }
+}
+
+RunError Controller::after_early_return(RunError error) const {
+  if (error.kind != FailureKind::kException || error.rank < 0 || !assigned_) return error;
+  const WorkerSlot* failed = pool_->at_rank(error.rank);
+  if (failed == nullptr || failed->done) return error;
+  const auto& workers = pool_->workers();
+  auto returned = std::find_if(workers.begin(), workers.end(),
+                               [](const WorkerSlot& w) { return w.done && w.rank >= 0; });
+  if (returned == workers.end()) return error;
+  // A rank that returns closes its connections to its peers (as a process
+  // that exits does), so one still training fails at its next collective:
+  // the return is the cause to name, the collective's error the evidence.
+  const int64_t reports = reports_.iteration() - 1;
+  return RunError{FailureKind::kUsage,
+                  "returned from train_func after " + std::to_string(reports) +
+                      (reports == 1 ? " report" : " reports") + " while rank " +
+                      std::to_string(error.rank) + ", after as many, was still training; rank " +
+                      std::to_string(error.rank) + " then " + error.message +
+                      ". Every rank must run the same collectives and call train::report the "
+                      "same number of times",
+                  returned->rank, returned->host, returned->process.pid};
 }
 
 void Controller::fail(WorkerSlot& worker, FailureKind kind, const std::string& message) {

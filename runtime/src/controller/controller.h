@@ -224,6 +224,7 @@ class Controller {
 
   // Reports and checkpoints.
   void on_report(WorkerSlot& worker, const protocol::Report& report);
+  void on_arrive(WorkerSlot& worker, const protocol::Arrive& arrive);
   /// `upload_channel`: it came on the upload thread's connection, where an
   /// asynchronous checkpoint's must come (a synchronous one's on the train
   /// thread's); the credit goes back the same way.
@@ -242,6 +243,9 @@ class Controller {
   void on_progress(const WorkerSlot& worker, const protocol::Progress& progress);
   void release_report();
   void check_stalled();
+  /// A rank that raised while another had returned from train_func: the
+  /// error is the returned rank's (a usage error), with the raise as evidence.
+  RunError after_early_return(RunError error) const;
 
   // Failures.
   void fail(WorkerSlot& worker, FailureKind kind, const std::string& message);

@@ -603,6 +603,8 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   const auto& type = message.type();
   if (type == protocol::Report::kType) {
     on_report(worker, message.as<protocol::Report>());
+  } else if (type == protocol::Arrive::kType) {
+    on_arrive(worker, message.as<protocol::Arrive>());
   } else if (type == protocol::UploadChunk::kType) {
     on_upload_chunk(worker, message, /*upload_channel=*/false);
   } else if (type == protocol::Uploaded::kType) {
@@ -724,6 +726,23 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
     }
   }
   release_report();
+}
+
+void Controller::on_arrive(WorkerSlot& worker, const protocol::Arrive& arrive) {
+  if (failures_.any() || stopping_ || regroup_) return;
+  if (worker.done) throw ProtocolError("ARRIVE after DONE");
+  if (auto error = reports_.arrive_early(worker.rank, arrive.iteration)) {
+    fail(worker, FailureKind::kUsage, *error);
+    return;
+  }
+  if (!reports_.early_complete()) {
+    check_stalled();
+    return;
+  }
+  reports_.release_early();
+  for (int rank = 0; rank < world_size(); ++rank) {
+    to_train(*pool_->at_rank(rank), protocol::ReportAck{arrive.iteration});
+  }
 }
 
 void Controller::send_async_upload(const WorkerSlot& worker, const protocol::Upload& upload) {

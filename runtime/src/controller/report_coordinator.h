@@ -1,6 +1,8 @@
 #pragma once
 
-// train::report across the ranks: the barrier, the check that no rank returns
+// train::report across the ranks: the barrier, the arrival before a report
+// (a rank with prepared models waits here for every rank to reach the report
+// before the replica check's collective), the check that no rank returns
 // from train_func while others wait in report forever, and the record of each
 // completed report. Pure: it decides, and the controller sends the answers
 // and writes the records. Every call is O(1) in the world size on the common
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "controller/report_barrier.h"
 
@@ -28,12 +31,21 @@ class ReportCoordinator {
   /// A rank reports `iteration` (1-based, counted by the rank). Returns the
   /// usage error when it is out of step.
   std::optional<std::string> arrive(int rank, int64_t iteration, nlohmann::json metrics);
+  /// A rank reached report `iteration` and waits for every rank to reach it
+  /// (nothing is recorded). Returns the usage error when it is out of step.
+  std::optional<std::string> arrive_early(int rank, int64_t iteration);
+  /// Whether every rank has reached the current report's arrival; then
+  /// release_early() lets them go on to the report itself.
+  bool early_complete() const { return early_count_ == world_size_; }
+  void release_early();
   /// Whether every rank has reported the current iteration.
   bool complete() const { return barrier_.complete(); }
   /// The iteration being collected, as the ranks count it.
   int64_t iteration() const { return barrier_.iteration(); }
-  /// Whether `rank` has reported the current iteration and waits for the others.
-  bool waiting(int rank) const { return barrier_.waiting(rank); }
+  /// Whether `rank` waits for the others: in the current report or before it.
+  bool waiting(int rank) const {
+    return barrier_.waiting(rank) || early_[static_cast<size_t>(rank)];
+  }
   /// Ends the completed report and starts the next: its record (rank 0's
   /// metrics; the iteration continues earlier runs), without times or a
   /// checkpoint yet.
@@ -48,6 +60,8 @@ class ReportCoordinator {
 
  private:
   ReportBarrier barrier_;
+  std::vector<bool> early_;  // by rank: arrived before the current report
+  int early_count_ = 0;
   int world_size_;
   int64_t iteration_offset_;
   int finished_ = 0;

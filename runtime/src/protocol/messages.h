@@ -115,6 +115,15 @@ struct Report {
   MSGPACK_DEFINE_MAP(iteration, metrics, checkpoint, files, async);
 };
 
+/// A rank reached its report `iteration` and waits, answered by REPORT_ACK
+/// once every rank has: what comes before the report's own collectives (the
+/// replica check), so that a rank that never reports ends the run instead.
+struct Arrive {
+  static constexpr const char* kType = "ARRIVE";
+  int64_t iteration = 0;
+  MSGPACK_DEFINE_MAP(iteration);
+};
+
 struct UploadChunk {  // followed by one blob frame with the bytes
   static constexpr const char* kType = "UPLOAD_CHUNK";
   uint32_t file = 0;  // index into the REPORT's files

@@ -92,11 +92,12 @@ protocol::Report make_report(HostState& state, const uint8_t* metrics, size_t me
   return report;
 }
 
-// Waits for the acknowledgement of `report`; 0, or 1 with the message.
-int await_ack(HostState& state, const protocol::Report& report, char* error, size_t error_size) {
+// Waits for the acknowledgement of report `iteration` (or of the arrival
+// before it); 0, or 1 with the message.
+int await_ack(HostState& state, int64_t iteration, char* error, size_t error_size) {
   auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
   if (reply.type() == protocol::ReportAck::kType &&
-      reply.as<protocol::ReportAck>().iteration == report.iteration) {
+      reply.as<protocol::ReportAck>().iteration == iteration) {
     return 0;
   }
   copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
@@ -118,7 +119,7 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
     if (report.checkpoint) {
       upload_checkpoint(*state.controller, report.iteration, checkpoint_dir, report.files);
     }
-    return await_ack(state, report, error, error_size);
+    return await_ack(state, report.iteration, error, error_size);
   } catch (const std::exception& e) {
     copy_message(e.what(), error, error_size);
   }
@@ -155,7 +156,19 @@ int host_report_checkpoint(void* handle, const uint8_t* metrics, size_t metrics_
     ++state.reports;
     state.uploader->submit(report.iteration, handed.dir, report.files);
     protocol::send(*state.controller, report);
-    return await_ack(state, report, error, error_size);
+    return await_ack(state, report.iteration, error, error_size);
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+  }
+  return 1;
+}
+
+int host_arrive(void* handle, char* error, size_t error_size) {
+  auto& state = *static_cast<HostState*>(handle);
+  try {
+    const int64_t iteration = state.reports + 1;
+    protocol::send(*state.controller, protocol::Arrive{iteration});
+    return await_ack(state, iteration, error, error_size);
   } catch (const std::exception& e) {
     copy_message(e.what(), error, error_size);
   }
@@ -356,6 +369,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.get_checkpoint = &host_get_checkpoint;
     host.progress = &host_progress;
     host.report_checkpoint = &host_report_checkpoint;
+    host.arrive = &host_arrive;
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});
@@ -367,7 +381,15 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     if (rc == TRAIN_OK && state.uploader) state.uploader->wait();
     if (rc == TRAIN_OK) {
       protocol::send(controller, protocol::Done{state.reports});
-      (void)group.release();
+      if (c10::Device(assign.device).is_cpu()) {
+        // Closes this rank's Gloo connections, as a process that exits does: a
+        // rank still in (or entering) a collective with it fails at once, not
+        // at the collective timeout. Every collective this rank took part in
+        // is complete here, its bytes sent.
+        group.reset();
+      } else {
+        (void)group.release();  // NCCL: its peers cannot be told this way
+      }
       return;
     }
     failed_message = error.data();

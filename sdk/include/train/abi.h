@@ -78,6 +78,13 @@ typedef struct train_host_v1_s {
   int (*report_checkpoint)(void* handle, const uint8_t* metrics, size_t metrics_size,
                            const char* checkpoint_dir, uint32_t upload_mode, char* error,
                            size_t error_size);
+
+  /* Waits until every rank has reached its next report, records nothing: the
+   * SDK calls it before a report's own collectives (the replica check), so
+   * that a rank that returned from train_func, or reports fewer times, ends the
+   * run naming itself instead of leaving the others inside a collective.
+   * Returns 0, or non-zero with a message. */
+  int (*arrive)(void* handle, char* error, size_t error_size);
 } train_host_v1_t;
 
 /* report_checkpoint's upload_mode. */
