@@ -71,7 +71,7 @@ TEST_CASE("fake workers: a rank that returns while others wait in report is name
   REQUIRE(result.error);
   CHECK(result.error->kind == FailureKind::kUsage);
   CHECK(result.error->rank == 2);
-  CHECK(result.error->message.find("returned from train_func after 1 reports while rank") !=
+  CHECK(result.error->message.find("returned from train_func after 1 report while rank") !=
         std::string::npos);
   CHECK(result.iterations == 1);  // the report every rank made is recorded
 }

@@ -110,6 +110,44 @@ TEST_CASE("report coordinator: a rank that returns while another waits is blamed
         "must call train::report the same number of times");
 }
 
+TEST_CASE("report coordinator: ranks meet before a report, and one that returned is blamed there") {
+  ReportCoordinator reports(2, 0);
+  CHECK_FALSE(reports.arrive_early(0, 1));
+  CHECK(reports.waiting(0));
+  CHECK_FALSE(reports.early_complete());
+  CHECK_FALSE(reports.arrive_early(1, 1));
+  REQUIRE(reports.early_complete());
+  reports.release_early();
+  CHECK_FALSE(reports.waiting(0));
+  for (int rank : {0, 1}) CHECK_FALSE(reports.arrive(rank, 1, {}));
+  REQUIRE(reports.complete());
+  (void)reports.release();
+
+  CHECK_FALSE(reports.arrive_early(0, 2));
+  reports.finished(1);
+  auto stalled = reports.stalled();
+  REQUIRE(stalled);
+  CHECK(stalled->first == 1);
+  CHECK(stalled->second.find("returned from train_func after 1 report while rank 0 waits in "
+                             "report 2") == 0);
+}
+
+TEST_CASE("report coordinator: a report or an arrival out of step with the others is an error") {
+  ReportCoordinator reports(2, 0);
+  CHECK(reports.arrive_early(0, 2));  // the run is at report 1
+  CHECK_FALSE(reports.arrive_early(0, 1));
+  CHECK(reports.arrive_early(0, 1));      // twice
+  auto error = reports.arrive(1, 1, {});  // without arriving first
+  REQUIRE(error);
+  CHECK(error->find("rank 1 reported iteration 1 without waiting for every rank before it") == 0);
+
+  ReportCoordinator other(2, 0);
+  CHECK_FALSE(other.arrive(0, 1, {}));
+  error = other.arrive_early(1, 1);  // rank 0 reported without arriving
+  REQUIRE(error);
+  CHECK(error->find("rank 0 reported iteration 1 without waiting") == 0);
+}
+
 TEST_CASE("report coordinator: a thousand ranks, in any order, complete each report") {
   ReportCoordinator reports(1024, 0);
   for (int round = 1; round <= 3; ++round) {

@@ -68,11 +68,14 @@ std::optional<std::pair<int, std::string>> ReportCoordinator::stalled() const {
   }
   int waiting = 0;
   while (!this->waiting(waiting)) ++waiting;  // one exists: waiting_ranks > 0
-  return std::make_pair(
-      last_finished_, "returned from train_func after " + std::to_string(barrier_.iteration() - 1) +
-                          " reports while rank " + std::to_string(waiting) + " waits in report " +
-                          std::to_string(barrier_.iteration()) +
-                          ": every rank must call train::report the same number of times");
+  const int64_t reports = barrier_.iteration() - 1;
+  return std::make_pair(last_finished_,
+                        "returned from train_func after " + std::to_string(reports) +
+                            (reports == 1 ? " report" : " reports") + " while rank " +
+                            std::to_string(waiting) + " waits in report " +
+                            std::to_string(barrier_.iteration()) +
+                            ": every rank must call train::report the same "
+                            "number of times");
 }
 
 }  // namespace trainrun
