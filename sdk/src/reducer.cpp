@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 
@@ -115,17 +116,30 @@ void Reducer::build_buckets(const ModelOptions& options) {
     used_host_ = torch::zeros({static_cast<int64_t>(slots_.size())}, torch::kInt);
     used_ = used_host_.to(slots_.front().param.device());
   }
+  // DDP's layout, so that Gloo's ring adds every element up in DDP's order
+  // (on 3 ranks or more the order shows in the last bits). With
+  // find_unused_parameters DDP assigns buckets over the parameters in
+  // registration order and launches them last first; without, it lays them
+  // out again after the first iteration in the order the gradients came,
+  // which reverse registration order (slots_'s) approximates from the start.
+  std::vector<size_t> order(slots_.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (find_unused_) std::reverse(order.begin(), order.end());
   std::vector<BucketInput> inputs;
-  for (const auto& slot : slots_) {
-    const auto& p = slot.param;
+  for (size_t s : order) {
+    const auto& p = slots_[s].param;
     inputs.push_back({static_cast<size_t>(p.numel()) * p.element_size(),
                       std::string(c10::toString(p.scalar_type())) + "/" + p.device().str()});
   }
   auto assignment = assign_buckets(inputs, options.first_bucket_cap_mb() * kBytesPerMiB,
                                    options.bucket_cap_mb() * kBytesPerMiB);
+  if (find_unused_) std::reverse(assignment.begin(), assignment.end());
   buckets_.resize(assignment.size());
   for (size_t b = 0; b < assignment.size(); ++b) {
-    for (size_t s : assignment[b]) slots_[s].bucket = b;
+    for (auto& s : assignment[b]) {
+      s = order[s];
+      slots_[s].bucket = b;
+    }
     buckets_[b].slots = std::move(assignment[b]);
   }
   torch::NoGradGuard no_grad;
