@@ -17,9 +17,11 @@ packages=(
   chromium fonts-liberation
   # The launcher tests: a one-node Slurm cluster, network namespaces.
   slurm-wlm munge iproute2 util-linux
+  # PyTorch 1.13 (the same LibTorch): the DDP oracle test, and torchrun for the benchmarks.
+  python3-torch
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-torchvision)
+  packages+=(python3-torchvision)
 fi
 
 missing=()
