@@ -3,8 +3,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace train {
 
@@ -50,6 +52,10 @@ void DistributedSampler::reset(c10::optional<size_t> new_size) {
     state.indices.push_back(at(shuffle_ ? rank_ + k * replicas_ : rank_ * local + k));
   }
   state.position = 0;
+  if (state.resume && state.resume->first == state.epoch) {
+    state.position = std::min(state.resume->second, state.indices.size());
+  }
+  state.resume.reset();
 }
 
 c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
@@ -62,7 +68,6 @@ c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
   return batch;
 }
 
-// The names of LibTorch's DistributedRandomSampler, so that either loads the other's.
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("sample_index_", torch::tensor(static_cast<int64_t>(state_->position)), true);
   archive.write("epoch_", torch::tensor(static_cast<int64_t>(state_->epoch)), true);
@@ -72,9 +77,12 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   auto value = torch::empty(1, torch::kInt64);
   archive.read("epoch_", value, true);
   state_->epoch = static_cast<size_t>(value.item<int64_t>());
-  reset();
   archive.read("sample_index_", value, true);
-  state_->position = std::min(static_cast<size_t>(value.item<int64_t>()), state_->indices.size());
+  const auto position = static_cast<size_t>(value.item<int64_t>());
+  reset();
+  state_->position = std::min(position, state_->indices.size());
+  // The loader resets the sampler as the epoch begins: the position holds then too.
+  state_->resume = std::make_pair(state_->epoch, position);
 }
 
 namespace detail {

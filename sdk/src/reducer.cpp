@@ -222,7 +222,7 @@ void Reducer::on_gradient_incoming(size_t index) {
   const auto& param = slot.param;
   if (!param.sizes().equals(slot.view.sizes()) || param.scalar_type() != slot.view.scalar_type() ||
       param.device() != slot.view.device()) {
-    reset_iteration();
+    abandon_iteration();
     const bool moved = param.device() != slot.view.device();
     throw std::runtime_error("parameter '" + slot.name + "' became " + layout(param) +
                              " after prepare_model, which gave its gradient a place for " +
@@ -265,7 +265,7 @@ void Reducer::begin_backward() {
 void Reducer::take_gradient(size_t index) {
   auto& slot = slots_[index];
   if (slot.ready) {
-    reset_iteration();
+    abandon_iteration();
     throw std::runtime_error("parameter '" + slot.name +
                              "' got its gradient twice in one backward pass: prepare_model "
                              "supports one backward per iteration");
@@ -315,7 +315,7 @@ void Reducer::launch_ready_buckets() {
         bucket.work = group_->allreduce(tensors);
       }
     } catch (...) {  // a backend that refuses the type: the next backward starts clean
-      reset_iteration();
+      abandon_iteration();
       throw;
     }
   }
@@ -366,7 +366,7 @@ void Reducer::finalize() {
       if (!slot.ready) unused += (unused.empty() ? "" : ", ") + slot.name;
     }
     if (!find_unused_) {
-      reset_iteration();
+      abandon_iteration();
       throw std::runtime_error(
           "parameters got no gradient in this iteration: " + unused +
           ". Pass train::ModelOptions().find_unused_parameters(true) to prepare_model if that "
@@ -405,18 +405,7 @@ void Reducer::finalize() {
       settle_unused();
     }
   } catch (...) {
-    // Nothing still in flight writes into a buffer the next iteration fills.
-    auto drain = [](c10::intrusive_ptr<c10d::Work>& work) {
-      if (!work) return;
-      try {
-        work->wait();
-      } catch (...) {  // the first error is the one that counts
-      }
-      work.reset();
-    };
-    for (auto& bucket : buckets_) drain(bucket.work);
-    drain(used_work_);
-    reset_iteration();
+    abandon_iteration();
     throw;
   }
   for (auto& slot : slots_) slot.accumulated = false;  // synchronised
@@ -450,6 +439,21 @@ void Reducer::settle_unused() {
       slot.view.copy_(slot.prior);  // no rank used it: .grad as it was
     }
   }
+}
+
+void Reducer::abandon_iteration() {
+  // Nothing still in flight may write into a buffer the next iteration fills.
+  auto drain = [](c10::intrusive_ptr<c10d::Work>& work) {
+    if (!work) return;
+    try {
+      work->wait();
+    } catch (...) {  // the error being thrown is the one that counts
+    }
+    work.reset();
+  };
+  for (auto& bucket : buckets_) drain(bucket.work);
+  drain(used_work_);
+  reset_iteration();
 }
 
 void Reducer::reset_iteration() {

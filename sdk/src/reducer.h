@@ -1,32 +1,11 @@
 #pragma once
 
 // Gradient synchronisation for one prepared model, after PyTorch's
-// c10d::Reducer. Gradients live in flat per-bucket buffers: once a parameter
-// has had a gradient, its .grad shares its bucket's storage, so autograd
-// accumulates straight into what is allreduced (a .grad that is undefined, or
-// replaced, is copied in when its gradient is ready). A post-hook on each
-// parameter's gradient accumulator marks it
-// ready; a bucket whose parameters are all ready is multiplied by 1/world size
-// (and with compression cast to bf16 or fp16 into a second buffer, cast back
-// once its allreduce is done; bf16 over Gloo goes as an alltoall, then, in
-// finalisation, an allgather of the sums) and its allreduce launched asynchronously,
-// buckets strictly in order so every
-// rank issues the same collectives in the same order. A callback queued on the
-// autograd engine finalises at the end of backward: unused parameters (with
-// find_unused_parameters each contributes what its .grad holds, and a map of
-// the parameters used on any rank decides which .grad takes the average and
-// which stays as it was, as in one process), waiting for every bucket, buffer
-// broadcast. On CUDA a bucket's collective is queued
-// on the stream of the hook that completes it, after the streams of its other
-// gradients (events, no host wait). Finalisation is an autograd final
-// callback, which the engine runs on the streams current where backward() was
-// called, after making them wait for every gradient accumulator's stream; it
-// waits on each work there, so .grad is ready in stream order for what
-// follows backward() (the optimizer). A hook on each parameter itself, which
-// autograd keeps across Tensor::set_ (torch::load), moves the post-hook to a
-// new gradient accumulator before it runs. Hooks run on autograd's threads; a
-// mutex guards the state. Owned by the registry in reducer.cpp for the length
-// of the train function.
+// c10d::Reducer: flat per-bucket gradient buffers that .grad shares, filled by
+// autograd and allreduced bucket by bucket, in order, as backward makes them
+// ready; a final callback deals with unused parameters, waits, and broadcasts
+// buffers. docs/design.md (Data parallelism) says how and why. Hooks run on
+// autograd's threads; a mutex guards the state.
 
 #include <train/model.h>
 #include <train/torch_compat.h>
@@ -103,6 +82,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// and starts the allgather of the sums.
   void gather_sums(Bucket& bucket);
   void finalize();
+  /// An error path: waits for every collective still in flight (they write
+  /// into the buckets), then resets.
+  void abandon_iteration();
   void reset_iteration();
   /// Makes the calling thread's stream wait for every gradient of `bucket`
   /// produced on another stream (CUDA); no host synchronisation.

@@ -51,6 +51,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::Chunk::kType] = sample_body(p::Chunk{p::kPluginSource, 0, 0});
     m[p::StoreReply::kType] = sample_body(p::StoreReply{1, "", {1}, 0});
     m[p::ReportAck::kType] = sample_body(p::ReportAck{1});
+    m[p::ArriveAck::kType] = sample_body(p::ArriveAck{1});
     m[p::Upload::kType] = sample_body(p::Upload{1, "", 8});
     m[p::UploadCredit::kType] = sample_body(p::UploadCredit{1});
     m[p::CheckpointListing::kType] = sample_body(p::CheckpointListing{"c", {file}});

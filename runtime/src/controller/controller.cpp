@@ -736,6 +736,11 @@ void Controller::write_storage_probe() {
 
 RunError Controller::after_early_return(RunError error) const {
   if (error.kind != FailureKind::kException || error.rank < 0 || !assigned_) return error;
+  // Only a collective's error that a closed connection explains (Gloo's TCP
+  // pairs): a rank that returned may be right, and another's error unrelated.
+  const bool peer_gone = error.message.find("closed by peer") != std::string::npos ||
+                         error.message.find("reset by peer") != std::string::npos;
+  if (!peer_gone) return error;
   const WorkerSlot* failed = pool_->at_rank(error.rank);
   if (failed == nullptr || failed->done) return error;
   const auto& workers = pool_->workers();

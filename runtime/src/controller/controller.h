@@ -243,8 +243,9 @@ class Controller {
   void on_progress(const WorkerSlot& worker, const protocol::Progress& progress);
   void release_report();
   void check_stalled();
-  /// A rank that raised while another had returned from train_func: the
-  /// error is the returned rank's (a usage error), with the raise as evidence.
+  /// A rank that raised, on a connection its peer closed, while another rank
+  /// had returned from train_func: the error is the returned rank's (a usage
+  /// error), with the raise as evidence.
   RunError after_early_return(RunError error) const;
 
   // Failures.

@@ -741,7 +741,7 @@ void Controller::on_arrive(WorkerSlot& worker, const protocol::Arrive& arrive) {
   }
   reports_.release_early();
   for (int rank = 0; rank < world_size(); ++rank) {
-    to_train(*pool_->at_rank(rank), protocol::ReportAck{arrive.iteration});
+    to_train(*pool_->at_rank(rank), protocol::ArriveAck{arrive.iteration});
   }
 }
 

@@ -115,7 +115,7 @@ struct Report {
   MSGPACK_DEFINE_MAP(iteration, metrics, checkpoint, files, async);
 };
 
-/// A rank reached its report `iteration` and waits, answered by REPORT_ACK
+/// A rank reached its report `iteration` and waits, answered by ARRIVE_ACK
 /// once every rank has: what comes before the report's own collectives (the
 /// replica check), so that a rank that never reports ends the run instead.
 struct Arrive {
@@ -289,6 +289,12 @@ struct StoreReply {
 
 struct ReportAck {
   static constexpr const char* kType = "REPORT_ACK";
+  int64_t iteration = 0;
+  MSGPACK_DEFINE_MAP(iteration);
+};
+
+struct ArriveAck {
+  static constexpr const char* kType = "ARRIVE_ACK";
   int64_t iteration = 0;
   MSGPACK_DEFINE_MAP(iteration);
 };

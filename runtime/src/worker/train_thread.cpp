@@ -92,14 +92,12 @@ protocol::Report make_report(HostState& state, const uint8_t* metrics, size_t me
   return report;
 }
 
-// Waits for the acknowledgement of report `iteration` (or of the arrival
-// before it); 0, or 1 with the message.
+// Waits for the acknowledgement (an Ack: ReportAck, or ArriveAck for the
+// arrival before a report) of report `iteration`; 0, or 1 with the message.
+template <typename Ack = protocol::ReportAck>
 int await_ack(HostState& state, int64_t iteration, char* error, size_t error_size) {
   auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
-  if (reply.type() == protocol::ReportAck::kType &&
-      reply.as<protocol::ReportAck>().iteration == iteration) {
-    return 0;
-  }
+  if (reply.type() == Ack::kType && reply.as<Ack>().iteration == iteration) return 0;
   copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
   return 1;
 }
@@ -168,7 +166,7 @@ int host_arrive(void* handle, char* error, size_t error_size) {
   try {
     const int64_t iteration = state.reports + 1;
     protocol::send(*state.controller, protocol::Arrive{iteration});
-    return await_ack(state, iteration, error, error_size);
+    return await_ack<protocol::ArriveAck>(state, iteration, error, error_size);
   } catch (const std::exception& e) {
     copy_message(e.what(), error, error_size);
   }
@@ -310,7 +308,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
   protocol::Attach attach{assign.world_rank, ::getpid(), secret};
   protocol::send(controller, attach);
   // Closed on the way out (the context cannot end while it is open), even
-  // though the group that holds it is never destroyed.
+  // when the group that holds it is not destroyed.
   auto store = c10::make_intrusive<ControllerStore>(context, options, attach);
   struct CloseStore {
     ControllerStore& store;
@@ -323,7 +321,8 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
   std::unique_ptr<HostState> state_holder;
   // Outlives the entry: a rank that fails must not close its connections before
   // the controller has its report, or its peers' collectives fail first and
-  // look like the cause. The process ends without destroying it.
+  // look like the cause. The process ends without destroying it, unless the
+  // entry returned (below).
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     auto plugin = PluginLibrary::open(plugin_path);

@@ -88,8 +88,13 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   /// Chooses the epoch's order (shuffled: the permutation); takes effect at the
   /// next reset, which the loader makes when an epoch begins.
   void set_epoch(size_t epoch) { state_->epoch = epoch; }
+  /// Starts the epoch: this rank's indices for it, from the first (or from
+  /// where `load` left off, once, in the epoch it loaded).
   void reset(c10::optional<size_t> new_size = c10::nullopt) override;
+  /// The next `batch_size` indices (fewer at the end), or none when done.
   c10::optional<std::vector<size_t>> next(size_t batch_size) override;
+  /// The epoch and how many indices were given, under the names of LibTorch's
+  /// DistributedRandomSampler, so that either loads the other's.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -98,11 +103,13 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   size_t local_size() const;
 
  private:
+  // Shared by copies: the loader starts each epoch on a copy.
   struct State {
     size_t size = 0;
     size_t epoch = 0;
-    std::vector<size_t> indices;  // this rank's, this epoch
-    size_t position = 0;          // how many of them next() has given
+    std::vector<size_t> indices;                      // this rank's, this epoch
+    size_t position = 0;                              // how many of them next() has given
+    c10::optional<std::pair<size_t, size_t>> resume;  // load's epoch and position
   };
   std::shared_ptr<State> state_ = std::make_shared<State>();
   size_t replicas_, rank_;

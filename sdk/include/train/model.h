@@ -20,7 +20,9 @@ enum class Compression {
 struct ModelOptions {
   /// Size of the gradient buckets allreduced together, in MiB (DDP's bucket_cap_mb).
   TORCH_ARG(double, bucket_cap_mb) = 25;
-  /// Size of the first bucket, in MiB: small, so that communication starts early.
+  /// Size of the first bucket, in MiB: small, so that communication starts early
+  /// (with find_unused_parameters, DDP's layout: the bucket of the first
+  /// parameters registered, launched last).
   TORCH_ARG(double, first_bucket_cap_mb) = 1;
   /// Allow parameters that get no gradient in an iteration: their gradient counts
   /// as zero on that rank. When false, such an iteration fails with an error that
