@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "replica_check.h"
+
 namespace train {
 
 DistributedSampler::DistributedSampler(size_t size, const Context& ctx, bool shuffle,
@@ -91,12 +93,8 @@ void check_same_dataset_size(size_t size, const char* caller) {
   auto ctx = get_context();
   auto group = process_group();
   auto mine = torch::tensor({static_cast<int64_t>(size)}, torch::kLong).to(ctx.device());
-  std::vector<std::vector<torch::Tensor>> outputs(1);
-  for (int r = 0; r < ctx.world_size(); ++r) outputs[0].push_back(torch::empty_like(mine));
-  std::vector<torch::Tensor> inputs{mine};
-  group->allgather(outputs, inputs)->wait();
   std::vector<int64_t> sizes;
-  for (const auto& t : outputs[0]) sizes.push_back(t.cpu().item<int64_t>());
+  for (const auto& t : allgather(*group, mine)) sizes.push_back(t.item<int64_t>());
   std::string others;
   int first = -1;
   for (int r = 1; r < ctx.world_size(); ++r) {

@@ -71,7 +71,8 @@ uint64_t fnv1a(const std::string& text) {
   return hash;
 }
 
-// Every rank's `mine` (equal shapes on every rank), on the CPU, by rank.
+}  // namespace
+
 std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Tensor& mine) {
   std::vector<std::vector<torch::Tensor>> outputs(1);
   for (int rank = 0; rank < group.getSize(); ++rank) outputs[0].push_back(torch::empty_like(mine));
@@ -81,8 +82,6 @@ std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Ten
   for (const auto& t : outputs[0]) gathered.push_back(t.cpu());
   return gathered;
 }
-
-}  // namespace
 
 std::vector<ModelEntry> describe_model(const torch::nn::Module& module,
                                        const ModelOptions& options) {

@@ -28,6 +28,13 @@ train::ModelOptions model_options(const train::Config& config) {
       .check_divergence(config.get<bool>("check_divergence", true));
 }
 
+// One SGD step of the MLP on a random batch of 4.
+void random_step(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer) {
+  optimizer.zero_grad();
+  torch::mse_loss(model->forward(torch::randn({4, 8})), torch::randn({4, 4})).backward();
+  optimizer.step();
+}
+
 // max - min of each element across ranks, reduced to its largest value.
 double spread_across_ranks(const torch::Tensor& flat) {
   auto group = train::process_group();
@@ -189,9 +196,7 @@ void load_after_prepare(const train::Config& config) {
   torch::load(model, file);
   torch::manual_seed(10 + ctx.world_rank());  // different data on every rank
   for (int step = 0; step < 3; ++step) {
-    optimizer.zero_grad();
-    torch::mse_loss(model->forward(torch::randn({4, 8})), torch::randn({4, 4})).backward();
-    optimizer.step();
+    random_step(model, optimizer);
   }
   train::report({{"replica_spread", spread_across_ranks(flat_parameters(*model))}});
 }
@@ -223,9 +228,7 @@ void fewer_reports(const train::Config& config) {
   auto model = train::prepare_model(make_mlp(), model_options(config));
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
   for (int i = 0; i < 2; ++i) {
-    optimizer.zero_grad();
-    torch::mse_loss(model->forward(torch::randn({4, 8})), torch::randn({4, 4})).backward();
-    optimizer.step();
+    random_step(model, optimizer);
     train::report({{"step", i}});
   }
   if (ctx.world_rank() != 1) train::report({{"final", true}});
@@ -240,9 +243,7 @@ void early_return(const train::Config& config) {
   const int steps =
       ctx.world_rank() == 1 ? config.get<int>("rank1_steps", 1) : config.get<int>("steps", 50);
   for (int i = 0; i < steps; ++i) {
-    optimizer.zero_grad();
-    torch::mse_loss(model->forward(torch::randn({4, 8})), torch::randn({4, 4})).backward();
-    optimizer.step();
+    random_step(model, optimizer);
   }
 }
 
