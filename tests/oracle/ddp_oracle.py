@@ -70,6 +70,9 @@ SCENARIOS = {
     "accumulate_sgd": {"model": "sometimes", "steps": 4, "micro": 3, "find_unused": True, **SGD},
     "accumulate_adam": {"model": "sometimes", "steps": 4, "micro": 3, "find_unused": True, **ADAM},
     "bf16_sgd": {"model": "sometimes", "steps": 5, "compression": "bf16", **SGD},
+    # bf16 over Gloo (alltoall, then allgather) with the used map between them.
+    "sometimes_bf16": {"model": "sometimes", "steps": 6, "find_unused": True,
+                       "compression": "bf16", **SGD},
 }
 
 # ---------------------------------------------------------------------------
