@@ -35,6 +35,16 @@ nlohmann::json last_metrics(const Sandbox& box, const std::string& name) {
   return results.back()["metrics"];
 }
 
+// Runs `entry` on 2 workers (with `more` arguments), which must fail, and
+// returns its error.json.
+nlohmann::json failed_run(const Sandbox& box, const std::string& entry, const std::string& name,
+                          const std::string& more = "") {
+  auto run = box.run(kDdpPlugin + " --entry " + entry + " -n 2 --name " + name + more);
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  return read_json(box.run_dir(name) / "error.json");
+}
+
 // Runs `entry` on 2 workers, requires success, and returns its last metrics.
 nlohmann::json run_entry(const Sandbox& box, const std::string& entry) {
   auto run = box.run(kDdpPlugin + " --entry " + entry + " -n 2 --name " + entry);
@@ -196,11 +206,7 @@ TEST_CASE(
   // for a rank that has returned (a bound of 120 s instead of 30 minutes, so
   // that a regression fails in time).
   Sandbox box;
-  auto run =
-      box.run(kDdpPlugin + " --entry fewer_reports -n 2 --name fewer --collective-timeout 120");
-  INFO(run.output);
-  CHECK(run.exit_code == 1);
-  auto error = read_json(box.run_dir("fewer") / "error.json");
+  auto error = failed_run(box, "fewer_reports", "fewer", " --collective-timeout 120");
   CHECK(error["kind"] == "usage");
   CHECK(error["rank"] == 1);
   CHECK(error["message"].get<std::string>().find(
@@ -211,11 +217,7 @@ TEST_CASE(
 TEST_CASE(
     "a rank that returns while the others train ends the run, naming it and where they were") {
   Sandbox box;
-  auto run =
-      box.run(kDdpPlugin + " --entry early_return -n 2 --name early --collective-timeout 120");
-  INFO(run.output);
-  CHECK(run.exit_code == 1);
-  auto error = read_json(box.run_dir("early") / "error.json");
+  auto error = failed_run(box, "early_return", "early", " --collective-timeout 120");
   CHECK(error["kind"] == "usage");
   CHECK(error["rank"] == 1);
   const auto message = error["message"].get<std::string>();
@@ -228,12 +230,9 @@ TEST_CASE("ranks whose datasets differ in size fail prepare_data_loader, naming 
   Sandbox box;
   for (int size : {104, 120}) {
     CAPTURE(size);
-    const auto name = "sizes" + std::to_string(size);
-    auto run = box.run(kDdpPlugin + " --entry dataset_sizes -n 2 --name " + name +
-                       " --config rank1_size=" + std::to_string(size));
-    INFO(run.output);
-    CHECK(run.exit_code == 1);
-    CHECK(read_json(box.run_dir(name) / "error.json")["message"].get<std::string>().find(
+    const auto error = failed_run(box, "dataset_sizes", "sizes" + std::to_string(size),
+                                  " --config rank1_size=" + std::to_string(size));
+    CHECK(error["message"].get<std::string>().find(
               "prepare_data_loader: the dataset has 100 samples on rank 0 and " +
               std::to_string(size) + " on rank 1") != std::string::npos);
   }
