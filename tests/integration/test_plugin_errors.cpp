@@ -68,6 +68,7 @@ TEST_CASE("usage errors exit 2") {
   auto help = box.run("--help");
   CHECK(help.exit_code == 0);
   CHECK(help.output.find("--num-workers") != std::string::npos);
+  CHECK(help.output.find("trainrun worker --connect") != std::string::npos);
   auto version = box.run("--version");
   CHECK(version.exit_code == 0);
   CHECK(version.output.find("trainrun " TRAIN_SDK_VERSION) != std::string::npos);

@@ -88,6 +88,11 @@ int main(int argc, char** argv) {
       "Runs a train function compiled into a plugin on N worker processes."};
   app.set_version_flag("--version", std::string("trainrun ") + TRAIN_SDK_VERSION);
   app.require_subcommand(0, 1);
+  // `worker` is handed to trainrun-worker before CLI11 parses (exec_worker).
+  app.footer(
+      "Workers on other machines:\n"
+      "  trainrun worker --connect tcp://HOST:PORT [--nproc N] ...\n"
+      "                              start workers that join a run (trainrun worker --help)");
 
   trainrun::TrainerOptions options;
   std::vector<std::string> config_args;
