@@ -1,29 +1,45 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package trainrun needs to build, test and run the
-# FashionMNIST job. Pass --bench to add what the benchmarks compare against
-# (PyTorch and torchvision for torchrun + DistributedDataParallel).
+# Installs the Debian 12 packages trainrun needs.
+#   tools/setup.sh           to build trainrun and run jobs (the FashionMNIST one included)
+#   tools/setup.sh --tests   and to build and pass the tests
+#   tools/setup.sh --bench   and what the benchmarks compare against
+# Uses sudo when not root.
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build python3
-  ccache  # .ci/run's second LibTorch line reuses the first's objects
+  build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
-  libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev pkg-config doctest-dev
-  zlib1g-dev dataset-fashion-mnist
+  libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev zlib1g-dev
   # report.html's charts (inlined at build time).
   libjs-chart.js
+  # The FashionMNIST plugin's data.
+  dataset-fashion-mnist
+)
+test_packages=(
+  python3 doctest-dev
+  ccache  # .ci/run's second LibTorch line reuses the first's objects
   # The test that renders report.html in a headless browser.
   chromium fonts-liberation
   # The launcher tests: a one-node Slurm cluster, network namespaces.
   slurm-wlm munge iproute2 util-linux
-  # PyTorch 1.13 (the same LibTorch): the DDP oracle test, and torchrun for the benchmarks.
+  # PyTorch 1.13 (the same LibTorch): the DDP oracle test.
   python3-torch
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torchvision)
-fi
+bench_packages=(
+  python3
+  # torchrun + DistributedDataParallel, the baselines.
+  python3-torch python3-torchvision
+)
+for option in "$@"; do
+  case "$option" in
+    --tests) packages+=("${test_packages[@]}") ;;
+    --bench) packages+=("${bench_packages[@]}") ;;
+    *) echo "usage: tools/setup.sh [--tests] [--bench]" >&2; exit 2 ;;
+  esac
+done
 
+mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

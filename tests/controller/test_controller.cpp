@@ -173,7 +173,7 @@ TEST_CASE(
   CHECK_FALSE(result.error);  // heartbeats every 250 ms, not every second
   auto options = fake_options(tmp.path, 2, nlohmann::json::object());
   options.run.heartbeat_timeout = std::chrono::milliseconds(50);
-  CHECK_THROWS_WITH_AS(Trainer{options}, doctest::Contains("at least 100 ms"), UsageError);
+  CHECK_THROWS_WITH_AS(Trainer{options}, doctest::Contains("at least 0.1 s"), UsageError);
 }
 
 TEST_CASE("fake workers: a rank's scratch directory goes when it ends, however it ends") {
@@ -225,7 +225,7 @@ TEST_CASE("fake workers: a rank that never starts its train function fails the r
   REQUIRE(result.error);
   CHECK(result.error->kind == FailureKind::kSetup);
   CHECK(result.error->rank == 1);
-  CHECK(result.error->message.find("did not start its train function within 2000 ms") !=
+  CHECK(result.error->message.find("did not start its train function within 2 s") !=
         std::string::npos);
 }
 

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <cstdio>
 #include <fstream>
@@ -328,14 +329,14 @@ int main(int argc, char** argv) {
   std::string connect;
   int index = -1;
   std::filesystem::path cache_dir;
-  int64_t startup_ms = 10000;
+  double startup_s = 10;
   app.add_option("--connect", connect)->required();
   app.add_option("--index", index);
   app.add_option("--cache-dir", cache_dir);
-  app.add_option("--startup-timeout-ms", startup_ms);
+  app.add_option("--startup-timeout", startup_s);
   CLI11_PARSE(app, argc, argv);
   try {
-    FakeWorker worker(connect, index, cache_dir, std::chrono::milliseconds(startup_ms));
+    FakeWorker worker(connect, index, cache_dir, std::chrono::milliseconds(std::llround(startup_s * 1000)));
     int code = worker.run();
     std::fflush(stdout);
     return code;

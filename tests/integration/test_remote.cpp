@@ -52,7 +52,7 @@ TEST_CASE("remote workers with the run key join over CURVE, one with another key
   REQUIRE_FALSE(endpoint.empty());
   // A worker with another run's key first: it must not take a place.
   pid_t stranger = box.start_worker(
-      "--connect " + endpoint + " --auth-key '" + other + "' --startup-timeout-ms 20000",
+      "--connect " + endpoint + " --auth-key '" + other + "' --startup-timeout 20",
       "stranger.txt");
   // It is refused at its handshake, and says so, before the others come.
   CHECK(Sandbox::wait(stranger) == 2);
@@ -139,7 +139,7 @@ TEST_CASE("a run whose remote workers do not come fails at the startup timeout, 
   CHECK(error["kind"] == "setup");
   // The local worker's HELLO may come late on a loaded machine: 0 or 1 of 2.
   CHECK(std::regex_search(error["message"].get<std::string>(),
-                          std::regex("only [01] of 2 workers connected within 5000 ms \\(1 to "
+                          std::regex("only [01] of 2 workers connected within 5 s \\(1 to "
                                      "connect to tcp://127\\.0\\.0\\.1:[0-9]+\\)")));
   CHECK_FALSE(box.any_worker_alive());
 }

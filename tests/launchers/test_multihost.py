@@ -261,7 +261,7 @@ def scenario_wrong_key(cluster, fashion, key):
     controller = cluster.controller("wrongkey", fashion, key, 4, TINY)
     cluster.wait_listening(controller)
     stranger = cluster.start("node2", "stranger", [*cluster.worker_argv(other, "cache-stranger"),
-                                                   "--startup-timeout-ms", "10000"])
+                                                   "--startup-timeout", "10"])
     wait_for(r"refused a peer", [controller], 20)
     nodes = [cluster.node("node1", key, 2), cluster.node("node2", key, 2)]
     finish(controller, nodes)

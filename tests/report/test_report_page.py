@@ -89,7 +89,7 @@ def main():
         sys.exit(__doc__)
     build = os.path.abspath(sys.argv[1])
     if shutil.which("chromium") is None:
-        sys.exit("FAIL: chromium is not installed (tools/setup.sh installs it)")
+        sys.exit("FAIL: chromium is not installed (tools/setup.sh --tests installs it)")
     artifacts = os.path.join(build, "artifacts")
     os.makedirs(artifacts, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="trainrun-report-")

@@ -22,6 +22,7 @@
 #include "common/constants.h"
 #include "common/local_worker.h"
 #include "common/network.h"
+#include "common/seconds.h"
 #include "common/signals.h"
 #include "common/silence.h"
 #include "protocol/handshake.h"
@@ -206,8 +207,8 @@ class Agent {
                                   options_.connect,
                                   "--cache-dir",
                                   options_.cache_dir.string(),
-                                  "--startup-timeout-ms",
-                                  std::to_string(options_.startup_timeout.count())};
+                                  "--startup-timeout",
+                                  seconds_arg(options_.startup_timeout)};
     if (!options_.key_file.empty()) {
       args.insert(args.end(),
                   {"--auth-key", std::filesystem::absolute(options_.key_file).string()});

@@ -30,6 +30,7 @@
 #include "common/network.h"
 #include "common/paths.h"
 #include "common/run_key.h"
+#include "common/seconds.h"
 #include "common/torch_line.h"
 #include "controller/checkpoint_store.h"
 #include "controller/controller.h"
@@ -297,8 +298,8 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
   }
   if (options_.run.heartbeat_timeout < kMinHeartbeatTimeout) {
     throw UsageError("the heartbeat timeout must be at least " +
-                     std::to_string(kMinHeartbeatTimeout.count()) + " ms, got " +
-                     std::to_string(options_.run.heartbeat_timeout.count()) + " ms");
+                     seconds_text(kMinHeartbeatTimeout) + ", got " +
+                     seconds_text(options_.run.heartbeat_timeout));
   }
   if (options_.failure.max_failures < -1) {
     throw UsageError("max_failures must be -1 (no limit) or more, got " +

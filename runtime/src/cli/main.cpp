@@ -2,6 +2,7 @@
 //   trainrun --plugin libx.so --num-workers 2 [--config k=v ...]
 //   trainrun inspect libx.so
 //   trainrun keygen FILE
+//   trainrun results RUN_DIR [--html FILE]
 //   trainrun worker --connect tcp://HOST:PORT   (runs trainrun-worker with these arguments)
 
 #include <train/version.h>
@@ -17,6 +18,7 @@
 #include <limits>
 
 #include "cli/config_args.h"
+#include "cli/timeout_option.h"
 #include "common/hash.h"
 #include "common/paths.h"
 #include "common/run_key.h"
@@ -85,23 +87,24 @@ int main(int argc, char** argv) {
   }
   CLI::App app{
       "trainrun: distributed data-parallel LibTorch training from C++.\n"
-      "Runs a train function compiled into a plugin on N worker processes."};
+      "Runs a train function compiled into a plugin on N worker processes.",
+      "trainrun"};
   app.set_version_flag("--version", std::string("trainrun ") + TRAIN_SDK_VERSION);
   app.require_subcommand(0, 1);
-  // `worker` is handed to trainrun-worker before CLI11 parses (exec_worker).
-  app.footer(
-      "Workers on other machines:\n"
-      "  trainrun worker --connect tcp://HOST:PORT [--nproc N] ...\n"
-      "                              start workers that join a run (trainrun worker --help)");
+  // Listed for --help only: `trainrun worker ...` is handed to trainrun-worker
+  // before CLI11 parses (exec_worker).
+  app.add_subcommand("worker",
+                     "start workers that join a run from another machine: trainrun worker "
+                     "--connect tcp://HOST:PORT [--nproc N] (trainrun worker --help)");
 
   trainrun::TrainerOptions options;
   std::vector<std::string> config_args;
   std::filesystem::path config_file;
-  using std::chrono::duration_cast;
-  using std::chrono::seconds;
-  auto heartbeat_s = duration_cast<seconds>(options.run.heartbeat_timeout).count();
-  auto startup_s = duration_cast<seconds>(options.run.startup_timeout).count();
-  auto collective_s = duration_cast<seconds>(options.run.collective_timeout).count();
+  // Every timeout in seconds, fractions allowed.
+  auto in_seconds = [](std::chrono::milliseconds ms) { return ms.count() / 1000.0; };
+  double heartbeat_s = in_seconds(options.run.heartbeat_timeout);
+  double startup_s = in_seconds(options.run.startup_timeout);
+  double collective_s = in_seconds(options.run.collective_timeout);
   app.add_option("--plugin", options.plugin, "the plugin (.so) built with the trainrun SDK");
   app.add_option("--entry", options.entry, "the train function to run, if the plugin has several");
   std::string num_workers = "1";
@@ -144,16 +147,15 @@ int main(int argc, char** argv) {
                "allow --listen on a non-loopback address without a run key");
   app.add_flag("--use-gpu", options.scaling.use_gpu,
                "one CUDA device per worker (by local rank), NCCL for collectives");
-  app.add_option("--heartbeat-timeout", heartbeat_s, "seconds of silence before a peer is lost")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--startup-timeout", startup_s, "seconds for workers to connect")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--collective-timeout", collective_s,
-                 "seconds a collective may wait for its peers before its rank fails")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  trainrun::add_timeout_option(
+      app, "--heartbeat-timeout", heartbeat_s,
+      "seconds of silence before a worker, node agent or the controller is lost (at least 0.1)");
+  trainrun::add_timeout_option(
+      app, "--startup-timeout", startup_s,
+      "seconds for the workers to connect, and then for each to load the plugin, join the "
+      "process group and start its train function");
+  trainrun::add_timeout_option(app, "--collective-timeout", collective_s,
+                               "seconds a collective may wait for its peers before its rank fails");
   app.add_option("--max-failures", options.failure.max_failures,
                  "failures the run survives, each restarting every worker from the latest "
                  "checkpoint (-1: no limit)")
@@ -225,9 +227,9 @@ int main(int argc, char** argv) {
     }
     options.checkpoint.score_max = score_order == "max";
     options.checkpoint.always_stream = upload == "stream";
-    options.run.heartbeat_timeout = seconds(heartbeat_s);
-    options.run.startup_timeout = seconds(startup_s);
-    options.run.collective_timeout = seconds(collective_s);
+    options.run.heartbeat_timeout = trainrun::from_seconds(heartbeat_s);
+    options.run.startup_timeout = trainrun::from_seconds(startup_s);
+    options.run.collective_timeout = trainrun::from_seconds(collective_s);
     options.progress_interval = std::chrono::seconds(progress_s);
     options.status_line = true;
     return run_training(std::move(options), config_file, config_args);

@@ -4,6 +4,8 @@
 // step of one task per node) it is the node's agent, which starts N workers
 // and supervises them (agent/node_agent.h).
 
+#include <trainrun/options.h>
+
 #include <CLI/CLI.hpp>
 #include <signal.h>
 
@@ -11,6 +13,7 @@
 #include <cstdlib>
 
 #include "agent/node_agent.h"
+#include "cli/timeout_option.h"
 #include "common/parent.h"
 #include "common/paths.h"
 #include "common/run_key.h"
@@ -31,20 +34,28 @@ int main(int argc, char** argv) {
   // environment it inherited says.
   const bool supervised = trainrun::die_with_parent();
   auto secret = trainrun::take_secret_from_environment();
-  CLI::App app{"trainrun-worker: runs train functions for a trainrun controller"};
+  CLI::App app{
+      "trainrun worker: start workers that join a trainrun run from this machine: a node "
+      "agent of N workers (--nproc), or one worker",
+      "trainrun worker"};
   trainrun::WorkerOptions options;
-  int64_t startup_ms = 0;
+  double startup_s = trainrun::kDefaultStartupTimeout.count() / 1000.0;
   app.add_option("--connect", options.connect, "the controller's endpoint, tcp://HOST:PORT")
       ->required();
-  app.add_option("--index", options.index, "launch index of a local worker");
-  app.add_option("--cache-dir", options.cache_dir, "plugin cache directory");
-  app.add_option("--startup-timeout-ms", startup_ms, "how long to wait for the assignment");
-  app.add_option("--attempt", options.attempt,
-                 "the attempt a node agent started this worker for (set by the agent)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--agent-pid", options.agent_pid,
-                 "the node agent that started this worker (set by the agent)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--cache-dir", options.cache_dir,
+                 "plugin cache directory (default $TRAINRUN_CACHE_DIR, else ~/.cache/trainrun)");
+  trainrun::add_timeout_option(
+      app, "--startup-timeout", startup_s,
+      "seconds to wait for the controller to accept this agent or worker and give it its rank");
+  // Set by the controller or the node agent for the workers they start.
+  const std::string internal = "Set by trainrun for the workers it starts";
+  app.add_option("--index", options.index, "launch index of a local worker")->group(internal);
+  app.add_option("--attempt", options.attempt, "the attempt a node agent started this worker for")
+      ->check(CLI::NonNegativeNumber)
+      ->group(internal);
+  app.add_option("--agent-pid", options.agent_pid, "the node agent that started this worker")
+      ->check(CLI::NonNegativeNumber)
+      ->group(internal);
   std::filesystem::path key_file;
   app.add_option("--auth-key", key_file, "the run key (trainrun keygen) the controller was given")
       ->envname(trainrun::kAuthKeyVariable);
@@ -63,7 +74,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (options.cache_dir.empty()) options.cache_dir = trainrun::default_cache_dir();
-  options.startup_timeout = std::chrono::milliseconds(startup_ms);
+  options.startup_timeout = trainrun::from_seconds(startup_s);
   options.secret = secret;
   try {
     if (!key_file.empty()) {

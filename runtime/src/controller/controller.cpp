@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/constants.h"
+#include "common/seconds.h"
 #include "storage/run_directory.h"
 
 namespace trainrun {
@@ -542,17 +543,14 @@ void Controller::check_timers() {
     if (worker.exited) continue;
     if (starting && !worker.main_id) {
       fail(worker, FailureKind::kSetup,
-           "did not connect to the controller within " +
-               std::to_string(run.startup_timeout.count()) + " ms");
+           "did not connect to the controller within " + seconds_text(run.startup_timeout));
     } else if (assigned_ && !worker.started && now - assigned_at_ > run.startup_timeout) {
       fail(worker, FailureKind::kSetup,
-           "did not start its train function within " +
-               std::to_string(run.startup_timeout.count()) +
-               " ms (stuck loading the plugin or joining the process group)");
+           "did not start its train function within " + seconds_text(run.startup_timeout) +
+               " (stuck loading the plugin or joining the process group)");
     } else if (worker.main_id && now - worker.last_heard > run.heartbeat_timeout) {
       fail(worker, FailureKind::kLost,
-           "sent nothing for " + std::to_string(run.heartbeat_timeout.count()) +
-               " ms: stopped responding" + silent_agent(worker, now));
+           "sent nothing for " + seconds_text(run.heartbeat_timeout) + ": stopped responding" + silent_agent(worker, now));
     }
   }
 }
@@ -623,15 +621,14 @@ void Controller::check_startup() {
   const bool connected = std::all_of(pool_->workers().begin(), pool_->workers().end(),
                                      [](const WorkerSlot& w) { return w.main_id.has_value(); });
   if (connected && hellos_ >= min_workers()) {  // elastic: the workers that came
-    log_.warn("starting with {} of {} workers: no more connected within {} ms", hellos_,
-              max_workers(), setup_.options.run.startup_timeout.count());
+    log_.warn("starting with {} of {} workers: no more connected within {}", hellos_,
+              max_workers(), seconds_text(setup_.options.run.startup_timeout));
     assign_ranks();
     return;
   }
   int remote = max_workers() - setup_.options.scaling.local_workers;
   auto message = "only " + std::to_string(hellos_) + " of " + std::to_string(max_workers()) +
-                 " workers connected within " +
-                 std::to_string(setup_.options.run.startup_timeout.count()) + " ms";
+                 " workers connected within " + seconds_text(setup_.options.run.startup_timeout);
   if (elastic()) message += " (the fewest to start with: " + std::to_string(min_workers()) + ")";
   if (remote > 0) {
     message += " (" + std::to_string(remote) + " to connect to " +

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "common/seconds.h"
 #include "common/secret.h"
 #include "common/worker_name.h"
 
@@ -71,8 +72,8 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
     auto process = spawn_local_worker(
         launch.executable,
         {"--connect", launch.endpoint, "--index", std::to_string(i), "--cache-dir",
-         launch.cache_dir.string(), "--startup-timeout-ms",
-         std::to_string(launch.startup_timeout.count())},
+         launch.cache_dir.string(), "--startup-timeout",
+         seconds_arg(launch.startup_timeout)},
         {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads, "TMPDIR=" + scratch.string(),
          std::string(kSecretVariable) + "=" + launch.secret});
     auto& worker = workers_.emplace_back();

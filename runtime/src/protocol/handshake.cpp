@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/seconds.h"
 #include "protocol/message.h"
 
 namespace trainrun::protocol {
@@ -66,8 +67,7 @@ std::string HandshakeWatch::describe(Outcome outcome, const std::string& endpoin
                     : std::string("connection: every handshake ended (the run has a key: give "
                                   "it with --auth-key)"));
     case Outcome::kTimedOut:
-      return "no handshake with the controller at " + endpoint + " within " +
-             std::to_string(timeout.count()) + " ms";
+      return "no handshake with the controller at " + endpoint + " within " + seconds_text(timeout);
     case Outcome::kInterrupted:
       return "interrupted before the controller at " + endpoint + " answered";
   }

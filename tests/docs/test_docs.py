@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Docs that cannot drift from the code they describe:
+
+- every flag that `trainrun --help` and each subcommand's `--help` list is in
+  docs/cli.md, in that command's section, and every flag documented there
+  exists in that command's `--help`; every subcommand has a section;
+- every repository path named in README.md, docs/ and the examples' READMEs
+  exists, and every relative link (and its #anchor) leads somewhere;
+- every page in docs/ is reachable from the README, and the README stays a
+  first contact (at most README_MAX_LINES lines).
+
+usage: test_docs.py TRAINRUN REPO_ROOT
+"""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+README_MAX_LINES = 320
+TOP_DIRS = r"(?:\.ci|cmake|docs|examples|plugins|runtime|sdk|tests|tools)"
+# A path in the repository, as prose and code blocks write it: not a part of
+# a longer path (build/tests/... is a build output), no placeholders.
+REPO_PATH = re.compile(r"(?<![\w./~-])(" + TOP_DIRS + r"/[\w./-]*[\w/])")
+FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+
+problems = []
+
+
+def help_text(trainrun, command):
+    out = subprocess.run([trainrun, *command, "--help"], capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode != 0:
+        sys.exit(f"trainrun {' '.join(command)} --help exited {out.returncode}: {out.stderr}")
+    return out.stdout
+
+
+def help_flags(text):
+    """The flags of CLI11's option lines: '  -n,--num-workers TEXT  ...'."""
+    flags = set()
+    for line in text.splitlines():
+        match = re.match(r"^  (-[\w-]+(?:,-[\w-]+)*)", line)
+        if match:
+            flags.update(match.group(1).split(","))
+    return flags
+
+
+def subcommands(text):
+    names, listing = [], False
+    for line in text.splitlines():
+        if line.startswith("Subcommands:"):
+            listing = True
+        elif listing and re.match(r"^  [a-z]", line):
+            names.append(line.split()[0])
+        elif listing and line and not line.startswith(" "):
+            listing = False
+    return names
+
+
+def documented_flags(cli_md):
+    """{command: flags} from docs/cli.md: its sections '## `trainrun worker`' and
+    the first cell of each table row in them."""
+    sections, current = {}, None
+    for line in cli_md.splitlines():
+        heading = re.match(r"^## `(trainrun[^`]*)`", line)
+        if heading:
+            current = heading.group(1)
+            sections[current] = set()
+        elif line.startswith("##"):
+            current = None
+        elif current and line.startswith("|") and not re.match(r"^\|[\s:|-]+$", line):
+            first_cell = line.split("|")[1]
+            for code in re.findall(r"`([^`]+)`", first_cell):
+                sections[current].update(FLAG.findall(code))
+    return sections
+
+
+def check_cli(trainrun, root):
+    with open(os.path.join(root, "docs", "cli.md")) as f:
+        documented = documented_flags(f.read())
+    top = help_text(trainrun, [])
+    commands = [[]] + [[name] for name in subcommands(top)]
+    if ["worker"] not in commands:
+        problems.append("trainrun --help does not list the worker subcommand")
+    for command in commands:
+        name = " ".join(["trainrun", *command])
+        actual = help_flags(help_text(trainrun, command))
+        if name not in documented:
+            problems.append(f"docs/cli.md has no section '## `{name}`'")
+            continue
+        for flag in sorted(actual - documented[name]):
+            problems.append(f"{name} {flag}: in --help, missing from docs/cli.md")
+        for flag in sorted(documented[name] - actual):
+            problems.append(f"{name} {flag}: in docs/cli.md, not in --help")
+    for name in sorted(set(documented) - {" ".join(["trainrun", *c]) for c in commands}):
+        problems.append(f"docs/cli.md documents '{name}', which trainrun --help does not list")
+
+
+def anchors(markdown):
+    """GitHub's anchors for a page's headings."""
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", markdown, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        base, n = slug, 1
+        while slug in found:
+            slug, n = f"{base}-{n}", n + 1
+        found.add(slug)
+    return found
+
+
+def check_paths(root):
+    pages = [os.path.join(root, "README.md")] + sorted(
+        glob.glob(os.path.join(root, "docs", "*.md")) +
+        glob.glob(os.path.join(root, "examples", "*", "README.md")))
+    for page in pages:
+        rel = os.path.relpath(page, root)
+        with open(page) as f:
+            text = f.read()
+        for path in sorted(set(REPO_PATH.findall(text))):
+            if not os.path.exists(os.path.join(root, path.rstrip("/."))):
+                problems.append(f"{rel} names {path}, which does not exist")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue  # https:, mailto:
+            file_part, _, anchor = target.partition("#")
+            linked = os.path.normpath(os.path.join(os.path.dirname(page), file_part)) \
+                if file_part else page
+            if not os.path.exists(linked):
+                problems.append(f"{rel} links to {target}, which does not exist")
+            elif anchor and linked.endswith(".md"):
+                with open(linked) as f:
+                    if anchor not in anchors(f.read()):
+                        problems.append(f"{rel} links to {target}: no such heading")
+
+
+def check_readme(root):
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    lines = readme.count("\n")
+    if lines > README_MAX_LINES:
+        problems.append(f"README.md has {lines} lines: more than {README_MAX_LINES}; move "
+                        "depth into docs/")
+    for page in sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
+        name = os.path.basename(page)
+        if f"(docs/{name}" not in readme:
+            problems.append(f"README.md does not link docs/{name}")
+
+
+def main():
+    trainrun, root = sys.argv[1], sys.argv[2]
+    check_cli(trainrun, root)
+    check_paths(root)
+    check_readme(root)
+    if problems:
+        print("\n".join(problems))
+        sys.exit(f"{len(problems)} place(s) where the docs and the code disagree")
+    print("docs: every flag, path and link matches the code")
+
+
+if __name__ == "__main__":
+    main()
