@@ -21,7 +21,7 @@ README_MAX_LINES = 320
 TOP_DIRS = r"(?:\.ci|cmake|docs|examples|plugins|runtime|sdk|tests|tools)"
 # A path in the repository, as prose and code blocks write it: not a part of
 # a longer path (build/tests/... is a build output), no placeholders.
-REPO_PATH = re.compile(r"(?<![\w./~-])(" + TOP_DIRS + r"/[\w./-]*[\w/])")
+REPO_PATH = re.compile(r"(?<![\w./~-])(" + TOP_DIRS + r"/[\w./-]*(?:\{[\w.,/-]+\}[\w./-]*)?)")
 FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
 problems = []
@@ -69,7 +69,7 @@ def documented_flags(cli_md):
         elif line.startswith("##"):
             current = None
         elif current and line.startswith("|") and not re.match(r"^\|[\s:|-]+$", line):
-            first_cell = line.split("|")[1]
+            first_cell = re.split(r"(?<!\\)\|", line)[1]
             for code in re.findall(r"`([^`]+)`", first_cell):
                 sections[current].update(FLAG.findall(code))
     return sections
@@ -108,6 +108,15 @@ def anchors(markdown):
     return found
 
 
+def expand(path):
+    """sdk/src/reducer.{h,cpp}: each of the paths it names."""
+    braces = re.search(r"\{([^}]*)\}", path)
+    if not braces:
+        return [path.rstrip("/.")]
+    return [p for choice in braces.group(1).split(",")
+            for p in expand(path[:braces.start()] + choice + path[braces.end():])]
+
+
 def check_paths(root):
     pages = [os.path.join(root, "README.md")] + sorted(
         glob.glob(os.path.join(root, "docs", "*.md")) +
@@ -116,9 +125,10 @@ def check_paths(root):
         rel = os.path.relpath(page, root)
         with open(page) as f:
             text = f.read()
-        for path in sorted(set(REPO_PATH.findall(text))):
-            if not os.path.exists(os.path.join(root, path.rstrip("/."))):
-                problems.append(f"{rel} names {path}, which does not exist")
+        for named in sorted(set(REPO_PATH.findall(text))):
+            for path in expand(named):
+                if not os.path.exists(os.path.join(root, path)):
+                    problems.append(f"{rel} names {path}, which does not exist")
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"^[a-z]+:", target):
                 continue  # https:, mailto:

@@ -44,7 +44,7 @@ TEST_CASE("two workers: each rank sees its context and rank 0 metrics are record
     CHECK(metrics["even"] == (i % 2 == 0));
   }
   auto csv = read_text(dir / "progress.csv");
-  CHECK(csv.rfind("iteration,timestamp,time_total_s,", 0) == 0);
+  CHECK(csv.rfind("iteration,timestamp,time_total_s,attempt,", 0) == 0);
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 4);
   auto info = read_json(dir / "run.json");
   CHECK(info["status"] == "finished");

@@ -27,15 +27,15 @@ TEST_CASE("storage: result.jsonl gets a line per report and progress.csv grows a
   RunStorage storage(tmp.path, "run");
   CHECK(std::filesystem::is_directory(tmp.path / "run" / "logs"));
   storage.append_result({1, 1.5, 0.5, {{"loss", 0.5}}, ""});
-  storage.append_result({2, 2.5, 1.5, {{"loss", 0.25}, {"note", "a,b"}}, ""});
+  storage.append_result({2, 2.5, 1.5, {{"loss", 0.25}, {"note", "a,b"}}, "", 2});
   auto lines = slurp(tmp.path / "run" / "result.jsonl");
   CHECK(std::count(lines.begin(), lines.end(), '\n') == 2);
   auto first = nlohmann::json::parse(lines.substr(0, lines.find('\n')));
   CHECK(first["metrics"]["loss"] == 0.5);
   CHECK(slurp(tmp.path / "run" / "progress.csv") ==
-        "iteration,timestamp,time_total_s,loss,note\n"
-        "1,1.5,0.5,0.5,\n"
-        "2,2.5,1.5,0.25,\"a,b\"\n");
+        "iteration,timestamp,time_total_s,attempt,loss,note\n"
+        "1,1.5,0.5,1,0.5,\n"
+        "2,2.5,1.5,2,0.25,\"a,b\"\n");
 }
 
 TEST_CASE("storage: atomic writes replace whole files and leave no temporary") {

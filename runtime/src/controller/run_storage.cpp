@@ -7,7 +7,10 @@
 namespace trainrun {
 namespace {
 
-const std::vector<std::string> kFixedColumns = {"iteration", "timestamp", "time_total_s"};
+// Then one column per metric, in the order they first appear. Which
+// checkpoint a report committed is in result.jsonl.
+const std::vector<std::string> kFixedColumns = {"iteration", "timestamp", "time_total_s",
+                                                "attempt"};
 
 std::string csv_escape(const std::string& cell) {
   if (cell.find_first_of(",\"\n") == std::string::npos) return cell;
@@ -17,7 +20,8 @@ std::string csv_escape(const std::string& cell) {
 }
 
 std::string csv_row(const std::vector<std::string>& columns, const ReportRecord& record) {
-  const nlohmann::json fixed[] = {record.iteration, record.timestamp, record.time_total_s};
+  const nlohmann::json fixed[] = {record.iteration, record.timestamp, record.time_total_s,
+                                  record.attempt};
   std::string line;
   for (size_t i = 0; i < columns.size(); ++i) {
     const nlohmann::json* value = nullptr;

@@ -7,7 +7,8 @@
 //     run.json               RunInfo: what was run, and its status
 //     result.jsonl           a ReportRecord per line; an asynchronous
 //                            checkpoint's commit in a line of its own
-//     progress.csv           the same, flattened (written by RunStorage)
+//     progress.csv           a row per report: iteration, timestamp, time_total_s, attempt,
+//                            a column per metric (written by RunStorage)
 //     checkpoint_state.json  CheckpointState: the kept checkpoints, the latest
 //     checkpoint_NNNNNN/     a checkpoint's files, and its manifest.json (Manifest)
 //     error.json             RunError of a run that did not finish
