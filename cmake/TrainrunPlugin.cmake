@@ -9,3 +9,20 @@ function(trainrun_add_plugin name)
     VISIBILITY_INLINES_HIDDEN ON
     PREFIX "lib")
 endfunction()
+
+# libstdc++ first among a binary's libraries. pip's libtorch.so (2.11, for one)
+# exports its own, unversioned copy of std::filesystem (remove_all, create_directory,
+# ...); the loader binds a program's calls to the first definition in load
+# order, which is LibTorch's when libtorch.so is linked first, and LibTorch's
+# remove_all crashes in a program built by another GCC. Naming libstdc++ ahead
+# of the objects makes it the first library loaded and searched, for every
+# target that links LibTorch (the SDK, plugins, the worker, programs), and for a
+# plugin loaded into the worker too.
+if(TARGET torch AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  get_target_property(_trainrun_torch_link_options torch INTERFACE_LINK_OPTIONS)
+  if(NOT _trainrun_torch_link_options MATCHES "--no-as-needed -lstdc\\+\\+")
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_OPTIONS
+      "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+  endif()
+  unset(_trainrun_torch_link_options)
+endif()

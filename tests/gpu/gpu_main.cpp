@@ -12,8 +12,15 @@
 #include "common/torch_line.h"
 #include "doctest_torch.h"
 #include "gpu_skip.h"
+#include "process_ranks.h"
 
-int cuda_devices() { return static_cast<int>(torch::cuda::device_count()); }
+// Counted in a child: the tests that fork ranks need this process without a
+// CUDA context (process_ranks.h).
+int cuda_devices() {
+  static const int count = process_ranks::count_cuda_devices(
+      [] { return static_cast<int>(torch::cuda::device_count()); });
+  return count;
+}
 
 int main(int argc, char** argv) {
   bool listing = false;

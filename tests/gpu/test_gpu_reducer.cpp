@@ -1,7 +1,7 @@
-// The Reducer on CUDA tensors, ranks as threads in one process (thread_ranks.h).
-// One GPU cannot hold two NCCL ranks, but Gloo takes CUDA tensors: two ranks
-// on one device over Gloo put the reducer's streams under test. NCCL is tested
-// with one rank, where it still runs every collective.
+// The Reducer on CUDA tensors, ranks as processes (process_ranks.h). One GPU
+// cannot hold two NCCL ranks, but Gloo takes CUDA tensors: two ranks on one
+// device over Gloo put the reducer's streams under test. NCCL is tested with
+// one rank, where it still runs every collective.
 
 #include <train/model.h>
 #include <train/torch_compat.h>
@@ -20,8 +20,8 @@
 
 #include "doctest_torch.h"
 #include "gpu_skip.h"
+#include "process_ranks.h"
 #include "reducer.h"
-#include "thread_ranks.h"
 
 namespace {
 
@@ -64,8 +64,8 @@ c10::Stream side_stream() {
 // so one bucket holds gradients from two streams.
 std::vector<torch::Tensor> train_data_parallel(int world, const train::ModelOptions& options,
                                                bool split_streams = false) {
-  std::vector<torch::Tensor> finals(world);
-  run_ranks(world, [&](int rank, Group group) {
+  return process_ranks::run(world, [&](int rank, const std::filesystem::path& dir) {
+    auto group = process_ranks::gloo_group(rank, world, dir);
     auto model = make_mlp();
     model->to(kGpu);
     std::vector<train::compat::NodePtr> accumulators;  // autograd keeps them weakly
@@ -88,23 +88,24 @@ std::vector<torch::Tensor> train_data_parallel(int world, const train::ModelOpti
       torch::mse_loss(model->forward(x), y).backward();
       optimizer.step();
     }
-    finals[rank] = flat_parameters(*model);
+    return flat_parameters(*model);
   });
-  return finals;
 }
 
-// The same steps in one process on the whole batch.
+// The same steps in one process on the whole batch (a child, as the ranks are).
 torch::Tensor train_alone() {
-  auto model = make_mlp();
-  model->to(kGpu);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
-  for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = batch(step);
-    optimizer.zero_grad();
-    torch::mse_loss(model->forward(x.to(kGpu)), y.to(kGpu)).backward();
-    optimizer.step();
-  }
-  return flat_parameters(*model);
+  return process_ranks::run(1, [](int, const std::filesystem::path&) {
+    auto model = make_mlp();
+    model->to(kGpu);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLr));
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(step);
+      optimizer.zero_grad();
+      torch::mse_loss(model->forward(x.to(kGpu)), y.to(kGpu)).backward();
+      optimizer.step();
+    }
+    return flat_parameters(*model);
+  })[0];
 }
 
 double largest_gap(const torch::Tensor& a, const torch::Tensor& b) {
@@ -156,7 +157,7 @@ TEST_CASE("fp16 and bf16 compression on NCCL round each gradient through the hal
   c10::cuda::set_device(0);
   auto group = train::compat::make_nccl_group(
       store, 0, 1, kGpu, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
-      kCollectiveTimeout);
+      process_ranks::kCollectiveTimeout);
   for (auto [compression, type] : {std::pair{train::Compression::kFP16, torch::kHalf},
                                    std::pair{train::Compression::kBF16, torch::kBFloat16}}) {
     CAPTURE(static_cast<int>(compression));

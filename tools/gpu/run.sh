@@ -9,8 +9,10 @@
 #   run(command: "tools/gpu/run.sh", carry: [".gpu"])
 #
 # Stages, in the order given: build (what the GPU tests and the benchmark
-# need), test (the GPU tests), all-tests (builds the rest, runs the whole
-# suite), bench; by default build test bench. Where one call would outrun the
+# need; TRAINRUN_GPU_CXXFLAGS=-g for line numbers), test (the GPU tests),
+# all-tests (builds the rest, runs the whole suite), bench, debug (the GPU
+# tests, or those matching TRAINRUN_GPU_DEBUG_CASES, with a stack printed by
+# every process that crashes); by default build test bench. Where one call would outrun the
 # tool's 10 minutes, run "tools/gpu/run.sh build test" and then
 # "tools/gpu/run.sh bench": the unpacked packages and the build stay in
 # $TRAINRUN_GPU_WORK (.gpu-work, ignored and not carried, so kept between
@@ -36,9 +38,9 @@ echo "== machine"
 [[ -x /usr/local/cuda/bin/nvcc ]] && export PATH=$PATH:/usr/local/cuda/bin
 uname -srm
 (. /etc/os-release && echo "$PRETTY_NAME") || true
-ldd --version | head -1
-g++ --version | head -1 || { echo "run: no g++ here" >&2; exit 1; }
-cmake --version | head -1 || { echo "run: no cmake here" >&2; exit 1; }
+ldd --version | sed -n 1p  # reads it all: head would SIGPIPE ldd under pipefail
+g++ --version | sed -n 1p || { echo "run: no g++ here" >&2; exit 1; }
+cmake --version | sed -n 1p || { echo "run: no cmake here" >&2; exit 1; }
 nvcc --version | tail -1 || { echo "run: no nvcc here; a CUDA LibTorch's CMake package needs it" >&2; exit 1; }
 nvidia-smi -L || echo "run: nvidia-smi found no GPU"
 "$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
@@ -70,7 +72,12 @@ for stage in "${stages[@]}"; do
   case $stage in
     build)
       stage_start build
+      # The linker finds the unpacked libraries that others need (libspdlog for
+      # libtrainrun) only through -rpath-link: LIBRARY_PATH serves -l alone.
+      link_flags="-Wl,-rpath-link,$multiarch"
       cmake -S . -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$torch_prefix;$root/usr" \
+        -DCMAKE_EXE_LINKER_FLAGS="$link_flags" -DCMAKE_SHARED_LINKER_FLAGS="$link_flags" \
+        -DCMAKE_MODULE_LINKER_FLAGS="$link_flags" -DCMAKE_CXX_FLAGS="${TRAINRUN_GPU_CXXFLAGS:-}" \
         -DTRAINRUN_CHART_JS="$(ls "$root"/usr/share/javascript/chart.js/chart.{umd,min}.js \
                                2>/dev/null | head -1)" \
         > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
@@ -111,7 +118,7 @@ for stage in "${stages[@]}"; do
       stage_start bench
       torchrun_script=$(dirname "$(command -v "$python")")/torchrun
       [[ -x $torchrun_script ]] || torchrun_script=torchrun
-      "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 3 \
+      "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds "${TRAINRUN_GPU_BENCH_ROUNDS:-3}" \
         --data-dir "$data" --torchrun "$torchrun_script" 2>&1 | tee "$out/bench.log" \
         || failed+=(bench)
       "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 2 \
@@ -119,7 +126,26 @@ for stage in "${stages[@]}"; do
         || failed+=(bench-bf16)
       stage_end bench
       ;;
-    *) echo "run: unknown stage $stage (build, test, all-tests, bench)" >&2; exit 2 ;;
+    debug)  # the GPU cases again, each process that crashes printing its stack
+      stage_start debug
+      gcc -shared -fPIC -O1 -o "$work/backtrace.so" tools/gpu/backtrace.c
+      for binary in "$build/trainrun-worker" "$build/tests/test_gpu"; do
+        echo "$binary loads:"; ldd "$binary" | grep -E "stdc\+\+|libgcc_s|torch_cpu|spdlog|fmt"
+      done
+      rc=0
+      LD_PRELOAD=$work/backtrace.so ctest --test-dir "$build" -L gpu -j4 \
+        ${TRAINRUN_GPU_DEBUG_CASES:+-R "$TRAINRUN_GPU_DEBUG_CASES"} --output-on-failure \
+        2>&1 | "$python" tools/gpu/symbolize.py > "$out/debug.log" || rc=$?
+      # The smallest run on the GPU: a model, no data loader.
+      LD_PRELOAD=$work/backtrace.so "$build/trainrun" --plugin \
+        "$build/examples/quickstart/libquickstart.so" -n 1 --use-gpu \
+        --storage-path "$work/debug-results" 2>&1 | "$python" tools/gpu/symbolize.py \
+        >> "$out/debug.log" || true
+      grep -E "Test +#|tests passed|trainrun\] (run|rank)" "$out/debug.log" || true
+      grep -E -A30 "backtrace.c: signal" "$out/debug.log" | grep -E "=>|signal" | head -120 || true
+      stage_end debug
+      ;;
+    *) echo "run: unknown stage $stage (build, test, all-tests, bench, debug)" >&2; exit 2 ;;
   esac
 done
 if ((${#failed[@]})); then

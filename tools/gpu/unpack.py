@@ -121,11 +121,11 @@ def link_lacking(root):
     lacking = os.path.join(root, "lacking")
     os.makedirs(lacking, exist_ok=True)
     libdir = os.path.join(root, "usr", "lib", "x86_64-linux-gnu")
+    # Every versioned name the machine does not know: a soname may carry one
+    # number (libzmq.so.5) or two (libspdlog.so.1.10).
     for name in sorted(os.listdir(libdir)):
         path = os.path.join(libdir, name)
-        soname = name.split(".so.")[0] + ".so." + name.split(".so.")[1].split(".")[0] \
-            if ".so." in name else None
-        if soname and name == soname and soname not in host and os.path.exists(path):
+        if ".so." in name and name not in host and os.path.exists(path):
             os.symlink(path, os.path.join(lacking, name))
     return sorted(os.listdir(lacking))
 
