@@ -19,10 +19,26 @@ endfunction()
 # target that links LibTorch (the SDK, plugins, the worker, programs), and for a
 # plugin loaded into the worker too.
 if(TARGET torch AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  # By its path: -lstdc++ may find a static libstdc++.a first (a compiler whose
+  # own libstdc++.so link points at nothing, say), and so may the name.
+  foreach(_trainrun_name IN ITEMS libstdc++.so libstdc++.so.6)
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=${_trainrun_name}
+      OUTPUT_VARIABLE _trainrun_libstdcxx OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(IS_ABSOLUTE "${_trainrun_libstdcxx}" AND EXISTS "${_trainrun_libstdcxx}")
+      break()
+    endif()
+  endforeach()
+  unset(_trainrun_name)
+  if(NOT (IS_ABSOLUTE "${_trainrun_libstdcxx}" AND EXISTS "${_trainrun_libstdcxx}"))
+    find_library(TRAINRUN_LIBSTDCXX NAMES libstdc++.so.6 HINTS ${CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES})
+    set(_trainrun_libstdcxx "${TRAINRUN_LIBSTDCXX}")
+  endif()
   get_target_property(_trainrun_torch_link_options torch INTERFACE_LINK_OPTIONS)
-  if(NOT _trainrun_torch_link_options MATCHES "--no-as-needed -lstdc\\+\\+")
+  if(IS_ABSOLUTE "${_trainrun_libstdcxx}" AND EXISTS "${_trainrun_libstdcxx}"
+     AND NOT _trainrun_torch_link_options MATCHES "libstdc\\+\\+")
     set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_OPTIONS
-      "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+      "SHELL:-Wl,--push-state,--no-as-needed ${_trainrun_libstdcxx} -Wl,--pop-state")
   endif()
   unset(_trainrun_torch_link_options)
+  unset(_trainrun_libstdcxx)
 endif()
