@@ -4,10 +4,13 @@
 - every flag that `trainrun --help` and each subcommand's `--help` list is in
   docs/cli.md, in that command's section, and every flag documented there
   exists in that command's `--help`; every subcommand has a section;
+- every flag given to trainrun on a command line in README.md, docs/ and the
+  examples' manifests is one that command takes;
 - every repository path named in README.md, docs/ and the examples' READMEs
   exists, and every relative link (and its #anchor) leads somewhere;
 - every page in docs/ is reachable from the README, and the README stays a
-  first contact (at most README_MAX_LINES lines).
+  first contact (at most README_MAX_LINES lines), and its tour's train function
+  is examples/tour/tour.cpp's code, which test_tour.py runs.
 
 usage: test_docs.py TRAINRUN REPO_ROOT
 """
@@ -94,6 +97,29 @@ def check_cli(trainrun, root):
             problems.append(f"{name} {flag}: in docs/cli.md, not in --help")
     for name in sorted(set(documented) - {" ".join(["trainrun", *c]) for c in commands}):
         problems.append(f"docs/cli.md documents '{name}', which trainrun --help does not list")
+    check_command_lines(root, {" ".join(c): help_flags(help_text(trainrun, c)) for c in commands})
+
+
+def check_command_lines(root, flags):
+    """Every flag given to trainrun on a command line in README.md, docs/ and the
+    examples' manifests is one that trainrun (or its subcommand) takes."""
+    pages = [os.path.join(root, "README.md"), *glob.glob(os.path.join(root, "docs", "*.md")),
+             *glob.glob(os.path.join(root, "examples", "*", "*.yaml"))]
+    for page in sorted(pages):
+        rel = os.path.relpath(page, root)
+        with open(page) as f:
+            text = f.read()
+        # A YAML command list becomes one line: "- trainrun\n- worker\n- --connect=..."
+        if page.endswith(".yaml"):
+            text = " ".join(re.findall(r"^\s*- (\S.*)$", text, re.M))
+        for line in text.splitlines():
+            for match in re.finditer(r"(?:^|[\s`/])trainrun(?: (worker|results|keygen))?\s", line):
+                command = match.group(1) or ""
+                rest = re.split(r"&&|\||;|`|\s#", line[match.end():])[0]  # to a comment
+                for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest):
+                    if flag != "--help" and flag not in flags.get(command, set()):
+                        problems.append(f"{rel}: `trainrun {command} ... {flag}`: "
+                                        f"no such flag".replace("  ", " "))
 
 
 def anchors(markdown):
@@ -154,6 +180,11 @@ def check_readme(root):
         name = os.path.basename(page)
         if f"(docs/{name}" not in readme:
             problems.append(f"README.md does not link docs/{name}")
+    # The tour's train function is examples/tour/tour.cpp, which a test runs.
+    tour = re.search(r"```cpp\n(.*?)```", readme, re.S)
+    with open(os.path.join(root, "examples", "tour", "tour.cpp")) as f:
+        if tour is None or tour.group(1) not in f.read():
+            problems.append("README.md's first C++ block is not examples/tour/tour.cpp's code")
 
 
 def main():
