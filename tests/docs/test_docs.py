@@ -104,16 +104,19 @@ def check_command_lines(root, flags):
     """Every flag given to trainrun on a command line in README.md, docs/ and the
     examples' manifests is one that trainrun (or its subcommand) takes."""
     pages = [os.path.join(root, "README.md"), *glob.glob(os.path.join(root, "docs", "*.md")),
-             *glob.glob(os.path.join(root, "examples", "*", "*.yaml"))]
+             *glob.glob(os.path.join(root, "examples", "*", "*.md")),
+             *glob.glob(os.path.join(root, "examples", "*", "*.yaml")),
+             *glob.glob(os.path.join(root, "examples", "*", "*.sbatch"))]
+    subcommand = "|".join(re.escape(name) for name in flags if name)
     for page in sorted(pages):
         rel = os.path.relpath(page, root)
         with open(page) as f:
-            text = f.read()
+            text = f.read().replace("\\\n", " ")  # a shell line continued
         # A YAML command list becomes one line: "- trainrun\n- worker\n- --connect=..."
         if page.endswith(".yaml"):
             text = " ".join(re.findall(r"^\s*- (\S.*)$", text, re.M))
         for line in text.splitlines():
-            for match in re.finditer(r"(?:^|[\s`/])trainrun(?: (worker|results|keygen))?\s", line):
+            for match in re.finditer(rf"(?:^|[\s`/])trainrun(?: ({subcommand}))?\s", line):
                 command = match.group(1) or ""
                 rest = re.split(r"&&|\||;|`|\s#", line[match.end():])[0]  # to a comment
                 for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest):

@@ -6,6 +6,7 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <cstdio>
 #include <cstring>
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -25,6 +26,14 @@ int cuda_devices() {
 int main(int argc, char** argv) {
   bool listing = false;
   for (int i = 1; i < argc; ++i) listing = listing || std::strncmp(argv[i], "--list", 6) == 0;
+  if (!listing) {
+    try {
+      cuda_devices();
+    } catch (const std::exception& e) {  // a failed count must not read as "no GPU"
+      std::fprintf(stderr, "counting the CUDA devices failed: %s\n", e.what());
+      return 1;
+    }
+  }
   if (!listing && cuda_devices() == 0) {
     skip(std::string("no CUDA device here (LibTorch ") + TORCH_VERSION +
          (TRAINRUN_WITH_CUDA ? ", built with CUDA)" : ", CPU only)"));

@@ -8,7 +8,8 @@
 // collective timeout. So each rank is a child forked before this process
 // touches CUDA (a CUDA context does not survive fork), the ranks meet over a
 // FileStore, and what a child returns comes back through a file. The parent
-// never initializes CUDA: it counts devices in a child too.
+// never initializes CUDA: it counts devices in a child too, and every CUDA
+// case of tests/gpu runs its CUDA work in children.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -54,7 +55,8 @@ inline Group gloo_group(int rank, int world, const std::filesystem::path& dir) {
 inline std::vector<torch::Tensor> run(
     int count, const std::function<torch::Tensor(int index, const std::filesystem::path& dir)>& body) {
   char pattern[] = "/tmp/trainrun-ranks-XXXXXX";
-  const std::filesystem::path dir = ::mkdtemp(pattern);
+  if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const std::filesystem::path dir = pattern;
   auto result_file = [&](int i) { return dir / ("result-" + std::to_string(i) + ".pt"); };
   auto error_file = [&](int i) { return dir / ("error-" + std::to_string(i) + ".txt"); };
   std::vector<pid_t> children;
@@ -73,7 +75,13 @@ inline std::vector<torch::Tensor> run(
       }
       std::_Exit(code);  // no static destructors, no test report from the child
     }
-    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid < 0) {
+      for (pid_t child : children) ::kill(child, SIGKILL);
+      for (pid_t child : children) ::waitpid(child, nullptr, 0);
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+      throw std::runtime_error("fork failed");
+    }
     children.push_back(pid);
   }
   std::vector<int> statuses(count, -1);
@@ -112,6 +120,7 @@ inline std::vector<torch::Tensor> run(
       std::stringstream text;
       text << in.rdbuf();
       why = text.str();
+      if (why.empty()) why = "exited " + std::to_string(WEXITSTATUS(statuses[i]));
     } else {
       torch::load(results[i], result_file(i).string());
     }
@@ -125,13 +134,13 @@ inline std::vector<torch::Tensor> run(
   return results;
 }
 
-/// The CUDA devices a child sees, counted without initializing CUDA here.
+/// The CUDA devices a child sees, counted without initializing CUDA here;
+/// throws where the count fails (a child that crashes, or outlives kChildLimit).
 inline int count_cuda_devices(const std::function<int()>& count) {
-  const pid_t pid = ::fork();
-  if (pid == 0) std::_Exit(std::min(count(), 100));
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
-  return WEXITSTATUS(status);
+  auto counted = run(1, [&](int, const std::filesystem::path&) {
+    return torch::tensor(static_cast<int64_t>(count()));
+  });
+  return static_cast<int>(counted[0].item<int64_t>());
 }
 
 }  // namespace process_ranks

@@ -153,35 +153,49 @@ TEST_CASE("fp16 and bf16 compression over Gloo with CUDA tensors train as uncomp
 TEST_CASE("fp16 and bf16 compression on NCCL round each gradient through the half type") {
   skip_unless_gpus(1);
 #ifdef USE_C10D_NCCL
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  c10::cuda::set_device(0);
-  auto group = train::compat::make_nccl_group(
-      store, 0, 1, kGpu, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
-      process_ranks::kCollectiveTimeout);
-  for (auto [compression, type] : {std::pair{train::Compression::kFP16, torch::kHalf},
-                                   std::pair{train::Compression::kBF16, torch::kBFloat16}}) {
-    CAPTURE(static_cast<int>(compression));
-    auto model = make_mlp();
-    model->to(kGpu);
-    auto reference = make_mlp();
-    reference->to(kGpu);
-    // The Reducer itself: prepare_model attaches none to a group of one.
-    auto reducer = std::make_shared<train::detail::Reducer>(
-        *model, group, train::ModelOptions().compression(compression));
-    reducer->install_hooks();
-    auto [x, y] = batch(0);
-    c10::StreamGuard on_side(side_stream());
-    torch::mse_loss(model->forward(x.to(kGpu)), y.to(kGpu)).backward();
-    torch::mse_loss(reference->forward(x.to(kGpu)), y.to(kGpu)).backward();
-    auto params = model->parameters();
-    auto expected = reference->parameters();
-    const double tolerance = type == torch::kHalf ? 1e-3 : 1e-2;  // 11 and 8 bits
-    for (size_t i = 0; i < params.size(); ++i) {
-      CAPTURE(i);
-      auto grad = params[i].grad().cpu();
-      CHECK(torch::equal(grad, grad.to(type).to(torch::kFloat)));  // it went as `type`
-      CHECK(torch::allclose(grad, expected[i].grad().cpu(), tolerance, 1e-6));
+  const std::vector<std::pair<train::Compression, torch::ScalarType>> kinds{
+      {train::Compression::kFP16, torch::kHalf}, {train::Compression::kBF16, torch::kBFloat16}};
+  // In a child, as every CUDA case here: per kind and parameter, whether its
+  // gradient went as the half type, and whether it is close to uncompressed.
+  auto checks = process_ranks::run(1, [&](int, const std::filesystem::path&) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    c10::cuda::set_device(0);
+    auto group = train::compat::make_nccl_group(
+        store, 0, 1, kGpu, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
+        process_ranks::kCollectiveTimeout);
+    std::vector<torch::Tensor> rows;
+    for (auto [compression, type] : kinds) {
+      auto model = make_mlp();
+      model->to(kGpu);
+      auto reference = make_mlp();
+      reference->to(kGpu);
+      // The Reducer itself: prepare_model attaches none to a group of one.
+      auto reducer = std::make_shared<train::detail::Reducer>(
+          *model, group, train::ModelOptions().compression(compression));
+      reducer->install_hooks();
+      auto [x, y] = batch(0);
+      c10::StreamGuard on_side(side_stream());
+      torch::mse_loss(model->forward(x.to(kGpu)), y.to(kGpu)).backward();
+      torch::mse_loss(reference->forward(x.to(kGpu)), y.to(kGpu)).backward();
+      auto params = model->parameters();
+      auto expected = reference->parameters();
+      const double tolerance = type == torch::kHalf ? 1e-3 : 1e-2;  // 11 and 8 bits
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto grad = params[i].grad().cpu();
+        rows.push_back(torch::tensor(
+            {static_cast<int64_t>(torch::equal(grad, grad.to(type).to(torch::kFloat))),
+             static_cast<int64_t>(torch::allclose(grad, expected[i].grad().cpu(), tolerance,
+                                                  1e-6))}));
+      }
     }
+    return torch::stack(rows);
+  })[0];
+  const int64_t per_kind = checks.size(0) / static_cast<int64_t>(kinds.size());
+  for (int64_t row = 0; row < checks.size(0); ++row) {
+    CAPTURE(static_cast<int>(kinds[row / per_kind].first));
+    CAPTURE(row % per_kind);  // the parameter
+    CHECK(checks[row][0].item<int64_t>() == 1);  // it went as the half type
+    CHECK(checks[row][1].item<int64_t>() == 1);  // close to the uncompressed gradient
   }
 #else
   skip("this LibTorch has no NCCL");

@@ -16,6 +16,7 @@ BUILD_DIR's LibTorch alone, and a plugin project told to use the system's
 (Torch_DIR) fails to configure, naming both.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,13 @@ def main():
                 if not cache_value(build, "Torch_DIR").startswith("/usr/") and \
                         not path.startswith(torch_lib + os.sep):
                     raise SystemExit(f"FAIL: the plugin links another LibTorch: {line.strip()}")
+        # libstdc++ ahead of LibTorch, from the installed package too
+        # (cmake/TrainrunLinkOrder.cmake: LibTorch exports a std::filesystem).
+        dynamic = run(["readelf", "-d", os.path.join(quickstart, "libquickstart.so")])
+        order = [n for n in re.findall(r"Shared library: \[([^\]]+)\]", dynamic)
+                 if n.startswith(("libstdc++", "libtorch", "libc10"))]
+        if not order or not order[0].startswith("libstdc++"):
+            raise SystemExit(f"FAIL: the installed package's plugin loads {order} in that order")
         embedding = build_example(source, "embedding", prefix, tmp)
         plugin = os.path.join(quickstart, "libquickstart.so")
         # Nothing of trainrun on PATH: each finds the other through the prefix.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches the Debian packages of tools/gpu/packages.txt into .gpu/debs, for a GPU
-# machine that reaches no package registry. Run here, then run tools/gpu/run.sh
-# there with .gpu carried along (the device tool's `carry: [".gpu"]`).
+# machine that reaches no package registry. Run it where apt works, copy .gpu/
+# into the repository on the GPU machine, and run tools/gpu/run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mapfile -t packages < <(grep -v '^\s*#' tools/gpu/packages.txt | grep -v '^\s*$')

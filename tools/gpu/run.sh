@@ -1,23 +1,20 @@
 #!/usr/bin/env bash
 # Builds trainrun on a GPU machine against the PyTorch installed there, runs the
-# GPU tests and the one-GPU throughput benchmark. That machine reaches no package
-# registry: the Debian packages of tools/gpu/packages.txt come along as .deb files
-# (tools/gpu/fetch.sh, run here first) and are unpacked under .gpu-work/root,
-# never /.
-#
-# Through the device tool, from the repository's root:
-#   run(command: "tools/gpu/run.sh", carry: [".gpu"])
+# GPU tests and the one-GPU throughput benchmark. For a machine that reaches no
+# package registry: the Debian packages of tools/gpu/packages.txt come along as
+# .deb files in .gpu/ (tools/gpu/fetch.sh, run where apt works; copy .gpu/ to the
+# GPU machine) and are unpacked under .gpu-work/root, never /. From the
+# repository's root:
+#   tools/gpu/run.sh [STAGE...]
 #
 # Stages, in the order given: build (what the GPU tests and the benchmark
 # need; TRAINRUN_GPU_CXXFLAGS=-g for line numbers), test (the GPU tests),
 # all-tests (builds the rest, runs the whole suite), bench, debug (the GPU
 # tests, or those matching TRAINRUN_GPU_DEBUG_CASES, with a stack printed by
-# every process that crashes); by default build test bench. Where one call would outrun the
-# tool's 10 minutes, run "tools/gpu/run.sh build test" and then
-# "tools/gpu/run.sh bench": the unpacked packages and the build stay in
-# $TRAINRUN_GPU_WORK (.gpu-work, ignored and not carried, so kept between
-# calls on a warm machine). Logs go to $OUT (the device tool's folder), else
-# .gpu-work/out.
+# every process that crashes; it reports, it does not fail); by default build
+# test bench. The unpacked packages and the build stay in $TRAINRUN_GPU_WORK
+# (.gpu-work, ignored), so a later call skips what is done. Logs go to $OUT
+# where it is set, else .gpu-work/out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -128,14 +125,15 @@ for stage in "${stages[@]}"; do
       ;;
     debug)  # the GPU cases again, each process that crashes printing its stack
       stage_start debug
+      command -v gcc >/dev/null || { echo "run: no gcc here for tools/gpu/backtrace.c" >&2; exit 1; }
       gcc -shared -fPIC -O1 -o "$work/backtrace.so" tools/gpu/backtrace.c
       for binary in "$build/trainrun-worker" "$build/tests/test_gpu"; do
-        echo "$binary loads:"; ldd "$binary" | grep -E "stdc\+\+|libgcc_s|torch_cpu|spdlog|fmt"
+        echo "$binary loads:"
+        ldd "$binary" | grep -E "stdc\+\+|libgcc_s|torch_cpu|spdlog|fmt" || true
       done
-      rc=0
       LD_PRELOAD=$work/backtrace.so ctest --test-dir "$build" -L gpu -j4 \
         ${TRAINRUN_GPU_DEBUG_CASES:+-R "$TRAINRUN_GPU_DEBUG_CASES"} --output-on-failure \
-        2>&1 | "$python" tools/gpu/symbolize.py > "$out/debug.log" || rc=$?
+        2>&1 | "$python" tools/gpu/symbolize.py > "$out/debug.log" || true
       # The smallest run on the GPU: a model, no data loader.
       LD_PRELOAD=$work/backtrace.so "$build/trainrun" --plugin \
         "$build/examples/quickstart/libquickstart.so" -n 1 --use-gpu \

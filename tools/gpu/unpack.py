@@ -81,6 +81,8 @@ def host_libraries():
         if "=>" in line and "x86-64" in line:
             name, path = line.split("=>")
             found.setdefault(name.split()[0], path.strip())
+    if not found:  # else every unpacked library would shadow the machine's own
+        sys.exit("unpack: ldconfig -p listed no libraries")
     return found
 
 
