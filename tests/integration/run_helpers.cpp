@@ -132,7 +132,11 @@ int reset_connections(pid_t pid, int port) {
     return ports;
   };
   auto before = local_ports();
-  for (const auto& local : before) run_shell("ss -K -tn 'sport = :" + local + "'");
+  // Both ports: Linux gives one ephemeral port to connections to different
+  // destinations, and "sport" alone also killed another test's Gloo pairs.
+  for (const auto& local : before) {
+    run_shell("ss -K -tn 'sport = :" + local + " and dport = :" + std::to_string(port) + "'");
+  }
   // Counted by what is gone: a kernel without INET_DIAG_DESTROY kills nothing.
   auto after = local_ports();
   int reset = 0;
