@@ -9,4 +9,3 @@ function(trainrun_add_plugin name)
     VISIBILITY_INLINES_HIDDEN ON
     PREFIX "lib")
 endfunction()
-
