@@ -12,29 +12,31 @@ using namespace trainrun;
 
 TEST_CASE("failures: a dead process is the root cause over a peer's exception") {
   FailureCollector failures;
+  const auto start = FailureCollector::Clock::now();
   CHECK_FALSE(failures.any());
-  failures.add({FailureKind::kException, "raised: Connection closed by peer", 0, "h", 10});
-  failures.add({FailureKind::kSignal, "was killed by SIGSEGV", 1, "h", 11});
-  failures.add({FailureKind::kException, "raised: later", 2, "h", 12});
+  failures.add({FailureKind::kException, "raised: Connection closed by peer", 0, "h", 10}, start);
+  failures.add({FailureKind::kSignal, "was killed by SIGSEGV", 1, "h", 11}, start);
+  failures.add({FailureKind::kException, "raised: later", 2, "h", 12}, start);
   CHECK(failures.root_cause().rank == 1);
   // A dead process settles it at once: nothing later can outrank it.
-  CHECK(failures.settled(FailureCollector::Clock::now(), std::chrono::hours(1)));
+  CHECK(failures.settled(start, std::chrono::hours(1)));
 }
 
 TEST_CASE("failures: exceptions and lost heartbeats wait for the grace period") {
   FailureCollector failures;
-  failures.add({FailureKind::kException, "raised: Connection closed by peer", 0, "h", 10});
-  failures.add({FailureKind::kLost, "sent nothing", 1, "h", 11});
+  const auto start = FailureCollector::Clock::now();
+  failures.add({FailureKind::kException, "raised: Connection closed by peer", 0, "h", 10}, start);
+  failures.add({FailureKind::kLost, "sent nothing", 1, "h", 11}, start);
   CHECK(failures.root_cause().rank == 1);
-  auto now = FailureCollector::Clock::now();
-  CHECK_FALSE(failures.settled(now, std::chrono::hours(1)));
-  CHECK(failures.settled(now + std::chrono::seconds(1), std::chrono::milliseconds(1)));
+  CHECK_FALSE(failures.settled(start, std::chrono::hours(1)));
+  CHECK(failures.settled(start + std::chrono::seconds(1), std::chrono::milliseconds(1)));
 }
 
 TEST_CASE("failures: among exceptions the earliest wins") {
   FailureCollector failures;
-  failures.add({FailureKind::kException, "raised: first", 1, "h", 11});
-  failures.add({FailureKind::kException, "raised: second", 0, "h", 10});
+  const auto start = FailureCollector::Clock::now();
+  failures.add({FailureKind::kException, "raised: first", 1, "h", 11}, start);
+  failures.add({FailureKind::kException, "raised: second", 0, "h", 10}, start);
   CHECK(failures.root_cause().message == "raised: first");
 }
 

@@ -1,13 +1,22 @@
 #pragma once
 
 // The controller of one run: binds the ROUTER socket, starts the local workers
-// and routes every message (controller_routing.cpp) to the part whose job it is:
+// and routes every message to the part whose job it is:
 //   WorkerPool         processes, connections, output, exits
 //   ReportCoordinator  the report barrier and its records
 //   CheckpointService  uploads, commits, the checkpoint to resume from
 //   FailureCollector   the root cause of a failure
 //   RendezvousStore    the process group's store
-// Everything happens on the calling thread, in one poll loop. It never loads
+// The run goes through the phases of run_phase.h; what one attempt owns is an
+// Attempt, made anew for each. The Controller's methods live by concern:
+//   controller.cpp              the run: attempts in a row, its records, failures
+//   controller_attempts.cpp     one attempt: start, ranks, end, back-off, standby workers
+//   controller_liveness.cpp     the loop: heartbeats, timeouts, exits, signals, stopping
+//   controller_agents.cpp       node agents: admission, their workers, output, exits
+//   controller_reports.cpp      reports: the barrier, progress, DONE
+//   controller_checkpoints.cpp  checkpoints: uploads, commits, deferred reports, fetches
+//   controller_routing.cpp      dispatch: which connection a message came on, HELLO, ATTACH
+// Everything happens on the calling thread, in one EventLoop. It never loads
 // LibTorch: workers do.
 
 #include <trainrun/options.h>
@@ -19,7 +28,6 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,17 +35,18 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/run_key.h"
 #include "common/secret.h"
 #include "common/signals.h"
+#include "controller/attempt.h"
 #include "controller/checkpoint_service.h"
 #include "controller/checkpoint_store.h"
 #include "controller/controller_dir.h"
-#include "controller/failure.h"
+#include "controller/event_loop.h"
 #include "controller/node_agent.h"
 #include "controller/rate_limiter.h"
-#include "controller/rendezvous_store.h"
-#include "controller/report_coordinator.h"
+#include "controller/run_phase.h"
 #include "controller/run_storage.h"
 #include "controller/worker_pool.h"
 #include "controller/zap_handler.h"
@@ -82,6 +91,12 @@ struct ControllerSetup {
   /// 0 is stdout, 1 stderr): the console or the host program's function;
   /// stdout and stderr when empty.
   LineEcho output;
+  /// What the controller reads the time from; null: the steady clock. A test
+  /// passes a clock it moves itself (it must outlive the controller).
+  const TimeSource* time = nullptr;
+  /// The ZeroMQ context of the controller's sockets; null: one of its own. A
+  /// test shares its context to reach an `inproc://` listening endpoint.
+  zmq::context_t* context = nullptr;
 };
 
 /// How a run ended.
@@ -113,95 +128,169 @@ class Controller {
   static constexpr const char* kLocalHost = "127.0.0.1";
   /// The most bytes of worker output one OUTPUT may carry.
   static constexpr size_t kMaxOutputChunk = 1 << 20;
+  /// The longest one wait of the loop: timers are checked at least this often.
+  static constexpr std::chrono::milliseconds kLongestWait{100};
 
+  // --- The run (controller.cpp) ---------------------------------------------
+  Clock::time_point now() const { return time_.now(); }
+  /// Seconds since the run started.
+  double elapsed() const;
+  /// Moves the run to `next`, which its phase must allow; the same phase again
+  /// is nothing.
+  void enter(RunPhase next);
   /// Binds the listening endpoint for remote workers, with CURVE and its ZAP
   /// handler when there is a run key.
   void listen();
-  void check_startup();
-  bool remote_workers_accounted() const;
-  std::string silent_agent(const WorkerSlot& worker, Clock::time_point now) const;
   /// Writes the storage probe; without it remote workers stream.
   void write_storage_probe();
   void on_refused_peer(const std::string& where, const char* why);
+  void notify_attempts();
+  /// Where worker output goes besides its log (ControllerSetup::output).
+  LineEcho worker_echo() const;
+  /// Logs how many "dropped a message" lines were held back.
+  void summarize_dropped();
+  /// Records a failure of the attempt, which from then on fails.
+  void record_failure(RunError error);
+  void fail(WorkerSlot& worker, FailureKind kind, const std::string& message);
+  void fail_storage(const std::string& message);
+  void abort_upload(const std::string& message);
 
+  // The phase, as the handlers ask it.
+  /// Train functions run, and reports, uploads and commits are taken.
+  bool records() const { return phase_ == RunPhase::kTraining; }
+  /// Nothing failed and nothing stops: the attempt gathers, trains or regroups.
+  bool healthy() const {
+    return phase_ == RunPhase::kGathering || phase_ == RunPhase::kTraining ||
+           phase_ == RunPhase::kRegrouping;
+  }
+  /// Workers are being stopped or are gone: their exits are no longer failures.
+  bool stopping() const { return !healthy() && phase_ != RunPhase::kFailing; }
+  /// Between two attempts: stopping for the next one, or waiting for it.
+  bool between_attempts() const {
+    return phase_ == RunPhase::kRestarting || phase_ == RunPhase::kBackingOff;
+  }
+
+  // --- One attempt (controller_attempts.cpp) ----------------------------------
+  /// Makes the next Attempt, on the standby workers or new ones, and starts it.
+  void start_attempt();
+  /// What the last attempt leaves to the next: node agents that fell silent
+  /// are dropped, the others forget their workers; the standby workers are
+  /// taken when none exited. Returns the next attempt's pool.
+  std::unique_ptr<WorkerPool> carry_over();
+  struct AttemptEnd {
+    std::optional<RunError> error;  // its root cause; none when it finished or regroups
+    bool regroup = false;           // stopped at a checkpoint to take waiting workers
+  };
+  /// Serves the attempt until it ends.
+  AttemptEnd run_attempt();
+  /// How the attempt ended, once it has.
+  std::optional<AttemptEnd> attempt_end() const;
+  void end_attempt(const AttemptEnd& end);
+  /// Waits before the next attempt when attempts keep failing before any report.
+  void back_off();
+  /// Assigns the ranks once enough workers are here: all of them, or on a
+  /// restart every worker still to be had when they are at least the fewest.
+  void maybe_assign();
+  void assign_ranks();
+  /// Starts the standby workers once every rank's train function runs.
+  void start_standby();
+  /// Whether the standby workers can be the next attempt's: none exited.
+  bool standby_ready() const;
+  void stop_standby();
+  WorkerPool& pool() { return *attempt_->pool; }
+  const WorkerPool& pool() const { return *attempt_->pool; }
   /// This attempt's world size, once its ranks are assigned (before: the most).
-  int world_size() const { return world_size_; }
+  int world_size() const { return attempt_->world_size; }
   int max_workers() const { return setup_.options.scaling.num_workers; }
   int min_workers() const {
     int min = setup_.options.scaling.min_workers;
     return min > 0 && min < max_workers() ? min : max_workers();
   }
   bool elastic() const { return min_workers() < max_workers(); }
-  /// Assigns the ranks once enough workers are here: all of them, or on a
-  /// restart every worker still to be had when they are at least the fewest.
-  void maybe_assign();
-  /// Workers the group may still take (see controller_routing.cpp).
-  int free_room() const;
-  /// How long an agent may be silent before it counts as gone with its node:
-  /// half the heartbeat timeout (its workers are lost after the whole), two
-  /// heartbeats at least.
-  std::chrono::milliseconds agent_silence_limit() const;
 
-  // Attempts: the group of workers started, run until it finishes or fails,
-  // and after a failure that may be retried, stopped and started again. The
-  // socket, the node agents' connections and the run's records carry over.
-  void start_attempt();
-  struct AttemptEnd {
-    std::optional<RunError> error;  // its root cause; none when it finished or regroups
-    bool regroup = false;           // stopped at a checkpoint to take waiting workers
-  };
-  /// The loop of one attempt.
-  AttemptEnd run_attempt();
-  void end_attempt(const AttemptEnd& end);
-  /// Forgets the failed attempt's workers, reports in flight, store and
-  /// failures; drops node agents that fell silent.
-  void reset_attempt();
-  void notify_attempts();
-  /// Where worker output goes besides its log (ControllerSetup::output).
-  LineEcho worker_echo() const;
-  /// Waits before the next attempt when attempts keep failing before any report.
-  void back_off();
-  /// Starts the standby workers once every rank's train function runs.
-  void start_standby();
-  /// Whether the standby workers can be the next attempt's: none exited.
-  bool standby_ready() const;
-  void stop_standby();
-  /// Seconds since the run started.
-  double elapsed() const;
-
-  // The loop.
-  void poll_once(std::chrono::milliseconds timeout);
+  // --- The loop and liveness (controller_liveness.cpp) ------------------------
+  /// Registers what the loop waits for beyond the attempt's workers.
+  void watch_sources();
+  /// Watches this attempt's workers' output and exits (instead of the last's).
+  void watch_pool();
+  /// Serves the socket, the workers, signals and timers, and sends heartbeats,
+  /// until `done` holds or `deadline` passes (checked before each wait).
+  void serve_until(Clock::time_point deadline, const std::function<bool()>& done);
+  void on_stop_fd();
   void on_signals();
+  void on_monitor();
   void on_exits();
   void on_worker_exit(WorkerSlot& worker, std::optional<int> code, int signal);
   void check_timers();
+  void check_startup();
+  bool remote_workers_accounted() const;
+  std::string silent_agent(const WorkerSlot& worker, Clock::time_point now) const;
   void send_heartbeats();
-  /// Logs how many "dropped a message" lines were held back.
-  void summarize_dropped();
   /// `restart`: node agents stay, to start the next attempt's workers.
   void stop_workers(bool graceful, bool restart = false);
 
-  // Routing.
-  /// Handles one message; false when none was waiting.
-  bool on_router_readable();
-  void on_new_peer(const std::string& id, const protocol::Incoming& message);
-  void on_hello(const std::string& id, const protocol::Hello& hello);
-  void on_remote_hello(const std::string& id, const protocol::Hello& hello);
-  void on_attach(const std::string& id, const protocol::Attach& attach);
+  // --- Node agents (controller_agents.cpp) ------------------------------------
   void on_agent_hello(const std::string& id, const protocol::AgentHello& hello);
+  void admit_agent(const std::string& id, const protocol::AgentHello& hello);
   /// The workers an agent started for this attempt (its first AGENT, or one
   /// after RESTART).
   void accept_agent_workers(NodeAgent& agent, const protocol::AgentHello& hello);
   void handle_agent(NodeAgent& agent, protocol::Incoming& message);
   void on_agent_output(NodeAgent& agent, protocol::Incoming& message);
   void agent_failed(const NodeAgent& agent, const std::string& reason);
-  void admit_agent(const std::string& id, const protocol::AgentHello& hello);
   void check_agent_worker(const protocol::Hello& hello);
   void remember_refused(const std::string& host, int64_t pid);
   void on_agent_exited(NodeAgent& agent, const protocol::Exited& exited);
+  /// Gives a remote worker what its node agent forwarded before it connected.
+  void hand_over_early_output(WorkerSlot& worker, int64_t pid);
+  /// Drops the agents that fell silent; the others forget this attempt's workers.
+  void carry_over_agents();
   /// Whether every node agent said each of its workers exited.
   bool agents_done() const;
-  void assign_ranks();
+  /// Workers the group may still take.
+  int free_room() const;
+  /// How long an agent may be silent before it counts as gone with its node:
+  /// half the heartbeat timeout (its workers are lost after the whole), two
+  /// heartbeats at least.
+  std::chrono::milliseconds agent_silence_limit() const;
+
+  // --- Reports (controller_reports.cpp) ---------------------------------------
+  void on_report(WorkerSlot& worker, const protocol::Report& report);
+  void on_arrive(WorkerSlot& worker, const protocol::Arrive& arrive);
+  void on_done(WorkerSlot& worker);
+  void on_progress(const WorkerSlot& worker, const protocol::Progress& progress);
+  void release_report();
+  void check_stalled();
+  /// A rank that raised, on a connection its peer closed, while another rank
+  /// had returned from train_func: the error is the returned rank's (a usage
+  /// error), with the raise as evidence.
+  RunError after_early_return(RunError error) const;
+
+  // --- Checkpoints (controller_checkpoints.cpp) -------------------------------
+  /// Answers a REPORT's checkpoint with UPLOAD; false when that failed the run.
+  bool begin_upload(WorkerSlot& worker, const protocol::Report& report);
+  /// `upload_channel`: it came on the upload thread's connection, where an
+  /// asynchronous checkpoint's must come (a synchronous one's on the train
+  /// thread's); the credit goes back the same way.
+  void on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message, bool upload_channel);
+  void on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded, bool upload_channel);
+  /// UPLOAD to a rank's upload thread, or once its connection attaches.
+  void send_async_upload(const WorkerSlot& worker, const protocol::Upload& upload);
+  /// Commits the asynchronous checkpoint once its report was released and
+  /// every rank's upload is in; then replays the REPORTs that waited for it.
+  void commit_async_checkpoint();
+  /// An elastic group grows at a committed checkpoint when node agents wait.
+  void maybe_regroup(const std::string& checkpoint);
+  void on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch);
+  void on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& fetch);
+
+  // --- Dispatch (controller_routing.cpp) --------------------------------------
+  /// Handles one message; false when none was waiting.
+  bool on_router_readable();
+  void on_new_peer(const std::string& id, const protocol::Incoming& message);
+  void on_hello(const std::string& id, const protocol::Hello& hello);
+  void on_remote_hello(const std::string& id, const protocol::Hello& hello);
+  void on_attach(const std::string& id, const protocol::Attach& attach);
   void handle_main(WorkerSlot& worker, protocol::Incoming& message);
   void handle_train(WorkerSlot& worker, protocol::Incoming& message);
   void handle_store(WorkerSlot& worker, protocol::Incoming& message);
@@ -222,43 +311,15 @@ class Controller {
     protocol::send(router_, message, std::move(blobs), worker.train_id);
   }
 
-  // Reports and checkpoints.
-  void on_report(WorkerSlot& worker, const protocol::Report& report);
-  void on_arrive(WorkerSlot& worker, const protocol::Arrive& arrive);
-  /// `upload_channel`: it came on the upload thread's connection, where an
-  /// asynchronous checkpoint's must come (a synchronous one's on the train
-  /// thread's); the credit goes back the same way.
-  void on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message, bool upload_channel);
-  void on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded, bool upload_channel);
-  /// UPLOAD to a rank's upload thread, or once its connection attaches.
-  void send_async_upload(const WorkerSlot& worker, const protocol::Upload& upload);
-  /// Commits the asynchronous checkpoint once its report was released and
-  /// every rank's upload is in; then replays the REPORTs that waited for it.
-  void commit_async_checkpoint();
-  /// An elastic group grows at a committed checkpoint when node agents wait.
-  void maybe_regroup(const std::string& checkpoint);
-  void on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch);
-  void on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& fetch);
-  void on_done(WorkerSlot& worker);
-  void on_progress(const WorkerSlot& worker, const protocol::Progress& progress);
-  void release_report();
-  void check_stalled();
-  /// A rank that raised, on a connection its peer closed, while another rank
-  /// had returned from train_func: the error is the returned rank's (a usage
-  /// error), with the raise as evidence.
-  RunError after_early_return(RunError error) const;
-
-  // Failures.
-  void fail(WorkerSlot& worker, FailureKind kind, const std::string& message);
-  void fail_storage(const std::string& message);
-  void abort_upload(const std::string& message);
-
+  // What the whole run keeps, whatever its attempts.
   ControllerSetup setup_;
   RunStorage& storage_;
   spdlog::logger& log_;
+  const TimeSource& time_;
   ControllerDir dir_;                   // outlives the socket and the workers, which live in it
   std::string secret_ = make_secret();  // what local workers prove themselves with
-  zmq::context_t context_;
+  std::optional<zmq::context_t> own_context_;  // unless the setup shares one
+  zmq::context_t& context_;
   std::optional<ZapHandler> zap_;  // bound before the router, which it guards
   zmq::socket_t router_{context_, zmq::socket_type::router};
   std::string listening_;  // the bound TCP endpoint, once listening
@@ -270,33 +331,22 @@ class Controller {
   std::optional<zmq::socket_t> monitor_;
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
   std::optional<SignalPipe> signals_;                 // with TrainerOptions::handle_signals
-  std::unique_ptr<WorkerPool> pool_ = std::make_unique<WorkerPool>();
+  EventLoop loop_;
+  std::optional<EventLoop::Id> pool_watch_;  // the current pool's output and exits
+  const Clock::time_point start_;
+  RunPhase phase_ = RunPhase::kGathering;
+  // What ends the run whatever its phase: a signal, or the host program's stop.
+  std::optional<RunError> interrupted_;
+  std::unique_ptr<Attempt> attempt_;  // the current attempt; a new one for each
   // The next attempt's local workers, started while this attempt trains and
   // failures remain: connected, LibTorch loaded, waiting for ASSIGN. A restart
   // takes them instead of starting new processes.
   std::unique_ptr<WorkerPool> standby_;
   std::unordered_map<std::string, NodeAgent> agents_;  // by connection
-  std::unordered_set<std::string> claimed_;  // the workers agents said they started (process_key)
   // Agents refused (process_key), whose workers are refused too; at most kMaxRefusedAgents.
   static constexpr size_t kMaxRefusedAgents = 1024;
   std::unordered_set<std::string> refused_agents_;
-  int agent_claims_ = 0;
-  ReportCoordinator reports_;
   CheckpointService checkpoints_;
-  // The asynchronous checkpoint being uploaded (REPORT with `async`): at most
-  // one per run. The REPORTs with a checkpoint that come while it is
-  // uploading wait, unanswered, for its commit; UPLOADs to ranks whose upload
-  // connection has not attached yet wait for it.
-  struct AsyncCheckpoint {
-    bool released = false;  // its report was acknowledged and recorded
-    int64_t iteration = 0;  // ... as this iteration
-    nlohmann::json metrics;
-    Clock::time_point reported;
-  };
-  std::optional<AsyncCheckpoint> async_checkpoint_;
-  std::vector<std::pair<int, protocol::Report>> deferred_reports_;  // by rank
-  std::map<int, protocol::Upload> owed_uploads_;                    // by rank
-  FailureCollector failures_;
   RateLimiter dropped_{10, std::chrono::seconds(1)};  // "dropped a message" log lines
   // PROGRESS passed on to on_progress: at most one every kProgressGap, and
   // each epoch's end once, at most kProgressEnds a second.
@@ -307,30 +357,17 @@ class Controller {
   RateLimiter progress_ends_{kProgressEnds, std::chrono::seconds(1)};
   ChunkSource plugin_;
   LaunchOptions launch_;  // how local workers start
-  std::optional<RunError> interrupted_;
-  Clock::time_point start_ = Clock::now();
-  int world_size_;
-  int attempt_ = 0;          // 1 for the first
-  bool regroup_ = false;     // a checkpoint was committed while node agents wait to join
-  bool restarting_ = false;  // stopping for a new attempt
-  Clock::time_point assigned_at_;
   int failures_used_ = 0;
-  int reported_this_attempt_ = 0;  // reports recorded by this attempt
-  int idle_failures_ = 0;          // attempts in a row that failed before any report
+  int idle_failures_ = 0;  // attempts in a row that failed before any report
   /// Attempts run.json lists: the first and the latest.
   static constexpr size_t kAttemptsKept = 100;
-  Clock::time_point attempt_start_ = start_;
   std::vector<AttemptInfo> attempts_;
   double earlier_seconds_ = 0;  // the time_total_s earlier runs of this name reached
-  Clock::time_point next_timer_check_ = start_;
-  bool assigned_ = false;
-  bool stopping_ = false;  // the run is over: exits are no longer failures
-  int hellos_ = 0;
-  int plugin_downloads_ = 0;   // workers that fetched the plugin (the rest had it cached)
+  // The loop's timers.
+  Clock::time_point next_heartbeat_;
   bool child_exited_ = false;  // SIGCHLD seen since the last reap
-  Clock::time_point next_reap_ = start_;
-  Clock::time_point next_drop_summary_ = start_;
-  RendezvousStore store_;
+  Clock::time_point next_reap_;
+  Clock::time_point next_drop_summary_;
 };
 
 }  // namespace trainrun

@@ -20,7 +20,9 @@ int precedence(FailureKind kind) {
 
 }  // namespace
 
-void FailureCollector::add(RunError error) { errors_.push_back({std::move(error), Clock::now()}); }
+void FailureCollector::add(RunError error, Clock::time_point when) {
+  errors_.push_back({std::move(error), when});
+}
 
 bool FailureCollector::settled(Clock::time_point now, Clock::duration grace) const {
   if (!any()) return false;

@@ -18,7 +18,8 @@ class FailureCollector {
  public:
   using Clock = std::chrono::steady_clock;
 
-  void add(RunError error);
+  /// A failure that arrived at `when`.
+  void add(RunError error, Clock::time_point when);
   bool any() const { return !errors_.empty(); }
   /// Whether the root cause is known: a process died (nothing later outranks
   /// it), or the grace period after the first failure is over.

@@ -1,0 +1,76 @@
+#pragma once
+
+// Everything that belongs to one attempt of a run: its workers, its report
+// barrier, its process group's store, its failures, the asynchronous
+// checkpoint it uploads and the uploads it owes. The controller makes a new one
+// for each attempt, so that nothing of a failed attempt is carried into the
+// next by a field someone forgot to reset. What outlives an attempt (the
+// socket, node agents, standby workers, the run's records) stays in the
+// Controller. Owned by the controller's thread.
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "controller/failure.h"
+#include "controller/rendezvous_store.h"
+#include "controller/report_coordinator.h"
+#include "controller/worker_pool.h"
+#include "protocol/messages.h"
+
+namespace trainrun {
+
+struct Attempt {
+  /// Attempt `number` (1 for the first) of a run of at most `max_workers`, whose
+  /// reports continue from `iteration_offset`, on `pool` (new workers, or the
+  /// standby workers of the last attempt).
+  Attempt(int number, int max_workers, int64_t iteration_offset, std::unique_ptr<WorkerPool> pool,
+          Clock::time_point now)
+      : number(number),
+        started(now),
+        world_size(max_workers),
+        pool(std::move(pool)),
+        reports(max_workers, iteration_offset),
+        store(RendezvousStore::capacity_for(max_workers)),
+        next_timer_check(now) {}
+
+  /// The asynchronous checkpoint being uploaded (REPORT with `async`): at most
+  /// one at a time. Reports with a checkpoint that come while it uploads wait,
+  /// unanswered, for its commit.
+  struct AsyncCheckpoint {
+    bool released = false;  // its report was acknowledged and recorded
+    int64_t iteration = 0;  // ... as this iteration
+    nlohmann::json metrics;
+    Clock::time_point reported;
+  };
+
+  bool assigned() const { return assigned_at.has_value(); }
+
+  const int number;
+  const Clock::time_point started;
+  int world_size;  // the most until the ranks are assigned, then the group's
+  std::unique_ptr<WorkerPool> pool;
+  ReportCoordinator reports;
+  RendezvousStore store;
+  FailureCollector failures;
+  std::optional<Clock::time_point> assigned_at;  // when the ranks were assigned
+  int hellos = 0;                                 // workers connected
+  int reported = 0;                               // reports recorded
+  int plugin_downloads = 0;  // workers that fetched the plugin (the rest had it cached)
+  // The workers node agents said they started for it (process_key), and how many.
+  std::unordered_set<std::string> claimed;
+  int agent_claims = 0;
+  std::optional<AsyncCheckpoint> async_checkpoint;
+  std::vector<std::pair<int, protocol::Report>> deferred_reports;  // by rank
+  std::map<int, protocol::Upload> owed_uploads;  // by rank, until its upload connection attaches
+  Clock::time_point next_timer_check;            // startup and heartbeat timeouts
+};
+
+}  // namespace trainrun

@@ -1,0 +1,169 @@
+// Checkpoints, as the controller handles them: a report's checkpoint answered
+// with UPLOAD, its chunks and UPLOADED, the commit (at once for a synchronous
+// checkpoint, after the report for an asynchronous one, whose later reports
+// wait for it), the regroup an elastic run makes at a commit, and the
+// checkpoint to resume from served to workers that cannot see the storage.
+
+#include <trainrun/error.h>
+
+#include "controller/controller.h"
+
+namespace trainrun {
+// This report's checkpoint is asynchronous when the attempt's async checkpoint
+// exists (not yet released), synchronous when something is staged without it.
+bool Controller::begin_upload(WorkerSlot& worker, const protocol::Report& report) {
+  auto& async_checkpoint = attempt_->async_checkpoint;
+  const bool async = async_checkpoint.has_value();
+  if (report.async ? checkpoints_.staging() && !async : async) {
+    fail(worker, FailureKind::kUsage,
+         "rank " + std::to_string(worker.rank) + " passed its checkpoint with upload mode " +
+             (report.async ? "async" : "sync") + " where another rank passed " +
+             (report.async ? "sync" : "async") +
+             ": every rank must pass the same train::CheckpointUploadMode");
+    return false;
+  }
+  try {
+    auto upload = checkpoints_.begin_upload(worker.rank, report.iteration, report.files,
+                                            /*stream=*/worker.remote && !worker.shares_storage);
+    if (report.async) {
+      if (!async_checkpoint) async_checkpoint.emplace();
+      send_async_upload(worker, upload);
+    } else {
+      to_train(worker, upload);
+    }
+  } catch (const UsageError& e) {
+    fail(worker, FailureKind::kUsage, e.what());
+    return false;
+  } catch (const IoError& e) {
+    abort_upload(e.what());
+    return false;
+  }
+  return true;
+}
+
+void Controller::send_async_upload(const WorkerSlot& worker, const protocol::Upload& upload) {
+  if (worker.upload_id) {
+    protocol::send(router_, upload, {}, *worker.upload_id);
+  } else {
+    attempt_->owed_uploads[worker.rank] = upload;
+  }
+}
+
+void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message,
+                                 bool upload_channel) {
+  if (!records()) return;
+  if (upload_channel != attempt_->async_checkpoint.has_value()) {
+    throw ProtocolError("UPLOAD_CHUNK on the wrong connection");
+  }
+  // An upload that goes wrong ends: nothing else would end the wait for it.
+  try {
+    auto chunk = message.as<protocol::UploadChunk>();
+    if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
+    checkpoints_.write_chunk(worker.rank, chunk, message.blobs()[0]);
+  } catch (const ProtocolError& e) {
+    abort_upload(worker.describe() + ": " + e.what());
+    return;
+  } catch (const IoError& e) {
+    abort_upload(e.what());
+    return;
+  }
+  protocol::send(router_, protocol::UploadCredit{1}, {},
+                 upload_channel ? worker.upload_id : worker.train_id);
+}
+
+void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded,
+                             bool upload_channel) {
+  if (!records()) return;
+  if (!uploaded.error.empty()) {  // whatever the state, the worker's reason is the one to keep
+    abort_upload(uploaded.error);
+    return;
+  }
+  if (upload_channel != attempt_->async_checkpoint.has_value()) {
+    throw ProtocolError("UPLOADED on the wrong connection");
+  }
+  try {
+    checkpoints_.finish_upload(worker.rank, uploaded);
+  } catch (const ProtocolError& e) {
+    abort_upload(worker.describe() + ": " + e.what());
+    return;
+  } catch (const IoError& e) {
+    abort_upload(e.what());
+    return;
+  }
+  if (attempt_->async_checkpoint) {
+    commit_async_checkpoint();
+  } else {
+    release_report();
+  }
+}
+
+void Controller::commit_async_checkpoint() {
+  auto& attempt = *attempt_;
+  if (!attempt.async_checkpoint || !attempt.async_checkpoint->released ||
+      checkpoints_.uploading()) {
+    return;
+  }
+  auto pending = std::move(*attempt.async_checkpoint);
+  attempt.async_checkpoint.reset();
+  std::string name;
+  try {
+    name = checkpoints_.commit(pending.iteration, pending.metrics);
+  } catch (const IoError& e) {
+    fail_storage(std::string("checkpoint commit failed: ") + e.what());
+    return;
+  }
+  try {
+    storage_.append_checkpoint(pending.iteration, name, unix_time());
+  } catch (const IoError& e) {
+    fail_storage(name + " is committed, but result.jsonl cannot record it: " + e.what());
+    return;
+  }
+  log_.info("{} committed: the checkpoint of report {}, {:.1f} s after it", name, pending.iteration,
+            std::chrono::duration<double>(now() - pending.reported).count());
+  if (setup_.on_checkpoint) setup_.on_checkpoint(*checkpoints_.latest());
+  maybe_regroup(name);
+  // The reports with a checkpoint that waited for this commit.
+  auto deferred = std::move(attempt.deferred_reports);
+  attempt.deferred_reports.clear();
+  for (const auto& [rank, report] : deferred) {
+    WorkerSlot* worker = pool().at_rank(rank);
+    if (worker == nullptr) continue;
+    try {
+      on_report(*worker, report);
+    } catch (const ProtocolError& e) {
+      log_.warn("dropped a message from {}: {}", worker->describe(), e.what());
+    }
+  }
+}
+
+// The worker waits for every answer here, so whatever goes wrong fails the run
+// rather than leaving it waiting.
+void Controller::on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch) {
+  try {
+    to_train(worker, checkpoints_.listing(fetch));
+  } catch (const IoError& e) {
+    fail(worker, FailureKind::kStorage,
+         std::string("cannot send the checkpoint to resume from: ") + e.what());
+  }
+}
+
+void Controller::on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& fetch) {
+  try {
+    auto [chunk, bytes] = checkpoints_.read_chunk(fetch);
+    std::vector<zmq::message_t> blob;
+    blob.push_back(std::move(bytes));
+    to_train(worker, chunk, std::move(blob));
+  } catch (const IoError& e) {
+    fail(worker, FailureKind::kStorage,
+         std::string("cannot send the checkpoint to resume from: ") + e.what());
+  }
+}
+void Controller::maybe_regroup(const std::string& checkpoint) {
+  if (phase_ == RunPhase::kTraining && !checkpoint.empty() && world_size() < max_workers() &&
+      std::any_of(agents_.begin(), agents_.end(),
+                  [](const auto& entry) { return entry.second.waiting; })) {
+    enter(RunPhase::kRegrouping);
+  }
+}
+
+}  // namespace trainrun
