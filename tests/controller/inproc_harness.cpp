@@ -54,6 +54,9 @@ protocol::Incoming Peer::next(ManualClock* clock, Clock::duration step, const st
   }
   auto message = std::move(held_.front());
   held_.erase(held_.begin());
+  if (message.type() == protocol::Refused::kType && type != message.type()) {
+    throw Error("expected " + type + ", got REFUSED: " + message.as<protocol::Refused>().reason);
+  }
   if (message.type() != type) throw Error("expected " + type + ", got " + message.type());
   return message;
 }
@@ -122,6 +125,9 @@ InprocRun::InprocRun(const std::filesystem::path& root, TrainerOptions options)
 }
 
 InprocRun::~InprocRun() {
+  if (std::getenv("TRAINRUN_TEST_LOG") != nullptr) {
+    for (const auto& line : lines_->last_formatted()) std::fprintf(stderr, "| %s", line.c_str());
+  }
   if (thread_.joinable()) {
     // A scenario that failed midway: the run is stopped, and its grace
     // periods passed, so that the thread ends.

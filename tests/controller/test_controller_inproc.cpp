@@ -67,8 +67,13 @@ TEST_CASE("in-process controller: two workers report, finish, and are shut down"
   InprocRun run(tmp.path, options(2));
   auto a = run.worker("node-a", 101);
   auto b = run.worker("node-b", 102);
-  auto assign_a = join(a);
-  auto assign_b = join(b);
+  a.hello();
+  CHECK_FALSE(a.main.has_message(5ms));  // the ranks wait for every worker
+  b.hello();
+  auto assign_a = a.main.expect<protocol::Assign>();
+  auto assign_b = b.main.expect<protocol::Assign>();
+  a.start(assign_a);
+  b.start(assign_b);
   CHECK(assign_a.world_size == 2);
   CHECK(assign_a.world_rank != assign_b.world_rank);
   CHECK(assign_a.store_prefix == "trainrun/attempt-1");
@@ -99,6 +104,7 @@ TEST_CASE("in-process controller: a worker that falls silent is lost, and the ne
   CHECK(shutdown.restart);
   CHECK(run.logged("sent nothing for 10 s: stopped responding"));
 
+  REQUIRE(run.wait_for_log("attempt 2 starts from the start"));
   auto second = run.worker("node-a", 102);
   auto assign = join(second);
   CHECK(assign.store_prefix == "trainrun/attempt-2");  // no key of the lost attempt is seen
@@ -157,12 +163,16 @@ TEST_CASE("in-process controller: a node agent joins an elastic group at its nex
 
   // The next attempt: the agent starts its worker, and both resume from the checkpoint.
   CHECK(agent.expect<protocol::Restart>().attempt == 2);
+  REQUIRE(run.wait_for_log("attempt 2 starts from checkpoint_"));
+  // A worker started by hand connects first (a restart waits only for the
+  // workers agents announce), then the agent's.
+  auto again = run.worker("node-a", 103);
+  again.hello();
+  REQUIRE(run.wait_for_log("a worker on node-a (pid 103) connected"));
   hello.workers = {202};
   hello.attempt = 2;
   agent.send(hello);
-  auto again = run.worker("node-a", 103);
   auto joined = run.worker("node-b", 202);
-  again.hello(2);
   joined.hello(2, /*agent_pid=*/200);
   auto assign_again = again.main.expect<protocol::Assign>();
   auto assign_joined = joined.main.expect<protocol::Assign>();
@@ -224,6 +234,7 @@ TEST_CASE("in-process controller: an asynchronous checkpoint owed at a failure i
   CHECK(first.main.expect<protocol::Shutdown>(&run.clock(), 100ms).restart);
 
   // The next attempt starts from nothing: the checkpoint was never committed.
+  REQUIRE(run.wait_for_log("attempt 2 starts from the start"));
   auto second = run.worker("node-a", 102);
   auto again = join(second);
   CHECK(again.checkpoint_dir.empty());
@@ -245,6 +256,7 @@ TEST_CASE("in-process controller: a stop during the back-off ends the run at onc
   InprocRun run(tmp.path, opts);
   // Two attempts that fail before any report: a back-off before the third.
   for (int64_t pid : {101, 102}) {
+    if (pid == 102) REQUIRE(run.wait_for_log("attempt 2 starts"));
     auto worker = run.worker("node-a", pid);
     join(worker);
     worker.train->send(protocol::Failed{"boom", "exception"});
