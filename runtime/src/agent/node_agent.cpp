@@ -17,9 +17,11 @@
 #include <optional>
 #include <regex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/constants.h"
+#include "common/fd.h"
 #include "common/local_worker.h"
 #include "common/network.h"
 #include "common/seconds.h"
@@ -54,9 +56,9 @@ int usable_cores() {
 }
 
 struct Child {
-  LocalWorker process;
+  LocalWorker process;  // its pid: its pipes are moved to fds
   bool exited = false;
-  int fds[2] = {-1, -1};  // stdout, stderr; -1 once closed
+  Fd fds[2];  // stdout, stderr; none once closed
 };
 
 /// A message for the controller, with its blob if it has one.
@@ -81,12 +83,6 @@ class Agent {
     protocol::connect_dealer(dealer_, options_.connect);
     silence_limit_ =
         options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
-  }
-
-  ~Agent() {
-    for (auto& child : children_) {
-      for (int& fd : child.fds) close_fd(fd);
-    }
   }
 
   int run() {
@@ -167,9 +163,6 @@ class Agent {
   // controller hears why they could not all start: the attempt cannot go on
   // without them.
   void start_workers(int attempt) {
-    for (auto& child : children_) {
-      for (int& fd : child.fds) close_fd(fd);
-    }
     children_.clear();
     restart_.reset();
     between_attempts_ = false;
@@ -227,9 +220,9 @@ class Agent {
     for (int i = 0; i < options_.nproc; ++i) {
       Child child;
       child.process = spawn_local_worker(options_.worker_executable, args, env);
-      child.fds[0] = child.process.stdout_fd;
-      child.fds[1] = child.process.stderr_fd;
-      children_.push_back(child);
+      child.fds[0] = std::move(child.process.stdout_fd);
+      child.fds[1] = std::move(child.process.stderr_fd);
+      children_.push_back(std::move(child));
     }
     spdlog::info("started {} workers for {}", children_.size(), options_.connect);
   }
@@ -251,8 +244,8 @@ class Agent {
     if (queue_.empty()) {
       for (auto& child : children_) {
         for (int stream = 0; stream < 2; ++stream) {
-          if (child.fds[stream] < 0) continue;
-          items.push_back({nullptr, child.fds[stream], ZMQ_POLLIN, 0});
+          if (!child.fds[stream]) continue;
+          items.push_back({nullptr, child.fds[stream].get(), ZMQ_POLLIN, 0});
           watched.emplace_back(&child, stream);
         }
       }
@@ -354,11 +347,11 @@ class Agent {
   }
 
   void read_output(Child& child, int stream) {
-    int& fd = child.fds[stream];
-    ssize_t n = ::read(fd, buffer_.data(), buffer_.size());
+    Fd& fd = child.fds[stream];
+    ssize_t n = ::read(fd.get(), buffer_.data(), buffer_.size());
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n <= 0) {  // EOF: the worker and whatever it started closed it
-      close_fd(fd);
+      fd.reset();
       return;
     }
     queue_.push_back(outgoing(protocol::Output{child.process.pid, stream},
@@ -399,12 +392,12 @@ class Agent {
   // What a worker that exited left in its pipes, without waiting for EOF: a
   // process it started may hold them open.
   void drain(Child& child, int stream) {
-    for (int i = 0; i < 64 && child.fds[stream] >= 0; ++i) {
+    for (int i = 0; i < 64 && child.fds[stream]; ++i) {
       size_t before = queue_.size();
       read_output(child, stream);
       if (queue_.size() == before) break;
     }
-    close_fd(child.fds[stream]);
+    child.fds[stream].reset();
   }
 
   // SIGTERM to every worker's group after `grace` (they may be exiting on
@@ -437,11 +430,6 @@ class Agent {
       // A stopped process (SIGSTOP) takes SIGTERM only once it continues.
       if (signal == SIGTERM) ::kill(-child.process.pid, SIGCONT);
     }
-  }
-
-  static void close_fd(int& fd) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
   }
 
   AgentOptions options_;

@@ -25,6 +25,7 @@
 #include "api/progress.h"
 #include "api/report_page.h"
 #include "common/constants.h"
+#include "common/fd.h"
 #include "common/hash.h"
 #include "common/metrics_format.h"
 #include "common/network.h"
@@ -248,22 +249,20 @@ std::filesystem::path local_storage_path(const std::filesystem::path& given) {
 // write(): safe from any thread, and from a signal handler.
 struct Trainer::State {
   State() : stop_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-    if (stop_fd < 0)
-      throw IoError(std::string("cannot create an eventfd: ") + std::strerror(errno));
+    if (!stop_fd) throw IoError(std::string("cannot create an eventfd: ") + std::strerror(errno));
   }
-  ~State() { ::close(stop_fd); }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
   std::atomic<bool> running{false};
-  const int stop_fd;
+  const Fd stop_fd;
 };
 
 Trainer::~Trainer() = default;
 
 void Trainer::stop() {
   uint64_t one = 1;
-  [[maybe_unused]] auto written = ::write(state_->stop_fd, &one, sizeof(one));
+  [[maybe_unused]] auto written = ::write(state_->stop_fd.get(), &one, sizeof(one));
 }
 
 Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
@@ -348,7 +347,7 @@ Result Trainer::fit() {
   } done{*state_};
   // A stop() from before this fit() does not end it.
   uint64_t stale = 0;
-  [[maybe_unused]] auto got = ::read(state_->stop_fd, &stale, sizeof(stale));
+  [[maybe_unused]] auto got = ::read(state_->stop_fd.get(), &stale, sizeof(stale));
   // Inspect the plugin before anything starts: a bad one costs no worker.
   auto plugin = inspect_plugin_file(options_.plugin);
   auto entry = resolve_entry(plugin, options_.entry);
@@ -476,7 +475,7 @@ Result Trainer::fit() {
       });
     };
   }
-  setup.stop_fd = state_->stop_fd;
+  setup.stop_fd = state_->stop_fd.get();
   try {
     Controller controller(std::move(setup), storage, checkpoints);
     run = controller.run();

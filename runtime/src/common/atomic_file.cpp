@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
-#include <utility>
 
 namespace trainrun {
 namespace {
@@ -18,10 +17,6 @@ namespace {
 }
 
 }  // namespace
-
-Fd::~Fd() {
-  if (fd_ >= 0) ::close(fd_);
-}
 
 bool write_all(int fd, std::string_view content) {
   while (!content.empty()) {
@@ -37,7 +32,7 @@ bool write_all(int fd, std::string_view content) {
 
 void fsync_path(const std::filesystem::path& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail("cannot open", path);
+  if (!fd) fail("cannot open", path);
   if (::fsync(fd.get()) != 0) fail("cannot fsync", path);
 }
 
@@ -48,14 +43,14 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
   temp += ".tmp." + std::to_string(::getpid());
   {
     Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) fail("cannot create", temp);
+    if (!fd) fail("cannot create", temp);
     if (!write_all(fd.get(), content) || (durable && ::fsync(fd.get()) != 0)) {
       int saved = errno;
       ::unlink(temp.c_str());
       errno = saved;
       fail("cannot write", temp);
     }
-    if (::close(fd.release()) != 0) fail("cannot close", temp);
+    if (fd.close() != 0) fail("cannot close", temp);
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     int saved = errno;
@@ -69,13 +64,11 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 }
 
 void AppendFile::append(std::string_view content) {
-  if (fd_ < 0) fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail("cannot open", path_);
-  if (!write_all(fd_, content)) fail("cannot write", path_);
+  if (!fd_) fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!fd_) fail("cannot open", path_);
+  if (!write_all(fd_.get(), content)) fail("cannot write", path_);
 }
 
-void AppendFile::close() {
-  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-}
+void AppendFile::close() { fd_.reset(); }
 
 }  // namespace trainrun

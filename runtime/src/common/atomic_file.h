@@ -4,6 +4,8 @@
 #include <string_view>
 #include <utility>
 
+#include "common/fd.h"
+
 namespace trainrun {
 
 /// Whether a replaced file must survive a power cut, or only never be seen
@@ -23,7 +25,6 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 class AppendFile {
  public:
   explicit AppendFile(std::filesystem::path path) : path_(std::move(path)) {}
-  ~AppendFile() { close(); }
   AppendFile(const AppendFile&) = delete;
   AppendFile& operator=(const AppendFile&) = delete;
 
@@ -34,21 +35,7 @@ class AppendFile {
 
  private:
   std::filesystem::path path_;
-  int fd_ = -1;
-};
-
-/// An open file descriptor, closed on destruction.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd();
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
+  Fd fd_;
 };
 
 /// fsync of a file or directory. Throws IoError.

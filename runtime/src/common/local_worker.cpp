@@ -6,9 +6,9 @@
 #include <spawn.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <utility>
 
 #include "common/parent.h"
 
@@ -47,16 +47,8 @@ LocalWorker spawn_local_worker(const std::filesystem::path& executable,
   auto argv = c_strings(argv_strings);
   auto envp = c_strings(env_strings);
 
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    throw IoError(std::string("cannot create worker pipes: ") + std::strerror(errno));
-  }
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    int error = errno;
-    ::close(out[0]);
-    ::close(out[1]);
-    throw IoError(std::string("cannot create worker pipes: ") + std::strerror(error));
-  }
+  auto [out_read, out_write] = make_pipe(0, "worker pipes");
+  auto [err_read, err_write] = make_pipe(0, "worker pipes");
   // posix_spawn, not fork: the child shares the controller's memory until it
   // execs (clone with CLONE_VFORK), so spawning costs no copy of the page
   // tables, which grow with the controller (or the host program embedding it):
@@ -64,8 +56,8 @@ LocalWorker spawn_local_worker(const std::filesystem::path& executable,
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attributes;
   ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  ::posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+  ::posix_spawn_file_actions_adddup2(&actions, out_write.get(), STDOUT_FILENO);
+  ::posix_spawn_file_actions_adddup2(&actions, err_write.get(), STDERR_FILENO);
   ::posix_spawnattr_init(&attributes);
   sigset_t none, defaults;
   sigemptyset(&none);
@@ -81,15 +73,15 @@ LocalWorker spawn_local_worker(const std::filesystem::path& executable,
   ::posix_spawnattr_destroy(&attributes);
   ::posix_spawn_file_actions_destroy(&actions);
   if (error != 0) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
     throw IoError("cannot execute the worker executable " + executable.string() + ": " +
                   std::strerror(error));
   }
-  ::close(out[1]);
-  ::close(err[1]);
-  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
-  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
-  return LocalWorker{pid, out[0], err[0]};
+  // Only the worker (and what it starts) holds the write ends now: its exit is their EOF.
+  out_write.reset();
+  err_write.reset();
+  ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
+  ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
+  return LocalWorker{pid, std::move(out_read), std::move(err_read)};
 }
 
 }  // namespace trainrun

@@ -5,7 +5,7 @@
 // parent reads, in its own process group (so a terminal's Ctrl-C reaches only
 // the parent, which stops workers in order), and told its parent's pid so that
 // it sets PR_SET_PDEATHSIG itself (common/parent.h: a killed parent leaves no
-// orphan).
+// orphan). Its pipes' read ends are Fds: whoever reads them takes them.
 
 #include <sys/types.h>
 
@@ -13,12 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "common/fd.h"
+
 namespace trainrun {
 
 struct LocalWorker {
   pid_t pid = -1;
-  int stdout_fd = -1;  // non-blocking read ends
-  int stderr_fd = -1;
+  Fd stdout_fd;  // non-blocking read ends
+  Fd stderr_fd;
 };
 
 /// Starts `executable args...` with `env` added to this process's environment.

@@ -7,6 +7,8 @@
 
 #include <string_view>
 
+#include "common/fd.h"
+
 namespace trainrun {
 
 std::string host_name() {
@@ -42,12 +44,12 @@ std::optional<std::string> local_address_towards(const std::string& endpoint) {
   }
   std::optional<std::string> local;
   for (auto* ai = found; ai != nullptr && !local; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
+    Fd fd(::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd) continue;
     sockaddr_storage address{};
     socklen_t length = sizeof(address);
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &length) == 0) {
       char text[INET6_ADDRSTRLEN] = {0};
       const void* raw =
           address.ss_family == AF_INET
@@ -55,7 +57,6 @@ std::optional<std::string> local_address_towards(const std::string& endpoint) {
               : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&address)->sin6_addr);
       if (::inet_ntop(address.ss_family, raw, text, sizeof(text)) != nullptr) local = text;
     }
-    ::close(fd);
   }
   ::freeaddrinfo(found);
   return local;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/fd.h"
+
 namespace trainrun {
 namespace {
 
@@ -56,15 +58,15 @@ void write_run_key(const std::filesystem::path& path) {
   randombytes_buf(key.data(), key.size());
   auto text = to_hex(key.data(), key.size()) + "\n";
   sodium_memzero(key.data(), key.size());
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == EEXIST) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd && errno == EEXIST) {
     throw UsageError(path.string() + " exists; a run key is never overwritten (remove it first)");
   }
-  if (fd < 0) throw IoError("cannot create " + path.string() + ": " + std::strerror(errno));
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-            ::fsync(fd) == 0;
+  if (!fd) throw IoError("cannot create " + path.string() + ": " + std::strerror(errno));
+  bool ok = ::write(fd.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+            ::fsync(fd.get()) == 0;
   int saved = errno;
-  ::close(fd);
+  fd.reset();
   sodium_memzero(text.data(), text.size());
   if (!ok) {
     ::unlink(path.c_str());

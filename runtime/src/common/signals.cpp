@@ -8,11 +8,12 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
-#include <utility>
+#include <tuple>
 
 namespace trainrun {
 namespace {
 
+// The live SignalPipe's write end, as the handler can read it: a plain int.
 int g_write_fd = -1;
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
 constexpr size_t kCount = sizeof(kSignals) / sizeof(kSignals[0]);
@@ -31,12 +32,8 @@ SignalPipe::SignalPipe() {
     throw UsageError(
         "another trainrun run is live in this process: runs in one process go one after another");
   }
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
-    throw IoError(std::string("cannot create signal pipe: ") + std::strerror(errno));
-  }
-  read_fd_ = fds[0];
-  g_write_fd = fds[1];
+  std::tie(read_fd_, write_fd_) = make_pipe(O_NONBLOCK, "signal pipe");
+  g_write_fd = write_fd_.get();
   struct sigaction action {};
   action.sa_handler = &on_signal;
   sigemptyset(&action.sa_mask);
@@ -60,15 +57,17 @@ SignalPipe::~SignalPipe() {
   ::pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
   ::sigaction(SIGPIPE, &previous_pipe_, nullptr);
   for (size_t i = 0; i < kCount; ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
-  ::close(read_fd_);
-  ::close(std::exchange(g_write_fd, -1));
+  // A late handler then writes to -1, not to whatever next takes this number.
+  g_write_fd = -1;
+  read_fd_.reset();
+  write_fd_.reset();
 }
 
 std::vector<int> SignalPipe::drain() {
   std::vector<int> signals;
   unsigned char buffer[64];
   ssize_t n;
-  while ((n = ::read(read_fd_, buffer, sizeof(buffer))) > 0) {
+  while ((n = ::read(read_fd_.get(), buffer, sizeof(buffer))) > 0) {
     signals.insert(signals.end(), buffer, buffer + n);
   }
   return signals;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/fd.h"
+
 namespace trainrun {
 
 class SignalPipe {
@@ -21,12 +23,13 @@ class SignalPipe {
   SignalPipe& operator=(const SignalPipe&) = delete;
 
   /// Readable when a signal arrived.
-  int fd() const { return read_fd_; }
+  int fd() const { return read_fd_.get(); }
   /// The signals that arrived since the last call.
   std::vector<int> drain();
 
  private:
-  int read_fd_ = -1;
+  Fd read_fd_;
+  Fd write_fd_;  // the handler writes to it through a global int, cleared before this closes
   struct sigaction previous_[4];
   struct sigaction previous_pipe_;
   sigset_t previous_mask_;

@@ -1,5 +1,7 @@
 #include "controller/worker_output.h"
 
+#include <trainrun/error.h>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,30 +17,35 @@ constexpr size_t kMaxLine = 64 * 1024;
 
 }  // namespace
 
-WorkerOutput::WorkerOutput(int stdout_fd, int stderr_fd, std::string prefix,
+WorkerOutput::WorkerOutput(Fd stdout_fd, Fd stderr_fd, std::string prefix,
                            const std::filesystem::path& log_file, LineEcho echo)
     : prefix_(std::move(prefix)), log_path_(log_file), echo_(std::move(echo)) {
-  streams_[0].fd = stdout_fd;
-  streams_[1].fd = stderr_fd;
+  streams_[0].fd = std::move(stdout_fd);
+  streams_[1].fd = std::move(stderr_fd);
+}
+
+WorkerOutput::WorkerOutput(int no_stdout, int no_stderr, std::string prefix,
+                           const std::filesystem::path& log_file, LineEcho echo)
+    : WorkerOutput(Fd(), Fd(), std::move(prefix), log_file, std::move(echo)) {
+  TRAINRUN_CHECK(no_stdout < 0 && no_stderr < 0, "a worker's pipes are handed over as Fds");
 }
 
 WorkerOutput::~WorkerOutput() {
   for (auto& stream : streams_) {
     if (!stream.partial.empty()) emit(static_cast<int>(&stream - streams_), stream.partial);
-    if (stream.fd >= 0) ::close(stream.fd);
   }
   if (log_ != nullptr) std::fclose(log_);
 }
 
 void WorkerOutput::read(int index) {
   auto& stream = streams_[index];
-  if (stream.fd < 0) return;
+  if (!stream.fd) return;
   char buffer[16384];
   // At most this much a call: a worker that writes faster than it can be
   // forwarded must not keep the loop from its sockets (epoll is level-triggered,
   // so the rest comes on the next pass).
   for (size_t budget = 16 * sizeof(buffer); budget > 0; budget -= sizeof(buffer)) {
-    ssize_t n = ::read(stream.fd, buffer, sizeof(buffer));
+    ssize_t n = ::read(stream.fd.get(), buffer, sizeof(buffer));
     if (n > 0) {
       feed(index, buffer, static_cast<size_t>(n));
       continue;
@@ -47,8 +54,7 @@ void WorkerOutput::read(int index) {
     if (n < 0 && errno == EAGAIN) return;
     // EOF or a read error: the worker is gone.
     if (!stream.partial.empty()) emit(index, std::exchange(stream.partial, {}));
-    ::close(stream.fd);
-    stream.fd = -1;
+    stream.fd.reset();
     return;
   }
 }

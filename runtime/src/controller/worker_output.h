@@ -4,14 +4,16 @@
 // terminal (prefixed with rank, pid and host) and to logs/worker-<rank>.log,
 // which is created with the worker's first line: a thousand silent workers cost
 // no thousand files. A local worker's output is read from its pipes; a remote
-// one's arrives from its node agent (feed). Owned by the controller's single
-// thread.
+// one's arrives from its node agent (feed). It owns a local worker's pipes and
+// closes each at its EOF. Owned by the controller's single thread.
 
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
+
+#include "common/fd.h"
 
 namespace trainrun {
 
@@ -21,7 +23,13 @@ using LineEcho = std::function<void(int stream, std::string_view line)>;
 
 class WorkerOutput {
  public:
-  WorkerOutput(int stdout_fd, int stderr_fd, std::string prefix,
+  /// Reads a local worker's pipes (none for output that only feed() brings),
+  /// closing each at its EOF.
+  WorkerOutput(Fd stdout_fd, Fd stderr_fd, std::string prefix,
+               const std::filesystem::path& log_file, LineEcho echo);
+  /// Output with no pipes, spelled with descriptor numbers as older callers do:
+  /// both must be -1 (a descriptor changes hands only as an Fd).
+  WorkerOutput(int no_stdout, int no_stderr, std::string prefix,
                const std::filesystem::path& log_file, LineEcho echo);
   ~WorkerOutput();
   WorkerOutput(const WorkerOutput&) = delete;
@@ -40,7 +48,7 @@ class WorkerOutput {
 
  private:
   struct Stream {
-    int fd = -1;
+    Fd fd;  // none for a remote worker, and once at EOF
     std::string partial;
   };
   void emit(int stream, const std::string& line);

@@ -42,21 +42,16 @@ std::string starting(int index) { return std::to_string(index) + ".starting"; }
 constexpr int kExitKey = 2;
 uint64_t stream_key(int index, int stream) { return static_cast<uint64_t>(index) * 3 + stream; }
 
-// A descriptor that becomes readable when the process exits (Linux 5.3), or -1.
-int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+// A descriptor that becomes readable when the process exits (Linux 5.3), or none.
+Fd open_pidfd(pid_t pid) { return Fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))); }
 
 }  // namespace
 
 WorkerPool::WorkerPool() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
-  if (epoll_fd_ < 0) throw IoError(std::string("cannot create an epoll set: ") + strerror(errno));
+  if (!epoll_fd_) throw IoError(std::string("cannot create an epoll set: ") + strerror(errno));
 }
 
-WorkerPool::~WorkerPool() {
-  for (auto& worker : workers_) {
-    if (worker.pidfd >= 0) ::close(worker.pidfd);
-  }
-  ::close(epoll_fd_);
-}
+WorkerPool::~WorkerPool() = default;
 
 void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   logs_dir_ = launch.logs_dir;
@@ -76,24 +71,26 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
          seconds_arg(launch.startup_timeout)},
         {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads, "TMPDIR=" + scratch.string(),
          std::string(kSecretVariable) + "=" + launch.secret});
+    // The output owns the pipes from here; epoll watches them by number.
+    const int pipes[] = {process.stdout_fd.get(), process.stderr_fd.get()};
     auto& worker = workers_.emplace_back();
     worker.index = i;
-    worker.process = process;
+    worker.process.pid = process.pid;
     worker.scratch = scratch;
     worker.last_heard = Clock::now();
     ++running_;
-    worker.output =
-        std::make_unique<WorkerOutput>(process.stdout_fd, process.stderr_fd, output_prefix(worker),
-                                       log_path(logs_dir_, starting(i)), echo_);
+    worker.output = std::make_unique<WorkerOutput>(
+        std::move(process.stdout_fd), std::move(process.stderr_fd), output_prefix(worker),
+        log_path(logs_dir_, starting(i)), echo_);
     // Where pidfds are missing (before Linux 5.3) exits are found by polling.
     worker.pidfd = open_pidfd(process.pid);
     for (int stream = 0; stream <= kExitKey; ++stream) {
       epoll_event event{};
       event.events = EPOLLIN;
       event.data.u64 = stream_key(i, stream);
-      int fd = stream == 0 ? process.stdout_fd : stream == 1 ? process.stderr_fd : worker.pidfd;
+      int fd = stream == kExitKey ? worker.pidfd.get() : pipes[stream];
       if (fd < 0) continue;
-      if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &event) != 0) {
         throw IoError(std::string("cannot watch a worker's output: ") + strerror(errno));
       }
     }
@@ -123,7 +120,7 @@ WorkerSlot* WorkerPool::add_remote(const std::string& host, pid_t pid) {
   worker.process.pid = pid;
   worker.last_heard = Clock::now();
   worker.output = std::make_unique<WorkerOutput>(
-      -1, -1, output_prefix(worker), log_path(logs_dir_, starting(worker.index)), echo_);
+      Fd(), Fd(), output_prefix(worker), log_path(logs_dir_, starting(worker.index)), echo_);
   remote_by_process_[process_key(host, pid)] = &worker;
   return &worker;
 }
@@ -184,13 +181,13 @@ void WorkerPool::forward_output() {
   epoll_event events[64];
   int n;
   do {
-    n = ::epoll_wait(epoll_fd_, events, 64, 0);
+    n = ::epoll_wait(epoll_fd_.get(), events, 64, 0);
     for (int i = 0; i < n; ++i) {
       auto key = events[i].data.u64;
       auto& worker = workers_[key / 3];
       if (key % 3 == kExitKey) {  // it exited: reap() closes the pidfd
         exits_ = true;
-        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker.pidfd, nullptr);
+        ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, worker.pidfd.get(), nullptr);
         continue;
       }
       // A closed descriptor leaves the epoll set by itself.
@@ -211,10 +208,9 @@ std::vector<std::pair<WorkerSlot*, std::optional<int>>> WorkerPool::reap() {
     if (got != worker.process.pid && !lost) continue;
     worker.exited = true;
     --running_;
-    if (worker.pidfd >= 0) {
-      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker.pidfd, nullptr);
-      ::close(worker.pidfd);
-      worker.pidfd = -1;
+    if (worker.pidfd) {
+      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, worker.pidfd.get(), nullptr);
+      worker.pidfd.reset();
     }
     worker.output->drain();
     std::error_code ec;

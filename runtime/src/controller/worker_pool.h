@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fd.h"
 #include "common/local_worker.h"
 #include "controller/worker_output.h"
 #include "protocol/link_tally.h"
@@ -31,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 struct WorkerSlot {
   int index = 0;        // launch order, local workers first, then remote ones as they connect
   bool remote = false;  // connected over the network: no process, output or scratch here
-  LocalWorker process;  // for a remote worker only its pid (on its host)
+  LocalWorker process;  // only its pid (a remote one's on its host): output owns the pipes
   std::unique_ptr<WorkerOutput> output;
   std::optional<std::string> main_id;    // its main thread's connection, set by HELLO
   std::optional<std::string> train_id;   // its train thread's, set by ATTACH
@@ -40,7 +41,7 @@ struct WorkerSlot {
   std::string host;
   std::string attach_secret;      // a remote worker's, sent in its ASSIGN; ATTACH carries it
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
-  int pidfd = -1;                 // a local worker's: readable once it exits (watched by epoll)
+  Fd pidfd;                       // a local worker's: readable once it exits (watched by epoll)
   int rank = -1;                  // once assigned
   bool started = false;           // its train function was called (STARTED)
   bool shares_storage = false;    // a remote worker that sees the run directory (STARTED)
@@ -112,7 +113,7 @@ class WorkerPool {
   void assign(const std::vector<int>& ranks);
 
   /// Readable when some worker has written output or exited.
-  int output_fd() const { return epoll_fd_; }
+  int output_fd() const { return epoll_fd_.get(); }
   /// Forwards what the workers have written.
   void forward_output();
   /// Whether a local worker exited since the last call (seen by forward_output
@@ -139,7 +140,7 @@ class WorkerPool {
   std::unordered_map<std::string, WorkerSlot*> remote_by_process_;  // "host/pid"
   std::filesystem::path logs_dir_;  // worker-<rank>.log files, from spawn's LaunchOptions
   LineEcho echo_;
-  int epoll_fd_ = -1;
+  Fd epoll_fd_;
   int running_ = 0;
   bool exits_ = false;
 };

@@ -361,13 +361,13 @@ void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest&
 
 RunLock::RunLock(const std::filesystem::path& run_dir) {
   auto path = run_dir / kLockFile;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw IoError("cannot open " + path.string() + ": " + std::strerror(errno));
+  fd_.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd_) throw IoError("cannot open " + path.string() + ": " + std::strerror(errno));
   // A reader's look (is_held: a shared lock for an instant) is not a holder.
   bool locked = false;
   for (int i = 0; i < 20 && !locked; ++i) {
     if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    locked = ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+    locked = ::flock(fd_.get(), LOCK_EX | LOCK_NB) == 0;
   }
   if (!locked) {
     // The holder writes its name just after it locks: a refusal in between
@@ -376,11 +376,11 @@ RunLock::RunLock(const std::filesystem::path& run_dir) {
     ssize_t n = 0;
     for (int i = 0; i < 200 && n <= 0; ++i) {
       if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+      n = ::pread(fd_.get(), holder, sizeof(holder) - 1, 0);
     }
     std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-    ::close(fd_);
+    fd_.reset();
     throw UsageError("run directory " + run_dir.string() + " is in use by another run (" + who +
                      "): wait for it to end, or choose another --name");
   }
@@ -389,12 +389,11 @@ RunLock::RunLock(const std::filesystem::path& run_dir) {
   // Best effort: if this fails, the lock is held all the same and only the
   // holder's name is missing from a refusal.
   auto holder = "pid " + std::to_string(::getpid()) + " on host " + host + "\n";
-  if (::ftruncate(fd_, 0) == 0) write_all(fd_, holder);
+  if (::ftruncate(fd_.get(), 0) == 0) write_all(fd_.get(), holder);
 }
 
 RunLock::~RunLock() {
-  (void)::ftruncate(fd_, 0);  // the next holder's refusals name no one stale
-  ::close(fd_);
+  (void)::ftruncate(fd_.get(), 0);  // the next holder's refusals name no one stale
 }
 
 bool is_held(const std::filesystem::path& run_dir) {

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "common/fd.h"
+
 namespace trainrun::run_directory {
 
 inline constexpr const char* kRunInfoFile = "run.json";
@@ -138,7 +140,7 @@ class RunLock {
   RunLock& operator=(const RunLock&) = delete;
 
  private:
-  int fd_ = -1;
+  Fd fd_;  // the lock file: the lock goes with it
 };
 
 /// Whether a live process holds the run directory.

@@ -36,20 +36,16 @@ ChunkedFile::ChunkedFile(std::filesystem::path path, uint64_t size, Hashing hash
     : path_(std::move(path)), size_(size) {
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   if (caching == Caching::kDirect) {
-    fd_ = ::open(path_.c_str(), kFlags | O_DIRECT, 0644);
-    direct_ = fd_ >= 0;  // EINVAL: this filesystem has no direct I/O
+    fd_.reset(::open(path_.c_str(), kFlags | O_DIRECT, 0644));
+    direct_ = static_cast<bool>(fd_);  // EINVAL: this filesystem has no direct I/O
   }
-  if (fd_ < 0) fd_ = ::open(path_.c_str(), kFlags, 0644);
-  if (fd_ < 0) throw IoError("cannot create " + path_.string() + ": " + errno_text());
+  if (!fd_) fd_.reset(::open(path_.c_str(), kFlags, 0644));
+  if (!fd_) throw IoError("cannot create " + path_.string() + ": " + errno_text());
   if (hashing == Hashing::kSha256) hash_.emplace();
 }
 
-ChunkedFile::~ChunkedFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 void ChunkedFile::check_next(uint64_t offset, size_t size) const {
-  if (fd_ < 0) throw ProtocolError("a chunk of " + path_.string() + " after its end");
+  if (!fd_) throw ProtocolError("a chunk of " + path_.string() + " after its end");
   if (offset != written_ || size > size_ - written_) {
     throw ProtocolError("a chunk of " + path_.string() + " out of order or past its size (offset " +
                         std::to_string(offset) + ", " + std::to_string(size) + " bytes)");
@@ -86,8 +82,8 @@ void ChunkedFile::write_direct(const char* data, size_t size) {
   }
   write_whole(from, whole);
   if (whole == size) return;
-  int flags = ::fcntl(fd_, F_GETFL);
-  if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) < 0) {
+  int flags = ::fcntl(fd_.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd_.get(), F_SETFL, flags & ~O_DIRECT) < 0) {
     throw IoError("cannot write " + path_.string() + ": " + errno_text());
   }
   direct_ = false;
@@ -101,7 +97,7 @@ void ChunkedFile::write_from(int source, uint64_t offset, const void* data, size
   auto to = static_cast<loff_t>(offset);
   size_t done = 0;
   while (in_kernel_ && done < size) {
-    ssize_t n = ::copy_file_range(source, &from, fd_, &to, size - done, 0);
+    ssize_t n = ::copy_file_range(source, &from, fd_.get(), &to, size - done, 0);
     if (n > 0) {
       done += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
@@ -109,7 +105,7 @@ void ChunkedFile::write_from(int source, uint64_t offset, const void* data, size
     } else if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
                          errno == EOPNOTSUPP || errno == EBADF)) {
       in_kernel_ = false;  // another filesystem, or no support: through memory from here on
-      if (::lseek(fd_, static_cast<off_t>(offset + done), SEEK_SET) < 0) {
+      if (::lseek(fd_.get(), static_cast<off_t>(offset + done), SEEK_SET) < 0) {
         throw IoError("cannot write " + path_.string() + ": " + errno_text());
       }
     } else {
@@ -122,7 +118,7 @@ void ChunkedFile::write_from(int source, uint64_t offset, const void* data, size
 }
 
 void ChunkedFile::write_whole(const char* data, size_t size) {
-  if (!write_all(fd_, std::string_view(data, size))) {
+  if (!write_all(fd_.get(), std::string_view(data, size))) {
     throw IoError("cannot write " + path_.string() + ": " + errno_text());
   }
 }
@@ -131,7 +127,7 @@ void ChunkedFile::wrote(size_t size) {
   written_ += size;
   if (direct_) flushed_ = written_;  // nothing of it waits in the page cache
   if (written_ - flushed_ >= kWriteBehind) {
-    write_behind(fd_, flushed_, written_);
+    write_behind(fd_.get(), flushed_, written_);
     flushed_ = written_;
   }
 }
@@ -141,10 +137,9 @@ std::string ChunkedFile::finish() {
     throw ProtocolError(path_.string() + " ended after " + std::to_string(written_) + " of " +
                         std::to_string(size_) + " bytes");
   }
-  bool synced = ::fsync(fd_) == 0;
+  bool synced = ::fsync(fd_.get()) == 0;
   auto reason = errno_text();
-  ::close(fd_);
-  fd_ = -1;
+  fd_.reset();
   if (!synced) throw IoError("cannot write " + path_.string() + ": " + reason);
   return hash_ ? hash_->hex_digest() : std::string();
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "common/fd.h"
 #include "common/hash.h"
 
 namespace trainrun {
@@ -32,7 +33,6 @@ class ChunkedFile {
   /// Throws IoError.
   ChunkedFile(std::filesystem::path path, uint64_t size, Hashing hashing,
               Caching caching = Caching::kPageCache);
-  ~ChunkedFile();
   ChunkedFile(const ChunkedFile&) = delete;
   ChunkedFile& operator=(const ChunkedFile&) = delete;
 
@@ -55,7 +55,7 @@ class ChunkedFile {
   uint64_t flushed_ = 0;   // write-back started up to here
   bool in_kernel_ = true;  // copy_file_range works between these files
   bool direct_ = false;    // fd_ is open with O_DIRECT
-  int fd_ = -1;
+  Fd fd_;                  // none once finished
   std::optional<Sha256> hash_;
   std::unique_ptr<char, void (*)(void*)> aligned_{nullptr, &std::free};  // for direct writes
   size_t aligned_size_ = 0;

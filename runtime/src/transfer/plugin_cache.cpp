@@ -43,15 +43,15 @@ std::optional<DownloadClaim> DownloadClaim::try_take(const std::filesystem::path
                                                      const std::string& sha256, Kind kind) {
   create_cache(cache_dir);
   auto lock_path = cache_dir / (sha256 + ".lock");
-  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError("cannot open " + lock_path.string() + ": " + std::strerror(errno));
-  if (::flock(fd, (kind == Kind::kShared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
+  Fd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd) throw IoError("cannot open " + lock_path.string() + ": " + std::strerror(errno));
+  if (::flock(fd.get(), (kind == Kind::kShared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
     int error = errno;
-    ::close(fd);
+    fd.reset();
     if (error == EWOULDBLOCK) return std::nullopt;
-    return DownloadClaim(-1);  // no locks here (ENOLCK): each worker for itself
+    return DownloadClaim(Fd());  // no locks here (ENOLCK): each worker for itself
   }
-  if (kind == Kind::kShared) return DownloadClaim(fd);
+  if (kind == Kind::kShared) return DownloadClaim(std::move(fd));
   // No other process of this host is downloading the plugin: its partial
   // files are leftovers. Another host's (a cache on NFS) are not touched.
   std::error_code ec;
@@ -61,11 +61,7 @@ std::optional<DownloadClaim> DownloadClaim::try_take(const std::filesystem::path
       std::filesystem::remove(entry.path(), ec);
     }
   }
-  return DownloadClaim(fd);
-}
-
-DownloadClaim::~DownloadClaim() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
+  return DownloadClaim(std::move(fd));
 }
 
 namespace {

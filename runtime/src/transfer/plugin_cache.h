@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "common/fd.h"
 #include "transfer/chunked_file.h"
 
 namespace trainrun {
@@ -36,14 +37,13 @@ class DownloadClaim {
   /// filesystem cannot lock, a claim that locks nothing. Throws IoError.
   static std::optional<DownloadClaim> try_take(const std::filesystem::path& cache_dir,
                                                const std::string& sha256, Kind kind);
-  ~DownloadClaim();
-  DownloadClaim(DownloadClaim&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  DownloadClaim(DownloadClaim&&) noexcept = default;
   DownloadClaim& operator=(DownloadClaim&&) = delete;
   DownloadClaim(const DownloadClaim&) = delete;
 
  private:
-  explicit DownloadClaim(int fd) : fd_(fd) {}
-  int fd_;
+  explicit DownloadClaim(Fd fd) : fd_(std::move(fd)) {}
+  Fd fd_;  // the lock file: closing it releases the claim
 };
 
 class PluginDownload {

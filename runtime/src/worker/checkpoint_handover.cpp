@@ -11,7 +11,9 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
 
+#include "common/fd.h"
 #include "common/network.h"
 
 namespace trainrun {
@@ -41,31 +43,33 @@ std::string record_in(const fs::path& dir) {
 // Every directory handed over and not yet deleted, with the descriptor of its
 // held lock file, for the process's way out.
 std::mutex handed_over_mutex;
-std::map<fs::path, int>& handed_over() {
-  static auto* dirs = new std::map<fs::path, int>;  // never destroyed: _Exit skips it
+std::map<fs::path, Fd>& handed_over() {
+  static auto* dirs = new std::map<fs::path, Fd>;  // never destroyed: _Exit skips it
   return *dirs;
 }
 
 fs::path lock_path(const fs::path& dir) { return dir.string() + kLockSuffix; }
 
 // Creates and locks `path`: while the lock is held, the directory beside it
-// is in use. -1 when it cannot.
-int take_lock(const fs::path& path) {
+// is in use. None when it cannot.
+Fd take_lock(const fs::path& path) {
   for (int attempt = 0; attempt < 3; ++attempt) {
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return -1;
+    Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!fd) return Fd();
     struct stat st {};
     // A sweeper may have unlinked the file between the open and the lock.
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &st) == 0 && st.st_nlink > 0) return fd;
-    ::close(fd);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0 && ::fstat(fd.get(), &st) == 0 &&
+        st.st_nlink > 0) {
+      return fd;
+    }
   }
-  return -1;
+  return Fd();
 }
 
 // Unlocks and removes a directory's lock file (after the directory).
-void release_lock(const fs::path& dir, int fd) {
+void release_lock(const fs::path& dir, Fd& lock_file) {
   ::unlink(lock_path(dir).c_str());
-  if (fd >= 0) ::close(fd);
+  lock_file.reset();
 }
 
 // Deletes what processes that are gone handed over in `parent`: a
@@ -81,14 +85,13 @@ void remove_abandoned(const fs::path& parent) {
         name.compare(name.size() - kLockSuffix.size(), kLockSuffix.size(), kLockSuffix) != 0) {
       continue;
     }
-    int fd = ::open(it->path().c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    Fd fd(::open(it->path().c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd) continue;
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) {
       std::error_code removed;
       fs::remove_all(parent / name.substr(0, name.size() - kLockSuffix.size()), removed);
       ::unlink(it->path().c_str());
     }
-    ::close(fd);
   }
 }
 
@@ -145,20 +148,20 @@ HandedOver hand_over_checkpoint(const fs::path& dir, int64_t iteration,
   for (const auto& uploading : handed_over()) {
     check(uploading.first, "a checkpoint being uploaded", true);
   }
-  int fd = take_lock(lock_path(target));
-  if (fd < 0) {
+  Fd lock_file = take_lock(lock_path(target));
+  if (!lock_file) {
     throw UsageError(refused + ": cannot create " + lock_path(target).string() + ": " +
                      std::strerror(errno) +
                      " (asynchronous upload needs a directory whose parent it may write)");
   }
   if (::rename(path.c_str(), target.c_str()) != 0) {
     const int error = errno;
-    release_lock(target, fd);
+    release_lock(target, lock_file);
     throw UsageError(refused + ": cannot move it to " + target.string() + ": " +
                      std::strerror(error) +
                      " (asynchronous upload needs a directory whose parent it may write)");
   }
-  handed_over()[target] = fd;
+  handed_over()[target] = std::move(lock_file);
   return {target, path};
 }
 
@@ -185,10 +188,10 @@ bool give_back_checkpoint(const HandedOver& handed) {
 
 void remove_handed_over_checkpoints() {
   std::lock_guard<std::mutex> lock(handed_over_mutex);
-  for (const auto& [dir, fd] : handed_over()) {
+  for (auto& [dir, lock_file] : handed_over()) {
     std::error_code ec;
     fs::remove_all(dir, ec);
-    release_lock(dir, fd);
+    release_lock(dir, lock_file);
   }
   handed_over().clear();
 }

@@ -20,6 +20,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/fd.h"
 #include "common/network.h"
 #include "common/paths.h"
 #include "protocol/message.h"
@@ -285,9 +286,9 @@ bool shares_storage(const protocol::Assign& assign) {
   content.resize(static_cast<size_t>(probe.gcount()));
   if (content != assign.storage_token) return false;
   auto written = assign.storage_probe + "." + std::to_string(::getpid());
-  int fd = ::open(written.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  ::close(fd);
+  Fd fd(::open(written.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) return false;
+  fd.reset();
   return ::unlink(written.c_str()) == 0;
 }
 
