@@ -73,7 +73,8 @@ void ScriptedWorker::hello(int attempt, int64_t agent_pid) {
 
 void ScriptedWorker::start(const protocol::Assign& assign, bool shares_storage) {
   train.emplace(context, endpoint);
-  train->send(protocol::Attach{assign.world_rank, pid, assign.attach_secret, protocol::kTrainChannel});
+  train->send(
+      protocol::Attach{assign.world_rank, pid, assign.attach_secret, protocol::kTrainChannel});
   train->send(protocol::Started{assign.world_rank, shares_storage});
 }
 
@@ -102,8 +103,8 @@ InprocRun::InprocRun(const std::filesystem::path& root, TrainerOptions options)
   options.cache_dir = root / "cache";
   storage_ = std::make_unique<RunStorage>(root, options.run.name);
   checkpoints_ = std::make_unique<CheckpointStore>(storage_->dir(), options.checkpoint);
-  stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (stop_fd_ < 0) throw IoError("cannot create an eventfd");
+  stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop_fd_) throw IoError("cannot create an eventfd");
 
   ControllerSetup setup;
   setup.options = std::move(options);
@@ -112,19 +113,19 @@ InprocRun::InprocRun(const std::filesystem::path& root, TrainerOptions options)
   setup.plugin_sha256 = std::string(64, '0');
   setup.log = std::make_shared<spdlog::logger>("inproc", lines_);
   setup.log->set_pattern("%v");
-  setup.stop_fd = stop_fd_;
+  setup.stop_fd = stop_fd_.get();
   setup.time = &clock_;
   setup.context = &context_;
-  std::packaged_task<RunOutcome()> task(
-      [this, setup = std::move(setup)]() mutable {
-        Controller controller(std::move(setup), *storage_, *checkpoints_);
-        return controller.run();
-      });
+  std::packaged_task<RunOutcome()> task([this, setup = std::move(setup)]() mutable {
+    Controller controller(std::move(setup), *storage_, *checkpoints_);
+    return controller.run();
+  });
   outcome_ = task.get_future();
   thread_ = std::thread(std::move(task));
 }
 
 InprocRun::~InprocRun() {
+  // The controller's log, to read why a scenario failed.
   if (std::getenv("TRAINRUN_TEST_LOG") != nullptr) {
     for (const auto& line : lines_->last_formatted()) std::fprintf(stderr, "| %s", line.c_str());
   }
@@ -132,19 +133,18 @@ InprocRun::~InprocRun() {
     // A scenario that failed midway: the run is stopped, and its grace
     // periods passed, so that the thread ends.
     stop();
-    for (int i = 0; i < 20000 && outcome_.wait_for(std::chrono::milliseconds(1)) !=
-                                     std::future_status::ready;
+    for (int i = 0;
+         i < 20000 && outcome_.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready;
          ++i) {
       clock_.advance(std::chrono::seconds(1));
     }
     thread_.join();
   }
-  ::close(stop_fd_);
 }
 
 void InprocRun::stop() {
   uint64_t one = 1;
-  [[maybe_unused]] auto written = ::write(stop_fd_, &one, sizeof(one));
+  [[maybe_unused]] auto written = ::write(stop_fd_.get(), &one, sizeof(one));
 }
 
 bool InprocRun::logged(const std::string& text) const {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/fd.h"
 #include "controller/checkpoint_store.h"
 #include "controller/controller.h"
 #include "controller/run_storage.h"
@@ -84,7 +85,10 @@ class Peer {
 /// and upload connections once it has ATTACHed them.
 struct ScriptedWorker {
   ScriptedWorker(zmq::context_t& context, std::string endpoint, std::string host, int64_t pid)
-      : context(context), endpoint(std::move(endpoint)), host(std::move(host)), pid(pid),
+      : context(context),
+        endpoint(std::move(endpoint)),
+        host(std::move(host)),
+        pid(pid),
         main(context, this->endpoint) {}
 
   /// HELLO, as a worker started by hand (agent_pid 0) or by a node agent.
@@ -137,7 +141,7 @@ class InprocRun {
   std::unique_ptr<RunStorage> storage_;
   std::unique_ptr<CheckpointStore> checkpoints_;
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> lines_;
-  int stop_fd_ = -1;
+  Fd stop_fd_;  // the host program's stop, as Trainer::stop writes it
   std::future<RunOutcome> outcome_;
   std::thread thread_;
 };

@@ -201,7 +201,8 @@ TEST_CASE("in-process controller: a node agent joins an elastic group at its nex
   CHECK(records[1]["attempt"] == 2);
 }
 
-TEST_CASE("in-process controller: an asynchronous checkpoint owed at a failure is never committed") {
+TEST_CASE(
+    "in-process controller: an asynchronous checkpoint owed at a failure is never committed") {
   TempDir tmp;
   InprocRun run(tmp.path, options(1));
   auto first = run.worker("node-a", 101);

@@ -61,8 +61,8 @@ struct Attempt {
   RendezvousStore store;
   FailureCollector failures;
   std::optional<Clock::time_point> assigned_at;  // when the ranks were assigned
-  int hellos = 0;                                 // workers connected
-  int reported = 0;                               // reports recorded
+  int hellos = 0;                                // workers connected
+  int reported = 0;                              // reports recorded
   int plugin_downloads = 0;  // workers that fetched the plugin (the rest had it cached)
   // The workers node agents said they started for it (process_key), and how many.
   std::unordered_set<std::string> claimed;

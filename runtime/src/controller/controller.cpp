@@ -46,9 +46,7 @@ Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointSto
 
 Controller::~Controller() = default;
 
-double Controller::elapsed() const {
-  return std::chrono::duration<double>(now() - start_).count();
-}
+double Controller::elapsed() const { return std::chrono::duration<double>(now() - start_).count(); }
 
 void Controller::enter(RunPhase next) {
   if (next == phase_) return;

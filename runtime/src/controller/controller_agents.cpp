@@ -255,7 +255,7 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
   auto early = agent.early_output.find(exited.pid);
   if (early != agent.early_output.end()) {
     WorkerOutput output(
-        -1, -1, "[a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ")]",
+        Fd(), Fd(), "[a worker on " + agent.host + " (pid " + std::to_string(exited.pid) + ")]",
         storage_.logs_dir() / ("worker-pid-" + std::to_string(exited.pid) + ".log"), worker_echo());
     for (int stream : {protocol::kStdout, protocol::kStderr}) {
       const auto& bytes = early->second[static_cast<size_t>(stream)];
@@ -270,8 +270,8 @@ void Controller::on_agent_exited(NodeAgent& agent, const protocol::Exited& exite
     log_.info("{}", message);
     return;
   }
-  record_failure(RunError{code ? FailureKind::kExit : FailureKind::kSignal, message, -1,
-                          agent.host, exited.pid});
+  record_failure(RunError{code ? FailureKind::kExit : FailureKind::kSignal, message, -1, agent.host,
+                          exited.pid});
   log_.error("{}", message);
 }
 

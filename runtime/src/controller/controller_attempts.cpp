@@ -25,9 +25,9 @@ void Controller::start_attempt() {
       number, max_workers(), storage_.last_result() ? storage_.last_result()->iteration : 0,
       std::move(pool), now());
   // The standby workers said HELLO while the last attempt ran.
-  attempt_->hellos = static_cast<int>(std::count_if(
-      this->pool().workers().begin(), this->pool().workers().end(),
-      [](const WorkerSlot& w) { return w.main_id.has_value(); }));
+  attempt_->hellos =
+      static_cast<int>(std::count_if(this->pool().workers().begin(), this->pool().workers().end(),
+                                     [](const WorkerSlot& w) { return w.main_id.has_value(); }));
   enter(RunPhase::kGathering);
   watch_pool();
   AttemptInfo info;

@@ -62,7 +62,8 @@ void remove_stale_controller_dirs(const std::filesystem::path& tmp) {
     pid_t pid = 0;
     auto [after, error] = std::from_chars(digits, end, pid);
     struct stat st {};
-    if (error != std::errc() || after == end || *after != '-' || pid <= 0 || ::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+    if (error != std::errc() || after == end || *after != '-' || pid <= 0 ||
+        ::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
         st.st_uid != ::geteuid()) {
       continue;  // not one of ours
     }

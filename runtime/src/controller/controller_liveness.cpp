@@ -179,8 +179,8 @@ void Controller::check_startup() {
   const bool connected = std::all_of(pool().workers().begin(), pool().workers().end(),
                                      [](const WorkerSlot& w) { return w.main_id.has_value(); });
   if (connected && hellos >= min_workers()) {  // elastic: the workers that came
-    log_.warn("starting with {} of {} workers: no more connected within {}", hellos,
-              max_workers(), seconds_text(setup_.options.run.startup_timeout));
+    log_.warn("starting with {} of {} workers: no more connected within {}", hellos, max_workers(),
+              seconds_text(setup_.options.run.startup_timeout));
     assign_ranks();
     return;
   }

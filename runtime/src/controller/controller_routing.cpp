@@ -181,7 +181,6 @@ void Controller::on_remote_hello(const std::string& id, const protocol::Hello& h
   maybe_assign();
 }
 
-
 void Controller::on_attach(const std::string& id, const protocol::Attach& attach) {
   WorkerSlot* claimed = attempt_->assigned() ? pool().at_rank(attach.rank) : nullptr;
   // A remote worker presents the secret its ASSIGN gave it; a local one the run's.
@@ -219,7 +218,6 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
   }
   worker->last_heard = now();
 }
-
 
 void Controller::handle_main(WorkerSlot& worker, protocol::Incoming& message) {
   const auto& type = message.type();

@@ -24,12 +24,6 @@ WorkerOutput::WorkerOutput(Fd stdout_fd, Fd stderr_fd, std::string prefix,
   streams_[1].fd = std::move(stderr_fd);
 }
 
-WorkerOutput::WorkerOutput(int no_stdout, int no_stderr, std::string prefix,
-                           const std::filesystem::path& log_file, LineEcho echo)
-    : WorkerOutput(Fd(), Fd(), std::move(prefix), log_file, std::move(echo)) {
-  TRAINRUN_CHECK(no_stdout < 0 && no_stderr < 0, "a worker's pipes are handed over as Fds");
-}
-
 WorkerOutput::~WorkerOutput() {
   for (auto& stream : streams_) {
     if (!stream.partial.empty()) emit(static_cast<int>(&stream - streams_), stream.partial);

@@ -27,10 +27,6 @@ class WorkerOutput {
   /// closing each at its EOF.
   WorkerOutput(Fd stdout_fd, Fd stderr_fd, std::string prefix,
                const std::filesystem::path& log_file, LineEcho echo);
-  /// Output with no pipes, spelled with descriptor numbers as older callers do:
-  /// both must be -1 (a descriptor changes hands only as an Fd).
-  WorkerOutput(int no_stdout, int no_stderr, std::string prefix,
-               const std::filesystem::path& log_file, LineEcho echo);
   ~WorkerOutput();
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
