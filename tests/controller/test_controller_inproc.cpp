@@ -107,7 +107,7 @@ TEST_CASE("in-process controller: a worker that falls silent is lost, and the ne
   REQUIRE(run.wait_for_log("attempt 2 starts from the start"));
   auto second = run.worker("node-a", 102);
   auto assign = join(second);
-  CHECK(assign.store_prefix == "trainrun/attempt-2");  // no key of the lost attempt is seen
+  CHECK(assign.store_prefix == "trainrun/attempt-2");  // a store of its own
   finish(second);
   CHECK(second.main.expect<protocol::Shutdown>().reason == "finished");
   auto outcome = run.outcome();
@@ -126,6 +126,9 @@ TEST_CASE("in-process controller: a node agent joins an elastic group at its nex
   auto opts = options(2);
   opts.scaling.min_workers = 1;
   opts.run.startup_timeout = 5s;
+  // The clock runs fast while the first worker waits out the startup timeout:
+  // a heartbeat timeout far beyond it keeps that silent worker alive.
+  opts.run.heartbeat_timeout = 600s;
   InprocRun run(tmp.path, opts);
   // One worker of two at the startup timeout: an elastic group starts with it.
   auto first = run.worker("node-a", 101);
@@ -172,6 +175,7 @@ TEST_CASE("in-process controller: a node agent joins an elastic group at its nex
   hello.workers = {202};
   hello.attempt = 2;
   agent.send(hello);
+  REQUIRE(run.wait_for_log("the node agent on node-b (pid 200) started 1 workers"));
   auto joined = run.worker("node-b", 202);
   joined.hello(2, /*agent_pid=*/200);
   auto assign_again = again.main.expect<protocol::Assign>();
@@ -225,6 +229,7 @@ TEST_CASE(
   CHECK_FALSE(first.train->has_message(5ms));
   // The rank raises; its upload finishes after the failure.
   first.train->send(protocol::Failed{"boom", "exception"});
+  REQUIRE(run.wait_for_log("raised: boom"));
   if (upload.staging_dir.empty()) {
     zmq::message_t bytes(std::string("12345"));
     std::vector<zmq::message_t> blobs;

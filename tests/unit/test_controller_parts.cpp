@@ -1,12 +1,17 @@
 #include <doctest/doctest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <thread>
 
+#include "common/fd.h"
 #include "common/signals.h"
+#include "controller/event_loop.h"
 #include "controller/failure.h"
 #include "controller/rank_assignment.h"
 #include "controller/report_barrier.h"
 #include "controller/report_coordinator.h"
+#include "controller/run_phase.h"
 
 using namespace trainrun;
 
@@ -157,4 +162,52 @@ TEST_CASE("report coordinator: a thousand ranks, in any order, complete each rep
     REQUIRE(reports.complete());
     CHECK(reports.release().iteration == round);
   }
+}
+
+TEST_CASE("run phases: an attempt goes forward, any phase can stop, and an ended run stays ended") {
+  using P = RunPhase;
+  const P all[] = {P::kGathering,  P::kTraining,   P::kRegrouping, P::kFailing,
+                   P::kRestarting, P::kBackingOff, P::kStopping,   P::kEnded};
+  // The path of a run that fails once, backs off, regroups later and finishes.
+  const P path[] = {P::kGathering, P::kFailing,  P::kRestarting, P::kBackingOff,
+                    P::kGathering, P::kTraining, P::kRegrouping, P::kRestarting,
+                    P::kGathering, P::kTraining, P::kStopping,   P::kEnded};
+  for (size_t i = 0; i + 1 < std::size(path); ++i) {
+    CAPTURE(i);
+    CHECK(phase_allows(path[i], path[i + 1]));
+  }
+  for (P from : all) {
+    CAPTURE(to_string(from));
+    CHECK_FALSE(phase_allows(from, from));  // staying is not a move
+    CHECK(phase_allows(from, P::kStopping) == (from != P::kStopping && from != P::kEnded));
+    CHECK_FALSE(phase_allows(P::kEnded, from));
+  }
+  // What a failing attempt may not do: record again, or regroup.
+  CHECK_FALSE(phase_allows(P::kFailing, P::kTraining));
+  CHECK_FALSE(phase_allows(P::kFailing, P::kRegrouping));
+  CHECK_FALSE(phase_allows(P::kTraining, P::kGathering));
+  CHECK_FALSE(phase_allows(P::kBackingOff, P::kTraining));
+}
+
+TEST_CASE("event loop: the handlers of ready sources run; one removed by another does not") {
+  Fd first(::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK));  // readable
+  Fd second(::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK));
+  Fd idle(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  REQUIRE((first && second && idle));
+  EventLoop loop;
+  int first_runs = 0, second_runs = 0, idle_runs = 0;
+  EventLoop::Id second_id = 0;
+  loop.watch(first.get(), [&] {
+    ++first_runs;
+    loop.unwatch(second_id);
+  });
+  second_id = loop.watch(second.get(), [&] { ++second_runs; });
+  loop.watch(idle.get(), [&] { ++idle_runs; });
+  loop.watch(-1, [&] { FAIL("a negative descriptor is never ready"); });
+  CHECK(loop.wait(std::chrono::milliseconds(100)) == 2);
+  CHECK(first_runs == 1);
+  CHECK(second_runs == 0);  // first's handler removed it before its turn
+  CHECK(idle_runs == 0);
+  CHECK(loop.wait(std::chrono::milliseconds(0)) == 1);  // first is still readable
+  CHECK(second_runs == 0);
 }

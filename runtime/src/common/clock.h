@@ -4,7 +4,8 @@
 // a test can drive it with a clock of its own: a heartbeat timeout, a failure's
 // grace period or a back-off then passes when the test moves the clock, in
 // microseconds, not in seconds of waiting. Everything else reads the steady
-// clock.
+// clock (and the run's records the system clock: unix_time). A TimeSource's
+// now() may be called from any thread.
 
 #include <chrono>
 

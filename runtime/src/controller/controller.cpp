@@ -148,7 +148,7 @@ RunOutcome Controller::run() {
   }
   checkpoints_.abort();  // what the last attempt staged and never committed
   summarize_dropped();
-  phase_ = RunPhase::kEnded;
+  phase_ = RunPhase::kEnded;  // from whatever phase an internal error left
   if (error) error->attempt = attempt_ ? attempt_->number : 0;
   return RunOutcome{error, elapsed(), attempts_};
 }
@@ -180,8 +180,9 @@ void Controller::listen() {
     zap_.emplace(context_, *keys);
     make_curve_server(router_, *keys);  // for what binds from here on: not the Unix socket
   }
-  const char* monitor = "inproc://trainrun-router-monitor";
-  if (zmq_socket_monitor(router_.handle(), monitor,
+  // One name per controller: a test may run several in one context.
+  const auto monitor = "inproc://trainrun-router-monitor-" + make_secret();
+  if (zmq_socket_monitor(router_.handle(), monitor.c_str(),
                          ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
     monitor_.emplace(context_, zmq::socket_type::pair);
@@ -231,7 +232,8 @@ void Controller::summarize_dropped() {
 
 void Controller::record_failure(RunError error) {
   attempt_->failures.add(std::move(error), now());
-  // Once the workers stop, what they do is no longer the attempt's failure.
+  // Once the workers stop, a failure is still recorded (the root cause is
+  // already taken), but the phase stays.
   if (healthy()) enter(RunPhase::kFailing);
 }
 

@@ -194,6 +194,8 @@ class Controller {
   void assign_ranks();
   /// Starts the standby workers once every rank's train function runs.
   void start_standby();
+  /// Reaps the standby workers that exited (which are then not taken).
+  void reap_standby();
   /// Whether the standby workers can be the next attempt's: none exited.
   bool standby_ready() const;
   void stop_standby();
@@ -332,7 +334,7 @@ class Controller {
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
   std::optional<SignalPipe> signals_;                 // with TrainerOptions::handle_signals
   EventLoop loop_;
-  std::optional<EventLoop::Id> pool_watch_;  // the current pool's output and exits
+  EventLoop::Id pool_watch_ = 0;  // the current pool's output and exits
   const Clock::time_point start_;
   RunPhase phase_ = RunPhase::kGathering;
   // What ends the run whatever its phase: a signal, or the host program's stop.

@@ -18,18 +18,19 @@ namespace trainrun {
 
 void Controller::start_attempt() {
   const int number = attempt_ ? attempt_->number + 1 : 1;
+  auto workers = carry_over();
+  // After the agents were judged: dropping what a failed attempt staged may take a while.
   if (number > 1) checkpoints_.begin_attempt(number);
-  auto pool = carry_over();
-  const bool standby = pool->size() > 0;
+  const bool standby = workers->size() > 0;
   attempt_ = std::make_unique<Attempt>(
       number, max_workers(), storage_.last_result() ? storage_.last_result()->iteration : 0,
-      std::move(pool), now());
+      std::move(workers), now());
+  watch_pool();
   // The standby workers said HELLO while the last attempt ran.
   attempt_->hellos =
-      static_cast<int>(std::count_if(this->pool().workers().begin(), this->pool().workers().end(),
+      static_cast<int>(std::count_if(pool().workers().begin(), pool().workers().end(),
                                      [](const WorkerSlot& w) { return w.main_id.has_value(); }));
   enter(RunPhase::kGathering);
-  watch_pool();
   AttemptInfo info;
   info.attempt = number;
   info.world_size = max_workers();  // until the ranks are assigned
@@ -48,12 +49,12 @@ void Controller::start_attempt() {
   }
   const int local = setup_.options.scaling.local_workers;
   if (standby) {
-    log_.info("attempt {} takes the {} standby workers", number, this->pool().size());
+    log_.info("attempt {} takes the {} standby workers", number, pool().size());
     maybe_assign();
     return;
   }
   try {
-    this->pool().spawn(local, launch_);
+    pool().spawn(local, launch_);
     if (number == 1) {
       log_.info("listening on {}; started {} workers ({} threads each)", launch_.endpoint, local,
                 setup_.cpus_per_worker);
@@ -67,17 +68,12 @@ void Controller::start_attempt() {
 std::unique_ptr<WorkerPool> Controller::carry_over() {
   // Agents are judged first: what follows may take seconds without reading the socket.
   carry_over_agents();
-  if (standby_) {  // one that died while the last attempt stopped is not taken
-    for (auto [worker, wait_status] : standby_->reap()) {
-      log_.warn("a standby worker (pid {}) exited: the next attempt starts new workers",
-                worker->process.pid);
-    }
-  }
+  reap_standby();  // one that died while the last attempt stopped is not taken
   if (standby_ready()) return std::move(standby_);
   stop_standby();
-  auto pool = std::make_unique<WorkerPool>();
-  pool->reserve(max_workers());
-  return pool;
+  auto workers = std::make_unique<WorkerPool>();
+  workers->reserve(max_workers());
+  return workers;
 }
 
 Controller::AttemptEnd Controller::run_attempt() {
@@ -272,6 +268,17 @@ void Controller::start_standby() {
   } catch (const IoError& e) {
     log_.warn("cannot start standby workers: {}", e.what());
     stop_standby();
+  }
+}
+
+void Controller::reap_standby() {
+  if (!standby_) return;
+  for (auto [worker, wait_status] : standby_->reap()) {
+    // Said only while it matters: when the run ends, no attempt follows.
+    if (phase_ != RunPhase::kStopping) {
+      log_.warn("a standby worker (pid {}) exited: the next attempt starts new workers",
+                worker->process.pid);
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "controller/controller.h"
 
 namespace trainrun {
+
 // This report's checkpoint is asynchronous when the attempt's async checkpoint
 // exists (not yet released), synchronous when something is staged without it.
 bool Controller::begin_upload(WorkerSlot& worker, const protocol::Report& report) {
@@ -158,6 +159,7 @@ void Controller::on_fetch_chunk(WorkerSlot& worker, const protocol::FetchChunk& 
          std::string("cannot send the checkpoint to resume from: ") + e.what());
   }
 }
+
 void Controller::maybe_regroup(const std::string& checkpoint) {
   if (phase_ == RunPhase::kTraining && !checkpoint.empty() && world_size() < max_workers() &&
       std::any_of(agents_.begin(), agents_.end(),

@@ -26,6 +26,10 @@ void Controller::watch_sources() {
     });
   }
   if (monitor_) loop_.watch(*monitor_, [this] { on_monitor(); });
+  // The attempt's workers' output before messages: a worker's last lines (a
+  // traceback) come before the controller's line about its failure. Its
+  // descriptor changes with each attempt's pool (watch_pool).
+  pool_watch_ = loop_.watch(-1, [this] { pool().forward_output(); });
   if (signals_) loop_.watch(signals_->fd(), [this] { on_signals(); });
   loop_.watch(router_, [this] {
     // Until the socket is empty (at most 256 messages, so that output and
@@ -35,10 +39,7 @@ void Controller::watch_sources() {
   });
 }
 
-void Controller::watch_pool() {
-  if (pool_watch_) loop_.unwatch(*pool_watch_);
-  pool_watch_ = loop_.watch(pool().output_fd(), [this] { pool().forward_output(); });
-}
+void Controller::watch_pool() { loop_.rewatch(pool_watch_, pool().output_fd()); }
 
 void Controller::serve_until(Clock::time_point deadline, const std::function<bool()>& done) {
   const auto interval = heartbeat_interval(setup_.options.run.heartbeat_timeout);
@@ -99,12 +100,7 @@ void Controller::on_exits() {
   if (!child_exited_ && healthy() && now < next_reap_) return;
   child_exited_ = false;
   next_reap_ = now + std::chrono::seconds(1);
-  if (standby_) {
-    for (auto [worker, wait_status] : standby_->reap()) {
-      log_.warn("a standby worker (pid {}) exited: the next attempt starts new workers",
-                worker->process.pid);
-    }
-  }
+  reap_standby();
   for (auto [worker, wait_status] : pool().reap()) {
     if (!wait_status) {
       if (worker->rank >= 0) attempt_->store.forget(worker->rank);
@@ -237,6 +233,10 @@ void Controller::send_heartbeats() {
 // process group otherwise; SIGKILL for any still alive after the grace period.
 void Controller::stop_workers(bool graceful, bool restart) {
   enter(restart ? RunPhase::kRestarting : RunPhase::kStopping);
+  if (!attempt_) {  // the first attempt could not be made: there are no workers yet
+    stop_standby();
+    return;
+  }
   const char* reason = graceful ? "finished" : restart ? "a new attempt" : "the run failed";
   for (auto& [id, agent] : agents_) to_agent(id, agent, protocol::Shutdown{reason, restart});
   for (auto& worker : pool().workers()) {

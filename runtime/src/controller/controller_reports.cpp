@@ -153,6 +153,7 @@ void Controller::check_stalled() {
     fail(*pool().at_rank(stalled->first), FailureKind::kUsage, stalled->second);
   }
 }
+
 RunError Controller::after_early_return(RunError error) const {
   if (error.kind != FailureKind::kException || error.rank < 0 || !attempt_->assigned()) {
     return error;

@@ -16,8 +16,8 @@ namespace {
 
 // The kind a worker's FAILED names: what a worker can know of itself (an
 // exception, a plugin or setup error, messages of its connection lost); a
-// claim to be a crash or an
-// interrupt, which would outrank the real cause, is not taken.
+// claim to be a crash or an interrupt, which would outrank the real cause, is
+// not taken.
 FailureKind worker_failure_kind(const std::string& name, FailureKind otherwise) {
   auto kind = parse_failure_kind(name);
   if (kind == FailureKind::kException || kind == FailureKind::kPlugin ||
@@ -209,9 +209,9 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
   } else if (upload) {
     pool().set_upload_id(*worker, id);
     auto& owed = attempt_->owed_uploads;
-    if (auto upload = owed.find(worker->rank); upload != owed.end()) {
-      protocol::send(router_, upload->second, {}, id);
-      owed.erase(upload);
+    if (auto owed_upload = owed.find(worker->rank); owed_upload != owed.end()) {
+      protocol::send(router_, owed_upload->second, {}, id);
+      owed.erase(owed_upload);
     }
   } else {
     pool().set_train_id(*worker, id);
@@ -313,4 +313,5 @@ void Controller::handle_upload(WorkerSlot& worker, protocol::Incoming& message) 
     abort_upload(worker.describe() + ": " + e.what());
   }
 }
+
 }  // namespace trainrun

@@ -16,6 +16,12 @@ EventLoop::Id EventLoop::watch(int fd, Handler handler) {
   return next_id_++;
 }
 
+void EventLoop::rewatch(Id id, int fd) {
+  for (auto& source : sources_) {
+    if (source.id == id) source.item = {nullptr, fd, ZMQ_POLLIN, 0};
+  }
+}
+
 void EventLoop::unwatch(Id id) {
   sources_.erase(std::remove_if(sources_.begin(), sources_.end(),
                                 [id](const Source& source) { return source.id == id; }),

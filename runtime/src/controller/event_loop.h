@@ -27,6 +27,9 @@ class EventLoop {
   Id watch(zmq::socket_t& socket, Handler handler);
   /// Calls `handler` when `fd` is readable; a negative fd is never.
   Id watch(int fd, Handler handler);
+  /// Watches `fd` in place of what source `id` watched, keeping its handler
+  /// and its turn; unknown ids are ignored.
+  void rewatch(Id id, int fd);
   /// Forgets a source; unknown ids are ignored.
   void unwatch(Id id);
 
