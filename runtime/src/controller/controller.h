@@ -276,6 +276,9 @@ class Controller {
   /// thread's); the credit goes back the same way.
   void on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message, bool upload_channel);
   void on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded, bool upload_channel);
+  /// Runs one step of a rank's upload; a ProtocolError or IoError aborts the
+  /// upload and fails the run (false).
+  bool upload_step(const WorkerSlot& worker, const std::function<void()>& step);
   /// UPLOAD to a rank's upload thread, or once its connection attaches.
   void send_async_upload(const WorkerSlot& worker, const protocol::Upload& upload);
   /// Commits the asynchronous checkpoint once its report was released and

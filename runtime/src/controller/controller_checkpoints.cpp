@@ -56,20 +56,27 @@ void Controller::on_upload_chunk(WorkerSlot& worker, protocol::Incoming& message
   if (upload_channel != attempt_->async_checkpoint.has_value()) {
     throw ProtocolError("UPLOAD_CHUNK on the wrong connection");
   }
-  // An upload that goes wrong ends: nothing else would end the wait for it.
-  try {
+  const bool written = upload_step(worker, [&] {
     auto chunk = message.as<protocol::UploadChunk>();
     if (message.blobs().size() != 1) throw ProtocolError("UPLOAD_CHUNK without its bytes");
     checkpoints_.write_chunk(worker.rank, chunk, message.blobs()[0]);
-  } catch (const ProtocolError& e) {
-    abort_upload(worker.describe() + ": " + e.what());
-    return;
-  } catch (const IoError& e) {
-    abort_upload(e.what());
-    return;
-  }
+  });
+  if (!written) return;
   protocol::send(router_, protocol::UploadCredit{1}, {},
                  upload_channel ? worker.upload_id : worker.train_id);
+}
+
+// An upload that goes wrong ends: nothing else would end the wait for it.
+bool Controller::upload_step(const WorkerSlot& worker, const std::function<void()>& step) {
+  try {
+    step();
+    return true;
+  } catch (const ProtocolError& e) {
+    abort_upload(worker.describe() + ": " + e.what());
+  } catch (const IoError& e) {
+    abort_upload(e.what());
+  }
+  return false;
 }
 
 void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploaded,
@@ -82,15 +89,7 @@ void Controller::on_uploaded(WorkerSlot& worker, const protocol::Uploaded& uploa
   if (upload_channel != attempt_->async_checkpoint.has_value()) {
     throw ProtocolError("UPLOADED on the wrong connection");
   }
-  try {
-    checkpoints_.finish_upload(worker.rank, uploaded);
-  } catch (const ProtocolError& e) {
-    abort_upload(worker.describe() + ": " + e.what());
-    return;
-  } catch (const IoError& e) {
-    abort_upload(e.what());
-    return;
-  }
+  if (!upload_step(worker, [&] { checkpoints_.finish_upload(worker.rank, uploaded); })) return;
   if (attempt_->async_checkpoint) {
     commit_async_checkpoint();
   } else {
