@@ -189,7 +189,7 @@ TEST_CASE("run phases: an attempt goes forward, any phase can stop, and an ended
   CHECK_FALSE(phase_allows(P::kBackingOff, P::kTraining));
 }
 
-TEST_CASE("event loop: the handlers of ready sources run; one removed by another does not") {
+TEST_CASE("event loop: the handlers of ready sources run, and one removed by another does not") {
   Fd first(::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK));  // readable
   Fd second(::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK));
   Fd idle(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
