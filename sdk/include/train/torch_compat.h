@@ -16,9 +16,13 @@
 //   deprecated in later 2.x).
 // - c10::optional is std::optional from 2.x on; code written with c10::optional
 //   (as a sampler's reset and next are) compiles on both.
+// - Autocast's state is kept per device type in 2.x (is_autocast_enabled(type),
+//   get_autocast_dtype(type)); 1.13 has a function per device (is_enabled for
+//   CUDA, is_cpu_enabled, get_autocast_gpu_dtype, get_autocast_cpu_dtype).
 // Header-only and free of state, so the SDK (inside each plugin) and the worker
 // each get their own copy without sharing a symbol.
 
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -165,6 +169,50 @@ c10::intrusive_ptr<c10d::Work> alltoall_equal(Group& group, at::Tensor& output, 
   } else {
     return group.alltoall_base(output, input, output_split, input_split);
   }
+}
+
+/// Whether autocast is on for `device` (kCPU or kCUDA) on this thread.
+inline bool autocast_enabled(c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled()
+                                        : at::autocast::is_enabled();
+#endif
+}
+
+inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+  } else {
+    at::autocast::set_enabled(enabled);
+  }
+#endif
+}
+
+/// The type autocast casts to on `device` (kCPU or kCUDA) on this thread.
+inline at::ScalarType autocast_dtype(c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                        : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CPU) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
 }
 
 }  // namespace train::compat

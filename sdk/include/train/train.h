@@ -10,6 +10,7 @@
 ///   }
 ///   TRAIN_FUNC(train_func);
 
+#include <train/amp.h>
 #include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/context.h>

@@ -1,0 +1,142 @@
+#pragma once
+
+/// Automatic mixed precision, as Python's torch.autocast and
+/// torch.amp.GradScaler give it: train::Autocast runs the forward pass of its
+/// scope in bfloat16 or float16 where that is safe, and train::GradScaler
+/// scales the loss so that float16 gradients do not underflow, skipping the
+/// steps whose gradients overflowed. LibTorch's C++ API has neither as a class.
+///
+///   train::GradScaler scaler;                      // float16 on CUDA
+///   for (auto& batch : *loader) {
+///     optimizer.zero_grad();
+///     torch::Tensor loss;
+///     {
+///       train::Autocast autocast(torch::kCUDA);      // float16 by default
+///       loss = criterion(model->forward(batch.data), batch.target);
+///     }
+///     scaler.scale(loss).backward();
+///     scaler.step(optimizer);                         // skipped on inf or NaN, on every rank
+///     scaler.update();
+///   }
+///
+/// bfloat16 (the default on CPU) has float32's range: it needs no GradScaler.
+
+#include <torch/arg.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+
+namespace train {
+
+/// Autocast for one device type for the lifetime of the object (Python's
+/// `with torch.autocast(device_type, dtype, enabled)`): ops that autocast
+/// knows run in `dtype` (matrix products, convolutions), the rest in float32.
+/// Scopes nest; each restores what the one outside it had set, and leaving the
+/// outermost clears autocast's cache of cast weights, as Python does. Use it on
+/// one thread (autocast's state is per thread), around the forward pass and
+/// the loss, not the backward pass.
+class Autocast {
+ public:
+  /// `device`: torch::kCPU or torch::kCUDA. `dtype`: torch::kBFloat16 or
+  /// torch::kFloat16; none: bfloat16 on CPU, float16 on CUDA. Throws
+  /// std::invalid_argument for another device type or dtype.
+  explicit Autocast(torch::DeviceType device, std::optional<torch::Dtype> dtype = std::nullopt,
+                    bool enabled = true);
+  /// Restores the state outside the scope.
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+  /// Whether autocast is on for `device` on this thread.
+  static bool is_enabled(torch::DeviceType device);
+
+ private:
+  torch::DeviceType device_;
+  bool previous_enabled_;
+  torch::Dtype previous_dtype_;
+};
+
+/// Options of GradScaler (torch.amp.GradScaler's arguments).
+struct GradScalerOptions {
+  /// The first scale.
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// The scale is multiplied by this after `growth_interval` steps in a row
+  /// without inf or NaN...
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// ... and by this after a step with them (which is skipped).
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Good steps in a row before the scale grows.
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// When false, scale() returns its argument and step() only steps: one code
+  /// path for float32 and float16 runs.
+  TORCH_ARG(bool, enabled) = true;
+  /// The ranks that agree whether a step is skipped: one small allreduce
+  /// (MAX) per step. None: the run's process group inside a train function of
+  /// more than one worker, no agreement otherwise.
+  TORCH_ARG(c10::intrusive_ptr<c10d::ProcessGroup>, process_group) = {};
+};
+
+/// Loss scaling for float16 training (torch.amp.GradScaler). A step whose
+/// gradients hold inf or NaN on any rank is skipped on every rank, and the
+/// scale backs off; a run of good steps grows it again. Its state (scale and
+/// growth tracker) goes into a checkpoint with save() and comes back with
+/// load(). Not thread-safe: one per training loop.
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {});
+
+  /// `loss` times the current scale (unchanged when disabled).
+  torch::Tensor scale(const torch::Tensor& loss);
+  /// Divides the gradients of `optimizer`'s parameters by the scale, and finds
+  /// out whether any is inf or NaN on any rank. Call it before clipping
+  /// gradients; step() calls it when you did not. Throws std::logic_error when
+  /// called twice for the same optimizer before update().
+  void unscale_(torch::optim::Optimizer& optimizer);
+  /// Steps `optimizer` unless its gradients held inf or NaN on some rank;
+  /// returns whether it stepped.
+  bool step(torch::optim::Optimizer& optimizer);
+  /// Adjusts the scale after the step(s) of one iteration: backs off when any
+  /// was skipped, grows after `growth_interval` good iterations in a row.
+  void update();
+
+  /// The current scale (1 when disabled).
+  double get_scale() const { return options_.enabled() ? scale_ : 1.0; }
+  /// Whether it scales at all (GradScalerOptions::enabled).
+  bool is_enabled() const { return options_.enabled(); }
+  /// Iterations in a row without inf or NaN, since the scale last changed.
+  int64_t growth_tracker() const { return growth_tracker_; }
+
+  /// Writes the scale and growth tracker, for a checkpoint.
+  void save(torch::serialize::OutputArchive& archive) const;
+  /// Reads what save() wrote. Throws c10::Error when the archive lacks it.
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  struct OptimizerState {
+    bool unscaled = false;
+    bool found_inf = false;
+  };
+
+  GradScalerOptions options_;
+  double scale_;
+  int64_t growth_tracker_ = 0;
+  std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+};
+
+/// What Ray Train's enable_reproducibility does, for LibTorch: seeds LibTorch's
+/// generators (CPU and every CUDA device) with `seed`, the same on every rank;
+/// makes LibTorch use deterministic algorithms (an op that has none then
+/// throws); turns cuDNN's benchmark off and its deterministic mode on; and sets
+/// CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set (it counts only if CUDA has not
+/// started yet: call it first in the train function). train's samplers already
+/// shuffle the same way on every rank for a given seed (LoaderOptions::seed).
+/// Two runs of the same code on the same data and hardware then compute the
+/// same losses; it costs speed.
+void enable_reproducibility(uint64_t seed = 0);
+
+}  // namespace train

@@ -1,0 +1,47 @@
+// Mixed precision on a GPU: float16 autocast on CUDA and GradScaler's fused
+// unscale (the kernel CPU runs do not use). Skipped without a CUDA device.
+
+#include <train/amp.h>
+
+#include <torch/torch.h>
+
+#include <doctest/doctest.h>
+
+#include <limits>
+
+#include "gpu_skip.h"
+#include "process_ranks.h"
+
+TEST_CASE(
+    "float16 autocast and GradScaler on CUDA: half matmuls, unscaled gradients, a skipped inf") {
+  skip_unless_gpus(1);
+  // In a child, as every CUDA case here.
+  auto checks = process_ranks::run(1, [](int, const std::filesystem::path&) {
+    const torch::Device gpu(torch::kCUDA, 0);
+    auto a = torch::randn({8, 8}, gpu);
+    int64_t half = 0;
+    {
+      train::Autocast autocast(torch::kCUDA);
+      half = torch::mm(a, a).scalar_type() == torch::kHalf;
+    }
+    auto w = torch::ones({3}, torch::TensorOptions().device(gpu).requires_grad(true));
+    torch::optim::SGD optimizer({w}, torch::optim::SGDOptions(0.1));
+    train::GradScaler scaler(train::GradScalerOptions().init_scale(1024).growth_interval(1));
+    scaler.scale((w * torch::tensor({1.0f, 2.0f, 3.0f}, gpu)).sum()).backward();
+    const int64_t stepped = scaler.step(optimizer);
+    const int64_t unscaled = w.grad()[2].item<float>() == 3.0f;
+    scaler.update();  // grows to 2048
+    optimizer.zero_grad();
+    const float inf = std::numeric_limits<float>::infinity();
+    scaler.scale((w * torch::tensor({inf, 1.0f, 1.0f}, gpu)).sum()).backward();
+    const int64_t skipped = !scaler.step(optimizer);
+    scaler.update();  // backs off to 1024
+    const int64_t backed_off = scaler.get_scale() == 1024;
+    return torch::tensor({half, stepped, unscaled, skipped, backed_off});
+  })[0];
+  CHECK(checks[0].item<int64_t>() == 1);  // matmul in float16
+  CHECK(checks[1].item<int64_t>() == 1);  // a good step stepped
+  CHECK(checks[2].item<int64_t>() == 1);  // with its gradient unscaled by the fused kernel
+  CHECK(checks[3].item<int64_t>() == 1);  // the inf step was skipped
+  CHECK(checks[4].item<int64_t>() == 1);  // and the scale backed off
+}
