@@ -41,7 +41,7 @@ TEST_CASE(
   })[0];
   CHECK(checks[0].item<int64_t>() == 1);  // matmul in float16
   CHECK(checks[1].item<int64_t>() == 1);  // a good step stepped
-  CHECK(checks[2].item<int64_t>() == 1);  // with its gradient unscaled by the fused kernel
+  CHECK(checks[2].item<int64_t>() == 1);  // with its gradient unscaled
   CHECK(checks[3].item<int64_t>() == 1);  // the inf step was skipped
   CHECK(checks[4].item<int64_t>() == 1);  // and the scale backed off
 }

@@ -43,8 +43,9 @@ namespace train {
 class Autocast {
  public:
   /// `device`: torch::kCPU or torch::kCUDA. `dtype`: torch::kBFloat16 or
-  /// torch::kFloat16; none: bfloat16 on CPU, float16 on CUDA. Throws
-  /// std::invalid_argument for another device type or dtype.
+  /// torch::kFloat16; none: what the thread casts to on that device already
+  /// (bfloat16 on CPU, float16 on CUDA, unless a scope outside chose another).
+  /// Throws std::invalid_argument for another device type or dtype.
   explicit Autocast(torch::DeviceType device, std::optional<torch::Dtype> dtype = std::nullopt,
                     bool enabled = true);
   /// Restores the state outside the scope.
@@ -85,7 +86,8 @@ struct GradScalerOptions {
 /// gradients hold inf or NaN on any rank is skipped on every rank, and the
 /// scale backs off; a run of good steps grows it again. Its state (scale and
 /// growth tracker) goes into a checkpoint with save() and comes back with
-/// load(). Not thread-safe: one per training loop.
+/// load(). Not thread-safe: one per training loop. It holds the run's process
+/// group: let it go with the train function.
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
@@ -95,13 +97,17 @@ class GradScaler {
   /// Divides the gradients of `optimizer`'s parameters by the scale, and finds
   /// out whether any is inf or NaN on any rank. Call it before clipping
   /// gradients; step() calls it when you did not. Throws std::logic_error when
-  /// called twice for the same optimizer before update().
+  /// called twice for the same optimizer, or after its step(), before
+  /// update(); std::invalid_argument for float16 or sparse gradients (keep
+  /// the parameters in float32: Autocast casts for the forward pass).
   void unscale_(torch::optim::Optimizer& optimizer);
   /// Steps `optimizer` unless its gradients held inf or NaN on some rank;
-  /// returns whether it stepped.
+  /// returns whether it stepped. Once per optimizer between two update()s
+  /// (std::logic_error otherwise).
   bool step(torch::optim::Optimizer& optimizer);
   /// Adjusts the scale after the step(s) of one iteration: backs off when any
   /// was skipped, grows after `growth_interval` good iterations in a row.
+  /// Throws std::logic_error when no step() or unscale_() came since the last.
   void update();
 
   /// The current scale (1 when disabled).
@@ -117,8 +123,9 @@ class GradScaler {
   void load(torch::serialize::InputArchive& archive);
 
  private:
+  enum class Stage { kReady, kUnscaled, kStepped };  // per optimizer, within an iteration
   struct OptimizerState {
-    bool unscaled = false;
+    Stage stage = Stage::kReady;
     bool found_inf = false;
   };
 
@@ -132,8 +139,10 @@ class GradScaler {
 /// generators (CPU and every CUDA device) with `seed`, the same on every rank;
 /// makes LibTorch use deterministic algorithms (an op that has none then
 /// throws); turns cuDNN's benchmark off and its deterministic mode on; and sets
-/// CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set (it counts only if CUDA has not
-/// started yet: call it first in the train function). train's samplers already
+/// CUBLAS_WORKSPACE_CONFIG=:4096:8 unless it holds the other accepted value,
+/// :16:8 (it counts only if CUDA has not started yet: call it first in the
+/// train function). These switches are the worker process's, not only the
+/// calling thread's. train's samplers already
 /// shuffle the same way on every rank for a given seed (LoaderOptions::seed).
 /// Two runs of the same code on the same data and hardware then compute the
 /// same losses; it costs speed.
