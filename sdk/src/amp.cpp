@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "host.h"
+#include "collectives.h"
 
 namespace train {
 namespace {
@@ -31,15 +31,6 @@ torch::Dtype checked_dtype(torch::DeviceType device, std::optional<torch::Dtype>
                                 c10::toString(chosen));
   }
   return chosen;
-}
-
-// The ranks that must agree on a skipped step: the run's group when the train
-// function has peers.
-c10::intrusive_ptr<c10d::ProcessGroup> default_group() {
-  const auto* host = detail::current_host_or_null();
-  if (host == nullptr || host->world_size <= 1) return {};
-  auto* group = static_cast<c10d::ProcessGroup*>(host->process_group);
-  return c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(group);
 }
 
 }  // namespace
@@ -73,7 +64,7 @@ GradScaler::GradScaler(GradScalerOptions options)
         "train::GradScaler: needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
         "and growth_interval >= 1");
   }
-  if (!options_.process_group()) options_.process_group(default_group());
+  if (!options_.process_group()) options_.process_group(detail::run_group_or_null());
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) {

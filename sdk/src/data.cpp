@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "replica_check.h"
+#include "collectives.h"
 
 namespace train {
 

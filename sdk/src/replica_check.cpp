@@ -1,5 +1,7 @@
 #include "replica_check.h"
 
+#include "collectives.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -62,26 +64,7 @@ std::string rank_list(const std::vector<int>& ranks) {
   return (ranks.size() == 1 ? "rank " : "ranks ") + numbers(ranks);
 }
 
-uint64_t fnv1a(const std::string& text) {
-  uint64_t hash = 14695981039346656037ull;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
 }  // namespace
-
-std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Tensor& mine) {
-  std::vector<std::vector<torch::Tensor>> outputs(1);
-  for (int rank = 0; rank < group.getSize(); ++rank) outputs[0].push_back(torch::empty_like(mine));
-  std::vector<torch::Tensor> inputs{mine};
-  group.allgather(outputs, inputs)->wait();
-  std::vector<torch::Tensor> gathered;
-  for (const auto& t : outputs[0]) gathered.push_back(t.cpu());
-  return gathered;
-}
 
 std::vector<ModelEntry> describe_model(const torch::nn::Module& module,
                                        const ModelOptions& options) {
@@ -163,26 +146,13 @@ std::string first_difference(const std::vector<ModelEntry>& rank0,
 void verify_same_model(const torch::nn::Module& module, const ModelOptions& options,
                        c10d::ProcessGroup& group, torch::Device device) {
   const auto text = encode_entries(describe_model(module, options));
-  // A digest first: when the models agree, as they should, 16 bytes per rank.
-  auto digest = torch::tensor(
-      {static_cast<int64_t>(fnv1a(text)), static_cast<int64_t>(text.size())}, torch::kLong);
-  auto digests = allgather(group, digest.to(device));
+  auto texts = texts_if_different(group, device, text);
+  if (!texts) return;
   std::vector<int> differing;
-  int64_t longest = 0;
-  for (int rank = 0; rank < group.getSize(); ++rank) {
-    if (!torch::equal(digests[rank], digests[0])) differing.push_back(rank);
-    longest = std::max(longest, digests[rank][1].item<int64_t>());
+  for (size_t rank = 1; rank < texts->size(); ++rank) {
+    if ((*texts)[rank] != (*texts)[0]) differing.push_back(static_cast<int>(rank));
   }
-  if (differing.empty()) return;
-
-  // Every rank takes the slow path together: the descriptions themselves.
-  auto padded = torch::zeros({longest}, torch::kByte);
-  std::memcpy(padded.data_ptr(), text.data(), text.size());
-  auto texts = allgather(group, padded.to(device));
-  auto decode = [&](int rank) {
-    const auto* bytes = static_cast<const char*>(texts[rank].data_ptr());
-    return decode_entries(std::string(bytes, digests[rank][1].item<int64_t>()));
-  };
+  auto decode = [&](int rank) { return decode_entries((*texts)[rank]); };
   const int first = differing.front();
   auto difference = first_difference(decode(0), decode(first), first);
   if (difference.empty()) difference = "their descriptions differ";

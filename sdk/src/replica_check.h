@@ -29,10 +29,6 @@ struct ModelEntry {
   }
 };
 
-/// Every rank's `mine` (the same shape on every rank), on the CPU, by rank.
-/// A collective.
-std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Tensor& mine);
-
 /// The options, then every parameter and buffer in registration order. Devices
 /// are left out: each rank has its own.
 std::vector<ModelEntry> describe_model(const torch::nn::Module& module,

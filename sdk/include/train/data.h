@@ -88,6 +88,9 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   /// Chooses the epoch's order (shuffled: the permutation); takes effect at the
   /// next reset, which the loader makes when an epoch begins.
   void set_epoch(size_t epoch) { state_->epoch = epoch; }
+  /// The next reset that starts `epoch` starts at this rank's index
+  /// `position` instead of the first (a resume in the middle of an epoch).
+  void resume(size_t epoch, size_t position) { state_->resume.emplace(epoch, position); }
   /// Starts the epoch: this rank's indices for it, from the first (or from
   /// where `load` left off, once, in the epoch it loaded).
   void reset(c10::optional<size_t> new_size = c10::nullopt) override;
@@ -187,6 +190,20 @@ class DataLoader {
     epoch_ = static_cast<int64_t>(epoch);
   }
 
+  /// The epoch set by set_epoch starts at its batch `batches`: the sampler
+  /// skips the ones before without reading them. Returns false, and skips
+  /// nothing, when the sampler cannot (it has no resume(epoch, position));
+  /// then read and drop them.
+  bool resume(size_t batches) {
+    if constexpr (has_resume<Sampler>::value) {
+      sampler_.resume(static_cast<size_t>(std::max<int64_t>(epoch_, 0)),
+                      batches * options_.batch_size());
+      return true;
+    } else {
+      return false;
+    }
+  }
+
   /// Batches on this rank in one epoch. With the DistributedSampler it is
   /// counted on a fresh sampler; another sampler is run through on a copy.
   size_t size() const {
@@ -273,6 +290,11 @@ class DataLoader {
   struct has_local_size : std::false_type {};
   template <typename S>
   struct has_local_size<S, std::void_t<decltype(std::declval<const S&>().local_size())>>
+      : std::true_type {};
+  template <typename S, typename = void>
+  struct has_resume : std::false_type {};
+  template <typename S>
+  struct has_resume<S, std::void_t<decltype(std::declval<S&>().resume(size_t{0}, size_t{0}))>>
       : std::true_type {};
   template <typename S, typename = void>
   struct has_set_epoch : std::false_type {};

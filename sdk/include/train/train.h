@@ -11,12 +11,15 @@
 ///   TRAIN_FUNC(train_func);
 
 #include <train/amp.h>
+#include <train/callbacks.h>
 #include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/context.h>
 #include <train/data.h>
+#include <train/metric.h>
 #include <train/distributed.h>
 #include <train/model.h>
 #include <train/plugin.h>
 #include <train/report.h>
+#include <train/trainer.h>
 #include <train/version.h>

@@ -1,0 +1,60 @@
+#include "collectives.h"
+
+#include <cstring>
+
+#include "host.h"
+
+namespace train::detail {
+
+c10::intrusive_ptr<c10d::ProcessGroup> run_group_or_null() {
+  const auto* host = current_host_or_null();
+  if (host == nullptr || host->world_size <= 1) return {};
+  auto* group = static_cast<c10d::ProcessGroup*>(host->process_group);
+  return c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(group);
+}
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Tensor& mine) {
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int rank = 0; rank < group.getSize(); ++rank) outputs[0].push_back(torch::empty_like(mine));
+  std::vector<torch::Tensor> inputs{mine};
+  group.allgather(outputs, inputs)->wait();
+  std::vector<torch::Tensor> gathered;
+  for (const auto& t : outputs[0]) gathered.push_back(t.cpu());
+  return gathered;
+}
+
+std::optional<std::vector<std::string>> texts_if_different(c10d::ProcessGroup& group,
+                                                           torch::Device device,
+                                                           const std::string& text) {
+  auto digest = torch::tensor(
+      {static_cast<int64_t>(fnv1a(text)), static_cast<int64_t>(text.size())}, torch::kLong);
+  auto digests = allgather(group, digest.to(device));
+  bool differ = false;
+  int64_t longest = 0;
+  for (const auto& d : digests) {
+    differ = differ || !torch::equal(d, digests[0]);
+    longest = std::max(longest, d[1].item<int64_t>());
+  }
+  if (!differ) return std::nullopt;
+  // Every rank takes the slow path together: the texts themselves.
+  auto padded = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kByte);
+  std::memcpy(padded.data_ptr(), text.data(), text.size());
+  auto texts = allgather(group, padded.to(device));
+  std::vector<std::string> result;
+  for (size_t rank = 0; rank < texts.size(); ++rank) {
+    const auto* bytes = static_cast<const char*>(texts[rank].data_ptr());
+    result.emplace_back(bytes, static_cast<size_t>(digests[rank][1].item<int64_t>()));
+  }
+  return result;
+}
+
+}  // namespace train::detail

@@ -1,0 +1,38 @@
+#pragma once
+
+// Small collectives the SDK's checks share: an allgather to the CPU, and the
+// check that every rank holds the same text (a digest first, the texts only
+// when they differ), so that a mismatch fails on every rank with the same
+// error instead of hanging one. Stateless; every rank calls them in the same
+// order on a process group.
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace train::detail {
+
+/// The run's process group inside a train function of more than one worker;
+/// null otherwise.
+c10::intrusive_ptr<c10d::ProcessGroup> run_group_or_null();
+
+/// FNV-1a, 64 bits: a digest to compare texts across ranks (not a defence).
+uint64_t fnv1a(const std::string& text);
+
+/// Every rank's `mine` (the same shape on every rank), on the CPU, by rank.
+/// A collective.
+std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Tensor& mine);
+
+/// Nothing when every rank passes the same `text`; otherwise every rank's
+/// text, by rank, on every rank. One allgather of 16 bytes per rank when they
+/// agree, a second of the longest text when not. Collective tensors live on
+/// `device` (a CUDA device for NCCL).
+std::optional<std::vector<std::string>> texts_if_different(c10d::ProcessGroup& group,
+                                                           torch::Device device,
+                                                           const std::string& text);
+
+}  // namespace train::detail

@@ -1,0 +1,431 @@
+#include <train/distributed.h>
+#include <train/report.h>
+#include <train/trainer.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "collectives.h"
+#include "trainer_fit.h"
+
+namespace train {
+namespace {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument("train::TrainerOptions: " + message);
+}
+
+bool divides(int64_t every, int64_t count) { return every > 0 && count % every == 0; }
+
+// The Trainer's own callbacks, kept apart from the user's for the checks below.
+template <typename Kind>
+bool has(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  return std::any_of(callbacks.begin(), callbacks.end(),
+                     [](const auto& c) { return dynamic_cast<Kind*>(c.get()) != nullptr; });
+}
+
+std::string precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::k32: return "32";
+    case Precision::kBF16Mixed: return "bf16-mixed";
+    case Precision::kFP16Mixed: return "16-mixed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Precision precision_from_string(const std::string& text) {
+  if (text == "32" || text == "32-true") return Precision::k32;
+  if (text == "bf16-mixed" || text == "bf16") return Precision::kBF16Mixed;
+  if (text == "16-mixed" || text == "16" || text == "fp16") return Precision::kFP16Mixed;
+  throw std::invalid_argument("precision must be 32, bf16-mixed (bf16) or 16-mixed (16, fp16), got '" +
+                              text + "'");
+}
+
+void LightningModule::validation_step(Batch& /*batch*/, int64_t /*batch_idx*/) {}
+
+Trainer& LightningModule::trainer() const {
+  if (trainer_ == nullptr) {
+    throw std::logic_error("train::LightningModule: not inside Trainer::fit");
+  }
+  return *trainer_;
+}
+
+int64_t LightningModule::current_epoch() const { return trainer().current_epoch(); }
+int64_t LightningModule::global_step() const { return trainer().global_step(); }
+
+void LightningModule::log(const std::string& name, const torch::Tensor& value,
+                          const LogOptions& options) {
+  trainer().log(name, &value, 0.0, options);
+}
+
+void LightningModule::log(const std::string& name, double value, const LogOptions& options) {
+  trainer().log(name, nullptr, value, options);
+}
+
+Trainer::Trainer(TrainerOptions options, std::vector<std::shared_ptr<Callback>> callbacks)
+    : options_(std::move(options)), callbacks_(std::move(callbacks)) {
+  require(options_.max_epochs() >= 0, "max_epochs must be >= 0");
+  require(options_.max_steps() >= -1, "max_steps must be -1 (no limit) or more");
+  require(options_.limit_train_batches() >= -1, "limit_train_batches must be -1 (all) or more");
+  require(options_.limit_val_batches() >= -1, "limit_val_batches must be -1 (all) or more");
+  require(options_.val_check_interval() >= 0, "val_check_interval must be >= 0");
+  require(options_.check_val_every_n_epoch() >= 1, "check_val_every_n_epoch must be >= 1");
+  require(options_.accumulate_grad_batches() >= 1, "accumulate_grad_batches must be >= 1");
+  require(options_.gradient_clip_val() >= 0, "gradient_clip_val must be >= 0");
+  require(options_.log_every_n_steps() >= 0, "log_every_n_steps must be >= 0");
+  require(options_.train_loader().batch_size() >= 1, "train_loader's batch_size must be >= 1");
+  require(options_.val_loader().batch_size() >= 1, "val_loader's batch_size must be >= 1");
+  std::set<std::string> keys;
+  for (const auto& callback : callbacks_) {
+    if (!callback) throw std::invalid_argument("train::Trainer: a callback is null");
+    if (!keys.insert(detail::callback_archive_key(callback->state_key())).second) {
+      throw std::invalid_argument("train::Trainer: two callbacks have the state key '" +
+                                  callback->state_key() + "'; override state_key() in one");
+    }
+  }
+  if (!has<ReportCallback>(callbacks_)) callbacks_.push_back(std::make_shared<ReportCallback>());
+  if (options_.enable_checkpointing() && !has<ModelCheckpoint>(callbacks_)) {
+    callbacks_.push_back(std::make_shared<ModelCheckpoint>());
+  }
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::current_epoch() const { return fit_ ? fit_->epoch : 0; }
+int64_t Trainer::global_step() const { return fit_ ? fit_->global_step : 0; }
+
+const std::map<std::string, double>& Trainer::callback_metrics() const {
+  static const std::map<std::string, double> kNone;
+  return fit_ ? fit_->callback_metrics : kNone;
+}
+
+bool Trainer::has_validation() const {
+  return fit_ && fit_->val != nullptr && options_.limit_val_batches() != 0;
+}
+
+void Trainer::request_checkpoint() {
+  if (fit_) fit_->want_checkpoint = true;
+}
+void Trainer::request_report() {
+  if (fit_) fit_->want_report = true;
+}
+void Trainer::request_stop() {
+  if (fit_) fit_->want_stop = true;
+}
+bool Trainer::should_stop() const { return fit_ && fit_->stopping; }
+
+void Trainer::log(const std::string& name, const torch::Tensor* tensor, double value,
+                  const LogOptions& options) {
+  if (!fit_) throw std::logic_error("train::LightningModule::log: not inside Trainer::fit");
+  if (name.empty() || name.find_first_of("\n\r") != std::string::npos) {
+    throw std::invalid_argument("train::LightningModule::log: a metric name must be one "
+                                "non-empty line, got '" +
+                                name + "'");
+  }
+  if (tensor != nullptr && tensor->numel() != 1) {
+    throw std::invalid_argument("train::LightningModule::log: '" + name +
+                                "' must be one number, got a tensor of shape " +
+                                c10::str(tensor->sizes()));
+  }
+  auto& f = *fit_;
+  const bool validating = f.validating;
+  const bool on_step = options.on_step().value_or(!validating);
+  const bool on_epoch = options.on_epoch().value_or(validating);
+  if (validating && on_step) {
+    throw std::invalid_argument("train::LightningModule::log: '" + name +
+                                "' with on_step in validation; validation values are averaged "
+                                "over the run (on_epoch)");
+  }
+  double weight = static_cast<double>(options.batch_size());
+  if (weight <= 0) weight = static_cast<double>(std::max<int64_t>(f.batch_size, 1));
+  (validating ? f.val_log : f.train_log)
+      .add(name, tensor, value, weight, on_step, on_epoch, options.prog_bar(),
+           options.sync_dist());
+}
+
+void Trainer::run_fit(std::shared_ptr<LightningModule> module,
+                      std::unique_ptr<detail::BatchStream> train,
+                      std::unique_ptr<detail::BatchStream> val) {
+  if (fit_) throw std::logic_error("train::Trainer::fit: called twice; make a new Trainer");
+  if (!module) throw std::invalid_argument("train::Trainer::fit: the module is null");
+  fit_ = std::make_unique<Fit>(get_context(), module, std::move(train), std::move(val));
+  struct Attach {  // the module knows its trainer while fit runs
+    LightningModule& module;
+    ~Attach() { module.trainer_ = nullptr; }
+  } attach{*module};
+  module->trainer_ = this;
+  try {
+    fit_->run(*this);
+  } catch (const std::exception& error) {
+    for (const auto& callback : callbacks_) {
+      try {
+        callback->on_exception(*this, *module, error);
+      } catch (...) {  // the first error is the one that counts
+      }
+    }
+    throw;
+  }
+}
+
+Trainer::Fit::Fit(Context ctx, std::shared_ptr<LightningModule> m,
+                  std::unique_ptr<detail::BatchStream> t, std::unique_ptr<detail::BatchStream> v)
+    : context(std::move(ctx)),
+      module(std::move(m)),
+      train(std::move(t)),
+      val(std::move(v)),
+      group(detail::run_group_or_null()),
+      device(context.device()) {}
+
+void Trainer::Fit::run(Trainer& trainer) {
+  const auto& options = trainer.options_;
+  if (options.precision() == Precision::kFP16Mixed && !device.is_cuda()) {
+    throw std::invalid_argument(
+        "train::Trainer: precision 16-mixed needs a CUDA device; on the CPU use bf16-mixed");
+  }
+  check_same_setup(trainer);
+  auto checkpoint = options.resume() ? get_checkpoint() : std::nullopt;
+  if (checkpoint) load_model(*checkpoint);
+  prepare_model(module, options.model());
+  auto config = module->configure_optimizers();
+  if (!config.optimizer) {
+    throw std::invalid_argument("train::LightningModule::configure_optimizers returned no optimizer");
+  }
+  optimizer = config.optimizer;
+  scheduler = config.scheduler;
+  interval = config.interval;
+  if (options.precision() == Precision::kFP16Mixed) scaler.emplace(options.grad_scaler());
+  if (checkpoint) load_state(trainer, *checkpoint);
+  optimizer->zero_grad();
+
+  for (const auto& callback : trainer.callbacks_) callback->on_fit_start(trainer, *module);
+  while (epoch < options.max_epochs() && !stopping && !steps_done(options)) {
+    train_epoch(trainer);
+  }
+  for (const auto& callback : trainer.callbacks_) callback->on_fit_end(trainer, *module);
+}
+
+bool Trainer::Fit::steps_done(const TrainerOptions& options) const {
+  return options.max_steps() >= 0 && global_step >= options.max_steps();
+}
+
+void Trainer::Fit::check_same_setup(const Trainer& trainer) {
+  if (!group) return;
+  const auto& o = trainer.options_;
+  std::ostringstream setup;
+  setup << "max_epochs " << o.max_epochs() << ", max_steps " << o.max_steps()
+        << ", limit_train_batches " << o.limit_train_batches() << ", limit_val_batches "
+        << o.limit_val_batches() << ", val_check_interval " << o.val_check_interval()
+        << ", check_val_every_n_epoch " << o.check_val_every_n_epoch()
+        << ", accumulate_grad_batches " << o.accumulate_grad_batches()
+        << ", log_every_n_steps " << o.log_every_n_steps() << ", precision "
+        << precision_name(o.precision()) << ", validation " << (val ? "yes" : "no")
+        << ", callbacks [";
+  for (size_t i = 0; i < trainer.callbacks_.size(); ++i) {
+    const auto& c = trainer.callbacks_[i];
+    setup << (i ? ", " : "") << c->state_key() << " every " << c->step_interval() << " steps";
+  }
+  setup << "]";
+  if (auto texts = detail::texts_if_different(*group, device, setup.str())) {
+    for (size_t rank = 1; rank < texts->size(); ++rank) {
+      if ((*texts)[rank] == (*texts)[0]) continue;
+      throw std::runtime_error("train::Trainer::fit: rank " + std::to_string(rank) +
+                               "'s options or callbacks differ from rank 0's (rank 0: " +
+                               (*texts)[0] + "; rank " + std::to_string(rank) + ": " +
+                               (*texts)[rank] + "); every rank must fit with the same");
+    }
+  }
+}
+
+void Trainer::Fit::train_epoch(Trainer& trainer) {
+  const auto& options = trainer.options_;
+  const int64_t first = batch;
+  if (first == 0) train_log.clear();
+  epoch_done = false;
+  for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_start(trainer, *module);
+  module->train();
+  train->start(epoch, first);
+  int64_t batches = train->size();
+  if (options.limit_train_batches() >= 0) {
+    batches = std::min(batches, options.limit_train_batches());
+  }
+  for (int64_t index = first; index < batches && !steps_done(options); ++index) {
+    Batch* next = train->next();
+    if (next == nullptr) break;
+    const bool stepped = training_batch(trainer, *next, index, index + 1 == batches);
+    batch = index + 1;
+    for (const auto& callback : trainer.callbacks_) {
+      callback->on_train_batch_end(trainer, *module, *next, index);
+    }
+    if (stepped && step_sync_due(trainer)) sync_point(trainer, SyncKind::kStep, batches);
+    if (divides(options.val_check_interval(), index + 1) && index + 1 < batches &&
+        trainer.has_validation()) {
+      validate(trainer);
+      sync_point(trainer, SyncKind::kValidation, batches);
+    }
+  }
+  if (trainer.has_validation() && divides(options.check_val_every_n_epoch(), epoch + 1)) {
+    validate(trainer);
+  }
+  module->on_train_epoch_end();
+  for (const auto& [name, value] : train_log.epoch_values(group.get(), device)) {
+    callback_metrics[name] = value;
+  }
+  if (scheduler && interval == SchedulerInterval::kEpoch) {
+    scheduler->step();
+    ++scheduler_steps;
+  }
+  epoch_done = true;  // a checkpoint from here on resumes at the next epoch
+  for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_end(trainer, *module);
+  sync_point(trainer, SyncKind::kEpoch, batches);
+  ++epoch;
+  batch = 0;
+  epoch_done = false;
+}
+
+bool Trainer::Fit::training_batch(Trainer& trainer, Batch& data, int64_t index, bool last) {
+  const auto& options = trainer.options_;
+  batch_size = data.data.dim() > 0 ? data.data.size(0) : 1;
+  const int64_t accumulate = options.accumulate_grad_batches();
+  const bool accumulating = accumulate > 1 && (index + 1) % accumulate != 0 && !last;
+  {
+    std::optional<NoSync> no_sync;
+    if (accumulating) no_sync.emplace(*module);
+    torch::Tensor loss;
+    {
+      std::optional<Autocast> autocast;
+      if (options.precision() != Precision::k32) {
+        autocast.emplace(device.type(), options.precision() == Precision::kBF16Mixed
+                                            ? torch::kBFloat16
+                                            : torch::kFloat16);
+      }
+      loss = module->training_step(data, index);
+    }
+    if (!loss.defined() || loss.numel() != 1) {
+      throw std::runtime_error("train::LightningModule::training_step must return the loss, one "
+                               "number; got " +
+                               (loss.defined() ? "a tensor of shape " + c10::str(loss.sizes())
+                                               : std::string("an undefined tensor")));
+    }
+    if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
+    (scaler ? scaler->scale(loss) : loss).backward();
+  }
+  if (accumulating) return false;
+  if (scaler) scaler->unscale_(*optimizer);
+  if (options.gradient_clip_val() > 0) {
+    if (options.gradient_clip_algorithm() == GradientClip::kNorm) {
+      torch::nn::utils::clip_grad_norm_(module->parameters(), options.gradient_clip_val());
+    } else {
+      torch::nn::utils::clip_grad_value_(module->parameters(), options.gradient_clip_val());
+    }
+  }
+  for (const auto& callback : trainer.callbacks_) {
+    callback->on_before_optimizer_step(trainer, *module, *optimizer);
+  }
+  if (scaler) {
+    scaler->step(*optimizer);
+    scaler->update();
+  } else {
+    optimizer->step();
+  }
+  optimizer->zero_grad();
+  ++global_step;
+  if (scheduler && interval == SchedulerInterval::kStep) {
+    scheduler->step();
+    ++scheduler_steps;
+  }
+  return true;
+}
+
+bool Trainer::Fit::step_sync_due(const Trainer& trainer) const {
+  if (divides(trainer.options_.log_every_n_steps(), global_step)) return true;
+  return std::any_of(trainer.callbacks_.begin(), trainer.callbacks_.end(),
+                     [&](const auto& c) { return divides(c->step_interval(), global_step); });
+}
+
+void Trainer::Fit::validate(Trainer& trainer) {
+  const auto& options = trainer.options_;
+  val_log.clear();
+  validating = true;
+  {
+    torch::NoGradGuard no_grad;
+    module->eval();
+    val->start(epoch, 0);
+    for (int64_t index = 0; options.limit_val_batches() < 0 || index < options.limit_val_batches();
+         ++index) {
+      Batch* next = val->next();
+      if (next == nullptr) break;
+      batch_size = next->data.dim() > 0 ? next->data.size(0) : 1;
+      std::optional<Autocast> autocast;
+      if (options.precision() != Precision::k32) {
+        autocast.emplace(device.type(), options.precision() == Precision::kBF16Mixed
+                                            ? torch::kBFloat16
+                                            : torch::kFloat16);
+      }
+      module->validation_step(*next, index);
+    }
+    module->on_validation_epoch_end();
+  }
+  validating = false;
+  module->train();
+  for (const auto& [name, value] : val_log.epoch_values(group.get(), device)) {
+    callback_metrics[name] = value;
+  }
+  for (const auto& callback : trainer.callbacks_) callback->on_validation_end(trainer, *module);
+}
+
+void Trainer::Fit::sync_point(Trainer& trainer, SyncKind kind, int64_t batches) {
+  const auto& options = trainer.options_;
+  // The ranks' requests, combined: any rank's counts for all.
+  double flags[3] = {want_report ? 1.0 : 0.0, want_checkpoint ? 1.0 : 0.0, want_stop ? 1.0 : 0.0};
+  if (group) {
+    std::vector<torch::Tensor> buffer{
+        torch::tensor({flags[0], flags[1], flags[2]}, torch::kFloat64).to(device)};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    group->allreduce(buffer, max)->wait();
+    auto agreed = buffer[0].cpu();
+    for (int i = 0; i < 3; ++i) flags[i] = agreed[i].item<double>();
+  }
+  want_report = want_checkpoint = want_stop = false;
+  if (flags[2] > 0) stopping = true;
+  const bool report_now = flags[0] > 0 || flags[1] > 0;
+  const bool print_now = kind == SyncKind::kStep &&
+                         divides(options.log_every_n_steps(), global_step) &&
+                         train_log.has_prog_bar();
+
+  Metrics metrics;
+  if (kind == SyncKind::kStep && (report_now || print_now)) {
+    auto values = train_log.step_values(group.get(), device, /*prog_bar_only=*/false);
+    if (print_now && context.world_rank() == 0) {
+      std::ostringstream line;
+      line << "epoch " << epoch << " step " << batch << "/" << batches << ":";
+      for (const auto& [name, value] : values) {
+        if (train_log.is_prog_bar(name)) line << " " << name << " " << value;
+      }
+      std::cout << line.str() << std::endl;
+    }
+    for (const auto& [name, value] : values) metrics.emplace(name, value);
+  } else {
+    for (const auto& [name, value] : callback_metrics) metrics.emplace(name, value);
+  }
+  if (!report_now) return;
+  metrics.insert_or_assign("epoch", epoch);
+  metrics.insert_or_assign("step", global_step);
+  if (flags[1] > 0) {
+    TempDir dir;
+    save_checkpoint(trainer, dir.path());
+    report(metrics, Checkpoint::from_directory(dir.path()), options.checkpoint_upload());
+  } else {
+    report(metrics);
+  }
+}
+
+}  // namespace train

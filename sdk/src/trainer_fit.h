@@ -1,0 +1,77 @@
+#pragma once
+
+// The state of one Trainer::fit: the module and its loaders, the optimizer,
+// the loop's position, the logged values and what callbacks asked for. One
+// per fit, owned by the Trainer, touched on the train function's thread only.
+// The loop is in trainer.cpp; saving and resuming in trainer_state.cpp.
+
+#include <train/trainer.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "metric_log.h"
+
+namespace train {
+
+namespace detail {
+/// The name a callback's state has inside trainer.pt: its state_key() with
+/// every character but letters and digits as '_' (archive keys are
+/// TorchScript attribute names).
+std::string callback_archive_key(const std::string& state_key);
+}  // namespace detail
+
+struct Trainer::Fit {
+  Fit(Context context, std::shared_ptr<LightningModule> module,
+      std::unique_ptr<detail::BatchStream> train, std::unique_ptr<detail::BatchStream> val);
+
+  enum class SyncKind { kStep, kValidation, kEpoch };
+
+  void run(Trainer& trainer);
+  void check_same_setup(const Trainer& trainer);
+  void train_epoch(Trainer& trainer);
+  /// One batch: forward, backward, and (unless accumulating) the step.
+  /// Returns whether the optimizer stepped.
+  bool training_batch(Trainer& trainer, Batch& data, int64_t index, bool last);
+  void validate(Trainer& trainer);
+  bool steps_done(const TrainerOptions& options) const;
+  bool step_sync_due(const Trainer& trainer) const;
+  /// Where the ranks agree on the callbacks' requests, and report (with a
+  /// checkpoint) when asked to. A collective.
+  void sync_point(Trainer& trainer, SyncKind kind, int64_t batches);
+
+  // trainer_state.cpp
+  void load_model(const Checkpoint& checkpoint);
+  void load_state(Trainer& trainer, const Checkpoint& checkpoint);
+  void save_checkpoint(Trainer& trainer, const std::filesystem::path& dir);
+
+  Context context;
+  std::shared_ptr<LightningModule> module;
+  std::unique_ptr<detail::BatchStream> train, val;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;  // null with one worker
+  torch::Device device;
+
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::shared_ptr<torch::optim::LRScheduler> scheduler;
+  SchedulerInterval interval = SchedulerInterval::kEpoch;
+  int64_t scheduler_steps = 0;  // replayed on resume: LibTorch's schedulers save nothing
+  std::optional<GradScaler> scaler;
+
+  int64_t epoch = 0;
+  int64_t batch = 0;           // batches of this epoch done
+  bool epoch_done = false;     // its end was reached: a checkpoint resumes at the next
+  int64_t global_step = 0;
+  int64_t batch_size = 0;      // the current batch's, the weight of what it logs
+  bool validating = false;
+  detail::MetricLog train_log, val_log;
+  std::map<std::string, double> callback_metrics;
+  bool want_report = false, want_checkpoint = false, want_stop = false;
+  bool stopping = false;  // agreed by every rank
+};
+
+}  // namespace train

@@ -1,0 +1,159 @@
+// What a Trainer checkpoint holds, and resuming from one. Rank 0 writes the
+// shared state: model.pt, optimizer.pt and trainer.pt (the loop's position,
+// the scheduler's steps, the GradScaler, each callback's state). Every rank
+// writes rank-<r>.pt: its random generators and its partial sums of the
+// epoch's logged values, so that an epoch resumed in its middle goes on as
+// if it had not stopped.
+
+#include <train/trainer.h>
+
+#include <ATen/Context.h>
+#include <torch/torch.h>
+
+#include <cctype>
+#include <iostream>
+#include <mutex>
+#include <stdexcept>
+
+#include "trainer_fit.h"
+
+namespace train {
+namespace {
+
+constexpr const char* kModelFile = "model.pt";
+constexpr const char* kOptimizerFile = "optimizer.pt";
+constexpr const char* kTrainerFile = "trainer.pt";
+
+std::string rank_file(int rank) { return "rank-" + std::to_string(rank) + ".pt"; }
+
+void write_int(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value) {
+  archive.write(key, torch::tensor(value, torch::kLong), /*is_buffer=*/true);
+}
+
+int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
+  torch::Tensor t;
+  archive.read(key, t, /*is_buffer=*/true);
+  return t.item<int64_t>();
+}
+
+torch::Tensor generator_state(c10::Device device) {
+  auto generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_generator_state(c10::Device device, const torch::Tensor& state) {
+  auto generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+std::filesystem::path required(const Checkpoint& checkpoint, const char* file) {
+  auto path = checkpoint.path() / file;
+  if (!std::filesystem::exists(path)) {
+    throw std::runtime_error("train::Trainer: checkpoint " + checkpoint.path().string() +
+                             " has no " + file + "; it was not written by train::Trainer");
+  }
+  return path;
+}
+
+}  // namespace
+
+std::string detail::callback_archive_key(const std::string& state_key) {
+  std::string key = "callback_";
+  for (unsigned char c : state_key) key += std::isalnum(c) ? static_cast<char>(c) : '_';
+  return key;
+}
+
+void load_from_checkpoint(torch::nn::Module& module, const Checkpoint& checkpoint) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(required(checkpoint, kModelFile).string(), torch::Device(torch::kCPU));
+  module.load(archive);
+}
+
+void Trainer::Fit::load_model(const Checkpoint& checkpoint) {
+  // Onto the CPU, where the module is until prepare_model moves it: a
+  // checkpoint saved on a GPU resumes on a CPU and the other way round.
+  load_from_checkpoint(*module, checkpoint);
+}
+
+void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
+  torch::serialize::InputArchive state;
+  state.load_from(required(checkpoint, kTrainerFile).string(), torch::Device(torch::kCPU));
+  epoch = read_int(state, "epoch");
+  batch = read_int(state, "batch");
+  global_step = read_int(state, "global_step");
+  const int64_t steps = read_int(state, "scheduler_steps");
+  // LibTorch's schedulers keep their count to themselves: replay it, then
+  // the optimizer's state puts back the learning rates it had.
+  if (scheduler) {
+    for (int64_t i = 0; i < steps; ++i) scheduler->step();
+    scheduler_steps = steps;
+  }
+  torch::load(*optimizer, required(checkpoint, kOptimizerFile).string(), device);
+  torch::serialize::InputArchive nested;
+  if (scaler && state.try_read("grad_scaler", nested)) scaler->load(nested);
+  for (const auto& callback : trainer.callbacks_) {
+    torch::serialize::InputArchive archive;
+    if (state.try_read(detail::callback_archive_key(callback->state_key()), archive)) {
+      callback->on_load_checkpoint(trainer, archive);
+    }
+  }
+  // This rank's own file, when the checkpoint has one for it (a regroup to
+  // more workers leaves the new ranks' generators as they are).
+  auto own = checkpoint.path() / rank_file(context.world_rank());
+  if (std::filesystem::exists(own)) {
+    torch::serialize::InputArchive mine;
+    mine.load_from(own.string(), torch::Device(torch::kCPU));
+    torch::Tensor cpu;
+    mine.read("rng.cpu", cpu, /*is_buffer=*/true);
+    set_generator_state(torch::kCPU, cpu);
+    torch::Tensor cuda;
+    if (device.is_cuda() && mine.try_read("rng.cuda", cuda, /*is_buffer=*/true)) {
+      set_generator_state(device, cuda);
+    }
+    torch::serialize::InputArchive log;
+    if (batch > 0 && mine.try_read("log", log)) train_log.load(log);
+  }
+  if (context.world_rank() == 0) {
+    std::cout << "train::Trainer: resuming at epoch " << epoch << ", batch " << batch
+              << " (step " << global_step << ") from " << checkpoint.path().string()
+              << std::endl;
+  }
+}
+
+void Trainer::Fit::save_checkpoint(Trainer& trainer, const std::filesystem::path& dir) {
+  if (context.world_rank() == 0) {
+    std::shared_ptr<torch::nn::Module> model = module;
+    torch::save(model, (dir / kModelFile).string());
+    torch::save(*optimizer, (dir / kOptimizerFile).string());
+    torch::serialize::OutputArchive state;
+    write_int(state, "epoch", epoch_done ? epoch + 1 : epoch);
+    write_int(state, "batch", epoch_done ? 0 : batch);
+    write_int(state, "global_step", global_step);
+    write_int(state, "scheduler_steps", scheduler_steps);
+    write_int(state, "world_size", context.world_size());
+    if (scaler) {
+      torch::serialize::OutputArchive nested;
+      scaler->save(nested);
+      state.write("grad_scaler", nested);
+    }
+    for (const auto& callback : trainer.callbacks_) {
+      torch::serialize::OutputArchive archive;
+      callback->on_save_checkpoint(trainer, archive);
+      state.write(detail::callback_archive_key(callback->state_key()), archive);
+    }
+    state.save_to((dir / kTrainerFile).string());
+  }
+  torch::serialize::OutputArchive mine;
+  mine.write("rng.cpu", generator_state(torch::kCPU), /*is_buffer=*/true);
+  if (device.is_cuda()) mine.write("rng.cuda", generator_state(device), /*is_buffer=*/true);
+  if (!epoch_done) {
+    torch::serialize::OutputArchive log;
+    train_log.save(log);
+    mine.write("log", log);
+  }
+  mine.save_to((dir / rank_file(context.world_rank())).string());
+}
+
+}  // namespace train

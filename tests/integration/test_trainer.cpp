@@ -1,0 +1,137 @@
+// train::Trainer in real runs (tests/plugins/trainer_plugin.cpp): resuming in
+// the middle of an epoch after a kill -9 computes what the uninterrupted run
+// computes; ModelCheckpoint's top k and EarlyStopping's count survive it;
+// averages across ranks are weighted by batch size; ranks that log different
+// names fail with both lists instead of hanging.
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <regex>
+#include <set>
+
+#include "run_helpers.h"
+
+namespace {
+
+std::string trainer_run(const std::string& name, const std::string& config) {
+  return std::string("--plugin '") + TRAINER_PLUGIN + "' -n 2 --name " + name + " " + config;
+}
+
+// The last value of `metric` reported at each step (a restart reports some
+// steps twice: the later one counts).
+std::map<int64_t, double> by_step(const std::vector<nlohmann::json>& reports,
+                                  const std::string& metric) {
+  std::map<int64_t, double> values;
+  for (const auto& line : reports) {
+    const auto& m = line["metrics"];
+    if (m.contains(metric)) values[m["step"].get<int64_t>()] = m[metric].get<double>();
+  }
+  return values;
+}
+
+std::string line_with(const std::string& output, const std::string& start) {
+  std::smatch match;
+  if (std::regex_search(output, match, std::regex(start + "[^\n]*"))) return match.str();
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("trainer: a rank killed mid-epoch resumes there and computes the uninterrupted losses") {
+  Sandbox box;
+  const std::string config =
+      "--config epochs=2 --config batches=8 --config report_steps=1 --config checkpoint_steps=3";
+  auto whole = box.run(trainer_run("whole", config));
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  auto marker = (box.root() / "failed-once").string();
+  auto resumed = box.run(trainer_run("resumed", config + " --max-failures 1 --config fail_step=5" +
+                                                    " --config marker=" + marker));
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("was killed by SIGKILL") != std::string::npos);
+  // The checkpoint of step 3: epoch 0, batch 3.
+  CHECK(resumed.output.find("resuming at epoch 0, batch 3 (step 3)") != std::string::npos);
+
+  auto a = read_jsonl(box.run_dir("whole") / "result.jsonl");
+  auto b = read_jsonl(box.run_dir("resumed") / "result.jsonl");
+  // Step 4 was reported twice: before the kill (after step 5, before its
+  // report) and again after the resume from step 3.
+  CHECK(b.size() == a.size() + 1);
+  // Every step's loss and learning rate (StepLR), and every epoch's mean loss
+  // and validation loss, as if nothing had happened: the model, optimizer,
+  // scheduler, sampler position, dropout's generator and the epoch's partial
+  // sums all came back.
+  for (const std::string metric : {"loss_step", "lr", "loss_epoch", "val_loss"}) {
+    CAPTURE(metric);
+    auto expected = by_step(a, metric);
+    CHECK(expected.size() >= 2);
+    CHECK((by_step(b, metric) == expected));
+  }
+  CHECK(by_step(a, "loss_step").size() == 16);
+  // 10 validation samples per rank in batches of 4, 4 and 2: the batch size
+  // weighted by batch size is 36/10, where a mean of batch means would be 10/3.
+  CHECK(by_step(a, "batch_size").begin()->second == doctest::Approx(3.6));
+}
+
+TEST_CASE("trainer: the top-k and early stopping survive a kill -9 and stop where they would have") {
+  Sandbox box;
+  // Scores per epoch: best 5, 3, (4), 2, then 6 twice: patience 2 stops after epoch 5.
+  const std::string config =
+      "--config epochs=8 --config batches=2 --config scores=5,3,4,2,6,6,6,6 --config patience=2"
+      " --num-to-keep 2 --checkpoint-score-attribute score --checkpoint-score-order min";
+  auto whole = box.run(trainer_run("whole", config));
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  auto marker = (box.root() / "failed-once").string();
+  // Killed in epoch 4 (steps 9 and 10), after epoch 3's checkpoint.
+  auto resumed = box.run(trainer_run("resumed", config + " --max-failures 1 --config fail_step=9" +
+                                                    " --config marker=" + marker));
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resuming at epoch 4, batch 0 (step 8)") != std::string::npos);
+  for (const auto* run : {&whole, &resumed}) {
+    CHECK(line_with(run->output, "best_k:") == "best_k: 8=2 4=3");
+    CHECK(line_with(run->output, "early_stopping:") == "early_stopping: wait 2 best 2");
+    CHECK(line_with(run->output, "fit ended") == "fit ended at epoch 6 step 12");
+  }
+  // On storage: the best two by score and the latest, the same in both runs.
+  auto kept = [&](const std::string& name) {
+    std::set<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(box.run_dir(name))) {
+      auto file = entry.path().filename().string();
+      if (file.rfind("checkpoint_", 0) == 0 && entry.is_directory()) names.insert(file);
+    }
+    return names;
+  };
+  CHECK((kept("whole") == std::set<std::string>{"checkpoint_000001", "checkpoint_000003",
+                                                 "checkpoint_000005"}));
+  CHECK((kept("resumed") == kept("whole")));
+}
+
+TEST_CASE("trainer: ranks that log different names fail with both lists instead of hanging") {
+  Sandbox box;
+  auto run = box.run(trainer_run("m", "--config epochs=1 --config batches=2 --config mismatch=true"));
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("the ranks logged different metrics to average") != std::string::npos);
+  CHECK(run.output.find("rank 1 [loss_epoch, only_rank_1_epoch]") != std::string::npos);
+}
+
+TEST_CASE("trainer: the Lightning FashionMNIST example trains, validates and checkpoints") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + LIGHTNING_FASHION_MNIST_PLUGIN +
+                     "' -n 2 --name l --config epochs=1 --config max_steps=3 --config "
+                     "val_batches=1 --config batch_size=16 --config precision=bf16");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto results = read_jsonl(box.run_dir("l") / "result.jsonl");
+  REQUIRE(results.size() == 1);
+  const auto& metrics = results[0]["metrics"];
+  CHECK(metrics["step"] == 3);
+  CHECK(metrics.contains("accuracy"));
+  CHECK(metrics.contains("val_loss"));
+  CHECK(metrics.contains("loss_epoch"));
+  CHECK(results[0].contains("checkpoint"));
+}

@@ -1,0 +1,179 @@
+// train::Trainer under test: a small model with dropout on a synthetic,
+// seeded dataset, so that two runs compute the same losses and a resumed run
+// can be compared with one that was not interrupted.
+//
+// Config: epochs (3), batches (8 per epoch, batch 4 per rank), report_steps
+// (0: report every epoch only), checkpoint_steps (0: a checkpoint every
+// epoch), accumulate (1), clip (0), precision ("32"), fail_step and marker
+// (rank `fail_rank` (1) kills itself with SIGKILL after that optimizer step,
+// once: the marker file says it did), mismatch (rank 1 logs a name the others
+// do not), scores (a list "5,3,4" of the validation score per epoch, for
+// ModelCheckpoint(monitor score, top 2) and EarlyStopping(patience)),
+// patience (2).
+
+#include <train/train.h>
+
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace {
+
+constexpr int64_t kFeatures = 6;
+constexpr int64_t kBatch = 4;
+
+// y = a fixed linear map of x, plus noise: the same on every rank and run.
+class Synthetic : public torch::data::datasets::Dataset<Synthetic> {
+ public:
+  explicit Synthetic(int64_t size) {
+    auto generator = at::detail::createCPUGenerator(7);
+    x_ = torch::randn({size, kFeatures}, generator);
+    auto w = torch::linspace(-1, 1, kFeatures).unsqueeze(1);
+    y_ = (x_.matmul(w).squeeze(1) > 0).to(torch::kLong);
+  }
+  torch::data::Example<> get(size_t index) override {
+    return {x_[static_cast<int64_t>(index)], y_[static_cast<int64_t>(index)]};
+  }
+  c10::optional<size_t> size() const override { return static_cast<size_t>(x_.size(0)); }
+
+ private:
+  torch::Tensor x_, y_;
+};
+
+std::vector<double> numbers(const std::string& list) {
+  std::vector<double> values;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) values.push_back(std::stod(item));
+  return values;
+}
+
+struct Net : train::LightningModule {
+  explicit Net(const train::Config& config)
+      : mismatch(config.get<bool>("mismatch", false)), scores(numbers(config.get("scores", ""))) {}
+
+  torch::nn::Linear hidden{register_module("hidden", torch::nn::Linear(kFeatures, 16))};
+  torch::nn::Dropout dropout{register_module("dropout", torch::nn::Dropout(0.3))};
+  torch::nn::Linear out{register_module("out", torch::nn::Linear(16, 2))};
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  bool mismatch;
+  std::vector<double> scores;
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    return out(dropout(torch::relu(hidden(x))));
+  }
+
+  torch::Tensor training_step(train::Batch& batch, int64_t) override {
+    auto loss = torch::nn::functional::cross_entropy(forward(batch.data), batch.target);
+    log("loss", loss, train::LogOptions().on_step(true).on_epoch(true).prog_bar(true));
+    log("lr", optimizer->param_groups()[0].options().get_lr(),
+        train::LogOptions().on_step(true).on_epoch(false));
+    if (mismatch && train::get_context().world_rank() == 1) {
+      log("only_rank_1", 1.0, train::LogOptions().on_epoch(true));
+    }
+    return loss;
+  }
+
+  void validation_step(train::Batch& batch, int64_t) override {
+    auto output = forward(batch.data);
+    log("val_loss", torch::nn::functional::cross_entropy(output, batch.target));
+    // The batch's size, averaged with batch sizes as weights: Σn²/Σn.
+    log("batch_size", static_cast<double>(batch.data.size(0)));
+    if (!scores.empty()) {
+      const auto epoch = static_cast<size_t>(current_epoch());
+      log("score", scores[std::min(epoch, scores.size() - 1)]);
+    }
+  }
+
+  train::OptimizerConfig configure_optimizers() override {
+    optimizer = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.01));
+    return {optimizer,
+            std::make_shared<torch::optim::StepLR>(*optimizer, /*step_size=*/3, /*gamma=*/0.5),
+            train::SchedulerInterval::kStep};
+  }
+};
+
+// Kills this rank once, after optimizer step `step`.
+class FailOnce : public train::Callback {
+ public:
+  FailOnce(int64_t step, int rank, std::string marker)
+      : step_(step), rank_(rank), marker_(std::move(marker)) {}
+  void on_train_batch_end(train::Trainer& trainer, train::LightningModule&, const train::Batch&,
+                          int64_t) override {
+    if (trainer.global_step() != step_ || train::get_context().world_rank() != rank_ ||
+        std::filesystem::exists(marker_)) {
+      return;
+    }
+    std::ofstream(marker_) << "failed\n";
+    std::cout << "failing after step " << step_ << std::endl;
+    std::raise(SIGKILL);
+  }
+
+ private:
+  int64_t step_;
+  int rank_;
+  std::string marker_;
+};
+
+// Prints what the built-in callbacks hold at the end, for the tests to compare.
+class PrintState : public train::Callback {
+ public:
+  void on_fit_end(train::Trainer& trainer, train::LightningModule&) override {
+    if (train::get_context().world_rank() != 0) return;
+    for (const auto& callback : trainer.callbacks()) {
+      if (auto* c = dynamic_cast<train::ModelCheckpoint*>(callback.get())) {
+        std::cout << "best_k:";
+        for (const auto& [step, score] : c->best_k_models()) std::cout << " " << step << "=" << score;
+        std::cout << std::endl;
+      }
+      if (auto* e = dynamic_cast<train::EarlyStopping*>(callback.get())) {
+        std::cout << "early_stopping: wait " << e->wait_count() << " best " << e->best_score()
+                  << std::endl;
+      }
+    }
+    std::cout << "fit ended at epoch " << trainer.current_epoch() << " step "
+              << trainer.global_step() << std::endl;
+  }
+};
+
+void fit(const train::Config& config) {
+  train::enable_reproducibility(config.get<int>("seed", 0));
+  const int64_t batches = config.get<int>("batches", 8);
+  const int world = train::get_context().world_size();
+  std::vector<std::shared_ptr<train::Callback>> callbacks{std::make_shared<PrintState>()};
+  callbacks.push_back(std::make_shared<train::ReportCallback>(
+      train::ReportOptions().every_n_steps(config.get<int>("report_steps", 0))));
+  if (!config.get("scores", "").empty()) {
+    callbacks.push_back(std::make_shared<train::ModelCheckpoint>(
+        train::ModelCheckpointOptions().monitor("score").save_top_k(2).save_last(true)));
+    callbacks.push_back(std::make_shared<train::EarlyStopping>(
+        train::EarlyStoppingOptions().monitor("score").patience(config.get<int>("patience", 2))));
+  } else {
+    callbacks.push_back(std::make_shared<train::ModelCheckpoint>(
+        train::ModelCheckpointOptions().every_n_train_steps(config.get<int>("checkpoint_steps", 0))));
+  }
+  if (auto marker = config.get("marker", ""); !marker.empty()) {
+    callbacks.push_back(std::make_shared<FailOnce>(config.get<int>("fail_step", 5),
+                                                   config.get<int>("fail_rank", 1), marker));
+  }
+  train::Trainer trainer(
+      train::TrainerOptions()
+          .max_epochs(config.get<int>("epochs", 3))
+          .accumulate_grad_batches(config.get<int>("accumulate", 1))
+          .gradient_clip_val(config.get<double>("clip", 0))
+          .precision(train::precision_from_string(config.get("precision", "32")))
+          .log_every_n_steps(config.get<int>("log_every", 4))
+          .train_loader(train::LoaderOptions().batch_size(kBatch))
+          .val_loader(train::LoaderOptions().batch_size(kBatch)),
+      callbacks);
+  // 10 validation samples per rank: batches of 4, 4 and 2.
+  trainer.fit(std::make_shared<Net>(config), Synthetic(batches * kBatch * world),
+              Synthetic(10 * world));
+}
+
+}  // namespace
+
+TRAIN_FUNC(fit);
