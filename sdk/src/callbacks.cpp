@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <stdexcept>
 
@@ -14,13 +15,21 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// The monitored value, or nothing when it was not logged (or is NaN).
+// The monitored value, or nothing when it was not logged.
 std::optional<double> monitored(const Trainer& trainer, const std::string& name) {
   const auto& metrics = trainer.callback_metrics();
   auto it = metrics.find(name);
-  if (it == metrics.end() || std::isnan(it->second)) return std::nullopt;
+  if (it == metrics.end()) return std::nullopt;
   return it->second;
 }
+
+// Whether a callback that found no `monitor` waits (validation, where it
+// would be logged, has not run yet) rather than fails, as Lightning's do.
+bool missing_is_early(const Trainer& trainer) {
+  return trainer.has_validation() && !trainer.validation_has_run();
+}
+
+std::string mode_name(Mode mode) { return mode == Mode::kMin ? "min" : "max"; }
 
 std::string available(const Trainer& trainer) {
   std::string names;
@@ -38,8 +47,7 @@ double read_double(torch::serialize::InputArchive& archive, const std::string& k
   return t.to(torch::kFloat64).item<double>();
 }
 
-void write_double(torch::serialize::OutputArchive& archive, const std::string& key,
-                  double value) {
+void write_double(torch::serialize::OutputArchive& archive, const std::string& key, double value) {
   archive.write(key, torch::tensor(value, torch::kFloat64), /*is_buffer=*/true);
 }
 
@@ -55,7 +63,9 @@ ReportCallback::ReportCallback(ReportOptions options) : options_(options) {
 
 void ReportCallback::on_train_batch_end(Trainer& trainer, LightningModule& /*module*/,
                                         const Batch& /*batch*/, int64_t /*batch_idx*/) {
-  if (due(trainer.global_step(), options_.every_n_steps())) trainer.request_report();
+  if (trainer.optimizer_stepped() && due(trainer.global_step(), options_.every_n_steps())) {
+    trainer.request_report();
+  }
 }
 
 void ReportCallback::on_train_epoch_end(Trainer& trainer, LightningModule& /*module*/) {
@@ -73,7 +83,16 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
   }
 }
 
+std::string ModelCheckpoint::state_key() const {
+  return "ModelCheckpoint{monitor=" + options_.monitor() + ", mode=" + mode_name(options_.mode()) +
+         ", every_n_train_steps=" + std::to_string(options_.every_n_train_steps()) +
+         ", every_n_epochs=" + std::to_string(options_.every_n_epochs()) + "}";
+}
+
 bool ModelCheckpoint::better(double a, double b) const {
+  // NaN is never better: a diverged value does not displace a kept one.
+  if (std::isnan(a)) return false;
+  if (std::isnan(b)) return true;
   return options_.mode() == Mode::kMin ? a < b : a > b;
 }
 
@@ -92,28 +111,42 @@ bool ModelCheckpoint::consider(int64_t step, double score) {
 }
 
 void ModelCheckpoint::check(Trainer& trainer) {
+  // One check per step: a step check and the epoch's end can fall together.
+  if (trainer.global_step() == last_step_) return;
   double score = kNaN;
   if (!options_.monitor().empty()) {
     auto value = monitored(trainer, options_.monitor());
     if (!value) {
+      if (missing_is_early(trainer)) return;
       throw std::runtime_error("ModelCheckpoint: the monitored metric '" + options_.monitor() +
-                               "' was not logged (with on_epoch, or in validation_step); "
-                               "logged: " +
-                               available(trainer));
+                               "' was not logged; logged: " + available(trainer));
     }
     score = *value;
   }
+  last_step_ = trainer.global_step();
   const bool best = consider(trainer.global_step(), score);
   if (best || options_.save_last()) trainer.request_checkpoint();
 }
 
 void ModelCheckpoint::on_train_batch_end(Trainer& trainer, LightningModule& /*module*/,
                                          const Batch& /*batch*/, int64_t /*batch_idx*/) {
-  if (due(trainer.global_step(), options_.every_n_train_steps())) check(trainer);
+  if (trainer.optimizer_stepped() && due(trainer.global_step(), options_.every_n_train_steps())) {
+    check(trainer);
+  }
+}
+
+void ModelCheckpoint::on_validation_end(Trainer& trainer, LightningModule& /*module*/) {
+  // A validation within the epoch; the one at its end is checked with the epoch.
+  if (!trainer.is_epoch_end() && !options_.monitor().empty()) check(trainer);
 }
 
 void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, LightningModule& /*module*/) {
-  if (due(trainer.current_epoch() + 1, options_.every_n_epochs())) check(trainer);
+  if (!due(trainer.current_epoch() + 1, options_.every_n_epochs())) return;
+  // A monitored value comes with validation: an epoch without one has nothing new.
+  if (!options_.monitor().empty() && trainer.has_validation() && !trainer.validated_this_epoch()) {
+    return;
+  }
+  check(trainer);
 }
 
 double ModelCheckpoint::best_model_score() const {
@@ -131,6 +164,7 @@ void ModelCheckpoint::on_save_checkpoint(Trainer& /*trainer*/,
     flat.push_back(score);
   }
   archive.write("best", torch::tensor(flat, torch::kFloat64), /*is_buffer=*/true);
+  write_double(archive, "last_step", static_cast<double>(last_step_));
 }
 
 void ModelCheckpoint::on_load_checkpoint(Trainer& /*trainer*/,
@@ -143,6 +177,7 @@ void ModelCheckpoint::on_load_checkpoint(Trainer& /*trainer*/,
   for (int64_t i = 0; i + 1 < flat.numel(); i += 2) {
     best_.emplace_back(static_cast<int64_t>(flat[i].item<double>()), flat[i + 1].item<double>());
   }
+  last_step_ = static_cast<int64_t>(read_double(archive, "last_step"));
 }
 
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
@@ -157,7 +192,14 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
                                         : -std::numeric_limits<double>::infinity();
 }
 
+std::string EarlyStopping::state_key() const {
+  return "EarlyStopping{monitor=" + options_.monitor() + ", mode=" + mode_name(options_.mode()) +
+         "}";
+}
+
 bool EarlyStopping::update(double value) {
+  // Lightning's check_finite: a value that is NaN or infinite stops at once.
+  if (!std::isfinite(value)) return true;
   const double delta = std::abs(options_.min_delta());
   const bool improved =
       options_.mode() == Mode::kMin ? value < best_ - delta : value > best_ + delta;
@@ -172,14 +214,17 @@ bool EarlyStopping::update(double value) {
 void EarlyStopping::check(Trainer& trainer) {
   auto value = monitored(trainer, options_.monitor());
   if (!value) {
-    if (!options_.strict()) return;
+    if (!options_.strict() || missing_is_early(trainer)) return;
     throw std::runtime_error("EarlyStopping: the monitored metric '" + options_.monitor() +
-                             "' was not logged (with on_epoch, or in validation_step); logged: " +
-                             available(trainer));
+                             "' was not logged; logged: " + available(trainer));
   }
   if (update(*value)) {
     stopped_epoch_ = trainer.current_epoch();
     trainer.request_stop();
+    if (!std::isfinite(*value)) {
+      std::cout << "EarlyStopping: " << options_.monitor() << " is " << *value
+                << "; stopping after this epoch" << std::endl;
+    }
   }
 }
 

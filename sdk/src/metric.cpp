@@ -73,9 +73,17 @@ torch::Tensor Metric::compute() {
       }
     }
   }
-  // The local states are kept; compute_value sees the combined ones.
+  // compute_value sees the combined states; the local ones come back
+  // afterwards, whatever happens on the way.
   std::map<std::string, torch::Tensor> local;
   for (auto& [name, s] : states_) local[name] = s.value;
+  struct Restore {
+    std::map<std::string, State>& states;
+    std::map<std::string, torch::Tensor>& local;
+    ~Restore() {
+      for (auto& [name, s] : states) s.value = local[name];
+    }
+  } restore{states_, local};
   for (auto reduction : {Reduction::kSum, Reduction::kMax, Reduction::kMin}) {
     // One flat buffer per reduction and dtype: one allreduce for all its states.
     std::map<c10::ScalarType, std::vector<std::string>> by_type;
@@ -92,14 +100,16 @@ torch::Tensor Metric::compute() {
       int64_t offset = 0;
       for (const auto& n : names) {
         auto& value = states_[n].value;
-        value = buffer[0].narrow(0, offset, value.numel()).view_as(value).to(value.device()).clone();
+        value =
+            buffer[0].narrow(0, offset, value.numel()).view_as(value).to(value.device()).clone();
         offset += value.numel();
       }
     }
   }
   for (auto& [name, s] : states_) {
     if (s.reduction != Reduction::kCat) continue;
-    auto sizes = detail::allgather(*group, torch::tensor({s.value.numel()}, torch::kLong).to(device));
+    auto sizes =
+        detail::allgather(*group, torch::tensor({s.value.numel()}, torch::kLong).to(device));
     int64_t longest = 0;
     for (const auto& n : sizes) longest = std::max(longest, n.item<int64_t>());
     auto padded = torch::zeros({longest}, s.value.options());
@@ -111,15 +121,7 @@ torch::Tensor Metric::compute() {
     }
     s.value = torch::cat(parts).to(s.value.device());
   }
-  torch::Tensor result;
-  try {
-    result = compute_value();
-  } catch (...) {
-    for (auto& [name, s] : states_) s.value = local[name];
-    throw;
-  }
-  for (auto& [name, s] : states_) s.value = local[name];
-  return result;
+  return compute_value();
 }
 
 Accuracy::Accuracy() {
@@ -129,9 +131,10 @@ Accuracy::Accuracy() {
 
 void Accuracy::update(const torch::Tensor& scores, const torch::Tensor& target) {
   if (scores.dim() != 2 || target.dim() != 1 || scores.size(0) != target.size(0)) {
-    throw std::invalid_argument("Accuracy::update: scores must be [batch, classes] and target "
-                                "[batch], got " +
-                                c10::str(scores.sizes()) + " and " + c10::str(target.sizes()));
+    throw std::invalid_argument(
+        "Accuracy::update: scores must be [batch, classes] and target "
+        "[batch], got " +
+        c10::str(scores.sizes()) + " and " + c10::str(target.sizes()));
   }
   auto correct = scores.detach().argmax(1).eq(target).sum().to(torch::kFloat64);
   state("correct") = state("correct").to(correct.device()) + correct;

@@ -38,10 +38,10 @@ double to_double(const torch::Tensor& t) { return t.defined() ? t.item<double>()
 
 }  // namespace
 
-std::vector<double> average_across_ranks(c10d::ProcessGroup* group, torch::Device device,
-                                         const std::vector<std::string>& names,
-                                         const std::vector<WeightedSum>& sums) {
-  TORCH_CHECK(names.size() == sums.size(), "average_across_ranks: names and sums differ in size");
+std::vector<WeightedSum> sum_across_ranks(c10d::ProcessGroup* group, torch::Device device,
+                                          const std::vector<std::string>& names,
+                                          const std::vector<WeightedSum>& sums) {
+  TORCH_CHECK(names.size() == sums.size(), "sum_across_ranks: names and sums differ in size");
   std::vector<double> flat;
   for (const auto& s : sums) {
     flat.push_back(s.sum);
@@ -71,37 +71,22 @@ std::vector<double> average_across_ranks(c10d::ProcessGroup* group, torch::Devic
                 flat.begin());
     }
   }
-  std::vector<double> averages;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const double count = flat[2 * i + 1];
-    averages.push_back(count > 0 ? flat[2 * i] / count : std::numeric_limits<double>::quiet_NaN());
-  }
-  return averages;
+  std::vector<WeightedSum> totals;
+  for (size_t i = 0; i < names.size(); ++i) totals.push_back({flat[2 * i], flat[2 * i + 1]});
+  return totals;
 }
 
 void MetricLog::add(const std::string& name, const torch::Tensor* tensor, double value,
                     double weight, bool on_step, bool on_epoch, bool prog_bar, bool sync_dist) {
   auto [it, inserted] = entries_.try_emplace(name);
   Entry& entry = it->second;
-  if (inserted) {
+  if (inserted || entry.restored) {
     entry.on_step = on_step;
     entry.on_epoch = on_epoch;
     entry.prog_bar = prog_bar;
     entry.sync_dist = sync_dist;
-    // A resumed epoch's sum goes on where the saved one stopped, in the same
-    // order of additions, so that it ends as the uninterrupted one would.
-    if (auto restored = restored_.find(name); restored != restored_.end()) {
-      if (tensor != nullptr) {
-        entry.device_sum =
-            torch::tensor(restored->second.sum, tensor->options().dtype(torch::kFloat64));
-      } else {
-        entry.host_sum = restored->second.sum;
-      }
-      entry.count = restored->second.count;
-      restored_.erase(restored);
-    }
-  } else if (entry.on_step != on_step || entry.on_epoch != on_epoch ||
-             entry.prog_bar != prog_bar || entry.sync_dist != sync_dist) {
+  } else if (entry.on_step != on_step || entry.on_epoch != on_epoch || entry.prog_bar != prog_bar ||
+             entry.sync_dist != sync_dist) {
     throw std::invalid_argument("train::LightningModule::log: '" + name +
                                 "' was logged with other options before in this epoch");
   }
@@ -109,7 +94,10 @@ void MetricLog::add(const std::string& name, const torch::Tensor* tensor, double
     auto detached = tensor->detach();
     if (on_epoch) {
       if (!entry.device_sum.defined()) {
-        entry.device_sum = torch::zeros({}, detached.options().dtype(torch::kFloat64));
+        // A resumed epoch's sum goes on where the saved one stopped, in the
+        // same order of additions, so that it ends as the uninterrupted one.
+        entry.device_sum = torch::tensor(entry.host_sum, detached.options().dtype(torch::kFloat64));
+        entry.host_sum = 0;
       }
       entry.device_sum.add_(detached.reshape({}), weight);
     }
@@ -121,47 +109,38 @@ void MetricLog::add(const std::string& name, const torch::Tensor* tensor, double
   }
   if (on_epoch) entry.count += weight;
   entry.step_count = weight;
+  entry.restored = false;
 }
 
-std::map<std::string, double> MetricLog::averages(c10d::ProcessGroup* group, torch::Device device,
-                                                  bool step, bool prog_bar_only) {
+std::map<std::string, double> MetricLog::values(c10d::ProcessGroup* group, torch::Device device,
+                                                Which which) {
   std::vector<std::string> synced_names;
   std::vector<WeightedSum> synced;
   std::map<std::string, double> result;
-  auto reported = [&](const std::string& name, const Entry& e) {
-    return e.on_step && e.on_epoch ? name + (step ? "_step" : "_epoch") : name;
+  auto take = [&](const std::string& reported, const Entry& e, WeightedSum sum) {
+    if (e.sync_dist) {
+      synced_names.push_back(reported);
+      synced.push_back(sum);
+    } else if (sum.count > 0) {
+      result[reported] = sum.sum / sum.count;
+    }
   };
   for (const auto& [name, e] : entries_) {
-    if (step ? !e.on_step : !e.on_epoch) continue;
-    if (prog_bar_only && !e.prog_bar) continue;
-    WeightedSum sum;
-    if (step) {
+    const bool both = e.on_step && e.on_epoch;
+    if (e.on_step && which != Which::kEpoch) {
       const double v = e.step_tensor.defined() ? to_double(e.step_tensor) : e.step_value;
-      sum = {v * e.step_count, e.step_count};
-    } else {
-      sum = {e.host_sum + to_double(e.device_sum), e.count};
+      take(both ? name + "_step" : name, e, {v * e.step_count, e.step_count});
     }
-    if (e.sync_dist) {
-      synced_names.push_back(reported(name, e));
-      synced.push_back(sum);
-    } else {
-      result[reported(name, e)] =
-          sum.count > 0 ? sum.sum / sum.count : std::numeric_limits<double>::quiet_NaN();
+    if (e.on_epoch && which != Which::kStep) {
+      take(both ? name + "_epoch" : name, e, {e.host_sum + to_double(e.device_sum), e.count});
     }
   }
-  auto values = average_across_ranks(group, device, synced_names, synced);
-  for (size_t i = 0; i < values.size(); ++i) result[synced_names[i]] = values[i];
+  auto totals = sum_across_ranks(group, device, synced_names, synced);
+  for (size_t i = 0; i < totals.size(); ++i) {
+    // Nothing logged on any rank (a restored name not logged again): no value.
+    if (totals[i].count > 0) result[synced_names[i]] = totals[i].sum / totals[i].count;
+  }
   return result;
-}
-
-std::map<std::string, double> MetricLog::epoch_values(c10d::ProcessGroup* group,
-                                                      torch::Device device) {
-  return averages(group, device, /*step=*/false, /*prog_bar_only=*/false);
-}
-
-std::map<std::string, double> MetricLog::step_values(c10d::ProcessGroup* group,
-                                                     torch::Device device, bool prog_bar_only) {
-  return averages(group, device, /*step=*/true, prog_bar_only);
 }
 
 bool MetricLog::has_prog_bar() const {
@@ -178,35 +157,38 @@ bool MetricLog::is_prog_bar(const std::string& reported) const {
   return it != entries_.end() && it->second.prog_bar;
 }
 
-void MetricLog::clear() {
-  entries_.clear();
-  restored_.clear();
-}
+void MetricLog::clear() { entries_.clear(); }
+
+namespace {
+enum Flag : int { kOnStep = 1, kOnEpoch = 2, kProgBar = 4, kSyncDist = 8 };
+}  // namespace
 
 void MetricLog::save(torch::serialize::OutputArchive& archive) const {
-  // Names as one text, sums as one [n, 2] tensor: a metric's name need not
-  // be a valid archive key.
+  // Names as one text, the rest as one [n, 3] tensor (sum, count, flags): a
+  // metric's name need not be a valid archive key.
   std::string names;
-  std::vector<double> sums;
+  std::vector<double> rows;
   for (const auto& [name, e] : entries_) {
     if (!e.on_epoch) continue;
     names += name + kNameSeparator;
-    sums.push_back(e.host_sum + to_double(e.device_sum));
-    sums.push_back(e.count);
+    rows.push_back(e.host_sum + to_double(e.device_sum));
+    rows.push_back(e.count);
+    rows.push_back((e.on_step ? kOnStep : 0) | kOnEpoch | (e.prog_bar ? kProgBar : 0) |
+                   (e.sync_dist ? kSyncDist : 0));
   }
   auto text = torch::empty({static_cast<int64_t>(names.size())}, torch::kByte);
   std::copy(names.begin(), names.end(), static_cast<char*>(text.data_ptr()));
   archive.write("names", text, /*is_buffer=*/true);
-  archive.write("sums", torch::tensor(sums, torch::kFloat64), /*is_buffer=*/true);
+  archive.write("sums", torch::tensor(rows, torch::kFloat64), /*is_buffer=*/true);
 }
 
 void MetricLog::load(torch::serialize::InputArchive& archive) {
   clear();
-  torch::Tensor text, sums;
+  torch::Tensor text, rows;
   archive.read("names", text, /*is_buffer=*/true);
-  archive.read("sums", sums, /*is_buffer=*/true);
+  archive.read("sums", rows, /*is_buffer=*/true);
   text = text.to(torch::kByte).contiguous();
-  sums = sums.to(torch::kFloat64).contiguous();
+  rows = rows.to(torch::kFloat64).contiguous();
   const auto* bytes = static_cast<const char*>(text.data_ptr());
   std::vector<std::string> names;
   std::string name;
@@ -218,10 +200,20 @@ void MetricLog::load(torch::serialize::InputArchive& archive) {
       name += bytes[i];
     }
   }
-  TORCH_CHECK(sums.numel() == static_cast<int64_t>(2 * names.size()),
+  TORCH_CHECK(rows.numel() == static_cast<int64_t>(3 * names.size()),
               "the logged sums in the checkpoint do not match their names");
-  const auto* values = sums.data_ptr<double>();
-  for (size_t i = 0; i < names.size(); ++i) restored_[names[i]] = {values[2 * i], values[2 * i + 1]};
+  const auto* values = rows.data_ptr<double>();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const int flags = static_cast<int>(values[3 * i + 2]);
+    Entry& e = entries_[names[i]];
+    e.on_step = (flags & kOnStep) != 0;
+    e.on_epoch = true;
+    e.prog_bar = (flags & kProgBar) != 0;
+    e.sync_dist = (flags & kSyncDist) != 0;
+    e.host_sum = values[3 * i];
+    e.count = values[3 * i + 1];
+    e.restored = true;
+  }
 }
 
 }  // namespace train::detail

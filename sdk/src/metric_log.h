@@ -3,7 +3,7 @@
 // What LightningModule::log collects between two averages: per name, the sum
 // of value x weight and the sum of weights over the epoch (or validation
 // run), and the latest step's value. Averages across ranks go through
-// average_across_ranks: one check that the ranks logged the same names, one
+// sum_across_ranks: one check that the ranks logged the same names, one
 // allreduce for all of them. Owned by one Trainer; used on its thread only.
 
 #include <train/trainer.h>
@@ -23,15 +23,15 @@ struct WeightedSum {
   double count = 0;
 };
 
-/// Σ sum / Σ count of each name over every rank of `group` (none: this
-/// rank's alone); NaN where Σ count is 0. Every rank must pass the same names
-/// in the same order; when one does not, every rank throws
-/// std::runtime_error naming each rank's names that differ from rank 0's.
-/// A collective when `group` has more than one rank: an allgather of 16 bytes
-/// per rank, then one allreduce of two doubles per name.
-std::vector<double> average_across_ranks(c10d::ProcessGroup* group, torch::Device device,
-                                         const std::vector<std::string>& names,
-                                         const std::vector<WeightedSum>& sums);
+/// Σ sum and Σ count of each name over every rank of `group` (none: this
+/// rank's alone). Every rank must pass the same names in the same order;
+/// when one does not, every rank throws std::runtime_error naming each rank's
+/// names that differ from rank 0's. A collective when `group` has more than
+/// one rank: an allgather of 16 bytes per rank, then one allreduce of two
+/// doubles per name.
+std::vector<WeightedSum> sum_across_ranks(c10d::ProcessGroup* group, torch::Device device,
+                                          const std::vector<std::string>& names,
+                                          const std::vector<WeightedSum>& sums);
 
 /// One stage's logged values (training, or validation).
 class MetricLog {
@@ -42,14 +42,14 @@ class MetricLog {
   void add(const std::string& name, const torch::Tensor* tensor, double value, double weight,
            bool on_step, bool on_epoch, bool prog_bar, bool sync_dist);
 
-  /// The averages over the epoch of every on_epoch value, by reported name
-  /// ("x", or "x_epoch" when it is on_step too). A collective (see
-  /// average_across_ranks) on `group`, even with nothing logged.
-  std::map<std::string, double> epoch_values(c10d::ProcessGroup* group, torch::Device device);
-  /// The latest step's on_step values ("x", or "x_step"); `prog_bar_only`
-  /// keeps those logged with prog_bar. A collective, as epoch_values.
-  std::map<std::string, double> step_values(c10d::ProcessGroup* group, torch::Device device,
-                                            bool prog_bar_only);
+  enum class Which { kStep, kEpoch, kBoth };
+  /// Averages by reported name: the epoch's of every on_epoch value ("x", or
+  /// "x_epoch" when it is on_step too) and the latest step's of every on_step
+  /// value ("x", or "x_step"), as `which` asks. A collective (see
+  /// sum_across_ranks) on `group`, even with nothing logged; a name
+  /// that no rank logged since the last clear() has no value.
+  std::map<std::string, double> values(c10d::ProcessGroup* group, torch::Device device,
+                                       Which which);
   /// Whether any value was logged with prog_bar and on_step.
   bool has_prog_bar() const;
   /// Whether `reported` (a name as step_values gives it) was logged with prog_bar.
@@ -57,8 +57,8 @@ class MetricLog {
   /// Forgets everything logged (at the start of an epoch or validation run).
   void clear();
 
-  /// This rank's epoch sums so far, and a resume's return of them: the next
-  /// add() of each name starts from its saved sum.
+  /// This rank's epoch sums so far (with their options), and a resume's
+  /// return of them: the next add() of each name goes on from its saved sum.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 
@@ -71,12 +71,10 @@ class MetricLog {
     double step_value = 0;
     torch::Tensor step_tensor;
     double step_count = 0;
+    bool restored = false;  // from load(), not logged since: takes new options
   };
-  std::map<std::string, double> averages(c10d::ProcessGroup* group, torch::Device device,
-                                         bool step, bool prog_bar_only);
 
   std::map<std::string, Entry> entries_;
-  std::map<std::string, WeightedSum> restored_;  // from load(), until logged again
 };
 
 }  // namespace train::detail

@@ -1,7 +1,5 @@
 #include "replica_check.h"
 
-#include "collectives.h"
-
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,6 +8,8 @@
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+
+#include "collectives.h"
 
 namespace train::detail {
 namespace {

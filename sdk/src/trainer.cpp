@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iostream>
 #include <set>
@@ -45,8 +46,8 @@ Precision precision_from_string(const std::string& text) {
   if (text == "32" || text == "32-true") return Precision::k32;
   if (text == "bf16-mixed" || text == "bf16") return Precision::kBF16Mixed;
   if (text == "16-mixed" || text == "16" || text == "fp16") return Precision::kFP16Mixed;
-  throw std::invalid_argument("precision must be 32, bf16-mixed (bf16) or 16-mixed (16, fp16), got '" +
-                              text + "'");
+  throw std::invalid_argument(
+      "precision must be 32, bf16-mixed (bf16) or 16-mixed (16, fp16), got '" + text + "'");
 }
 
 void LightningModule::validation_step(Batch& /*batch*/, int64_t /*batch_idx*/) {}
@@ -110,6 +111,10 @@ const std::map<std::string, double>& Trainer::callback_metrics() const {
 bool Trainer::has_validation() const {
   return fit_ && fit_->val != nullptr && options_.limit_val_batches() != 0;
 }
+bool Trainer::validation_has_run() const { return fit_ && fit_->validation_ran; }
+bool Trainer::validated_this_epoch() const { return fit_ && fit_->validated_epoch; }
+bool Trainer::is_epoch_end() const { return fit_ && fit_->at_epoch_end; }
+bool Trainer::optimizer_stepped() const { return fit_ && fit_->stepped; }
 
 void Trainer::request_checkpoint() {
   if (fit_) fit_->want_checkpoint = true;
@@ -126,9 +131,10 @@ void Trainer::log(const std::string& name, const torch::Tensor* tensor, double v
                   const LogOptions& options) {
   if (!fit_) throw std::logic_error("train::LightningModule::log: not inside Trainer::fit");
   if (name.empty() || name.find_first_of("\n\r") != std::string::npos) {
-    throw std::invalid_argument("train::LightningModule::log: a metric name must be one "
-                                "non-empty line, got '" +
-                                name + "'");
+    throw std::invalid_argument(
+        "train::LightningModule::log: a metric name must be one "
+        "non-empty line, got '" +
+        name + "'");
   }
   if (tensor != nullptr && tensor->numel() != 1) {
     throw std::invalid_argument("train::LightningModule::log: '" + name +
@@ -137,18 +143,19 @@ void Trainer::log(const std::string& name, const torch::Tensor* tensor, double v
   }
   auto& f = *fit_;
   const bool validating = f.validating;
-  const bool on_step = options.on_step().value_or(!validating);
-  const bool on_epoch = options.on_epoch().value_or(validating);
-  if (validating && on_step) {
+  // Lightning's defaults: per step in training_step, per epoch elsewhere.
+  const bool training_step = f.in_step && !validating;
+  const bool on_step = options.on_step().value_or(training_step);
+  const bool on_epoch = options.on_epoch().value_or(!training_step);
+  if (!training_step && on_step) {
     throw std::invalid_argument("train::LightningModule::log: '" + name +
-                                "' with on_step in validation; validation values are averaged "
-                                "over the run (on_epoch)");
+                                "' with on_step outside training_step; only training steps have "
+                                "step values");
   }
   double weight = static_cast<double>(options.batch_size());
-  if (weight <= 0) weight = static_cast<double>(std::max<int64_t>(f.batch_size, 1));
+  if (weight <= 0) weight = f.in_step ? static_cast<double>(std::max<int64_t>(f.batch_size, 1)) : 1;
   (validating ? f.val_log : f.train_log)
-      .add(name, tensor, value, weight, on_step, on_epoch, options.prog_bar(),
-           options.sync_dist());
+      .add(name, tensor, value, weight, on_step, on_epoch, options.prog_bar(), options.sync_dist());
 }
 
 void Trainer::run_fit(std::shared_ptr<LightningModule> module,
@@ -196,7 +203,8 @@ void Trainer::Fit::run(Trainer& trainer) {
   prepare_model(module, options.model());
   auto config = module->configure_optimizers();
   if (!config.optimizer) {
-    throw std::invalid_argument("train::LightningModule::configure_optimizers returned no optimizer");
+    throw std::invalid_argument(
+        "train::LightningModule::configure_optimizers returned no optimizer");
   }
   optimizer = config.optimizer;
   scheduler = config.scheduler;
@@ -224,10 +232,16 @@ void Trainer::Fit::check_same_setup(const Trainer& trainer) {
         << ", limit_train_batches " << o.limit_train_batches() << ", limit_val_batches "
         << o.limit_val_batches() << ", val_check_interval " << o.val_check_interval()
         << ", check_val_every_n_epoch " << o.check_val_every_n_epoch()
-        << ", accumulate_grad_batches " << o.accumulate_grad_batches()
-        << ", log_every_n_steps " << o.log_every_n_steps() << ", precision "
-        << precision_name(o.precision()) << ", validation " << (val ? "yes" : "no")
-        << ", callbacks [";
+        << ", accumulate_grad_batches " << o.accumulate_grad_batches() << ", log_every_n_steps "
+        << o.log_every_n_steps() << ", gradient_clip_val " << o.gradient_clip_val() << " by "
+        << static_cast<int>(o.gradient_clip_algorithm()) << ", precision "
+        << precision_name(o.precision()) << ", resume " << o.resume() << ", validation "
+        << (val ? "yes" : "no");
+  for (const auto* loader : {&o.train_loader(), &o.val_loader()}) {
+    setup << ", loader batch_size " << loader->batch_size() << " shuffle " << loader->shuffle()
+          << " drop_last " << loader->drop_last() << " seed " << loader->seed();
+  }
+  setup << ", callbacks [";
   for (size_t i = 0; i < trainer.callbacks_.size(); ++i) {
     const auto& c = trainer.callbacks_[i];
     setup << (i ? ", " : "") << c->state_key() << " every " << c->step_interval() << " steps";
@@ -236,10 +250,10 @@ void Trainer::Fit::check_same_setup(const Trainer& trainer) {
   if (auto texts = detail::texts_if_different(*group, device, setup.str())) {
     for (size_t rank = 1; rank < texts->size(); ++rank) {
       if ((*texts)[rank] == (*texts)[0]) continue;
-      throw std::runtime_error("train::Trainer::fit: rank " + std::to_string(rank) +
-                               "'s options or callbacks differ from rank 0's (rank 0: " +
-                               (*texts)[0] + "; rank " + std::to_string(rank) + ": " +
-                               (*texts)[rank] + "); every rank must fit with the same");
+      throw std::runtime_error(
+          "train::Trainer::fit: rank " + std::to_string(rank) +
+          "'s options or callbacks differ from rank 0's (rank 0: " + (*texts)[0] + "; rank " +
+          std::to_string(rank) + ": " + (*texts)[rank] + "); every rank must fit with the same");
     }
   }
 }
@@ -249,6 +263,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   const int64_t first = batch;
   if (first == 0) train_log.clear();
   epoch_done = false;
+  validated_epoch = false;
   for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_start(trainer, *module);
   module->train();
   train->start(epoch, first);
@@ -259,7 +274,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   for (int64_t index = first; index < batches && !steps_done(options); ++index) {
     Batch* next = train->next();
     if (next == nullptr) break;
-    const bool stepped = training_batch(trainer, *next, index, index + 1 == batches);
+    stepped = training_batch(trainer, *next, index, index + 1 == batches);
     batch = index + 1;
     for (const auto& callback : trainer.callbacks_) {
       callback->on_train_batch_end(trainer, *module, *next, index);
@@ -268,14 +283,20 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
     if (divides(options.val_check_interval(), index + 1) && index + 1 < batches &&
         trainer.has_validation()) {
       validate(trainer);
-      sync_point(trainer, SyncKind::kValidation, batches);
+      // Within an accumulation window a checkpoint would lose the gradients
+      // accumulated so far: the requests wait for the next step's sync point.
+      if (stepped) sync_point(trainer, SyncKind::kValidation, batches);
     }
   }
+  stepped = false;
+  at_epoch_end = true;
   if (trainer.has_validation() && divides(options.check_val_every_n_epoch(), epoch + 1)) {
     validate(trainer);
   }
+  in_step = false;
   module->on_train_epoch_end();
-  for (const auto& [name, value] : train_log.epoch_values(group.get(), device)) {
+  for (const auto& [name, value] :
+       train_log.values(group.get(), device, detail::MetricLog::Which::kBoth)) {
     callback_metrics[name] = value;
   }
   if (scheduler && interval == SchedulerInterval::kEpoch) {
@@ -288,6 +309,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   ++epoch;
   batch = 0;
   epoch_done = false;
+  at_epoch_end = false;
 }
 
 bool Trainer::Fit::training_batch(Trainer& trainer, Batch& data, int64_t index, bool last) {
@@ -306,28 +328,32 @@ bool Trainer::Fit::training_batch(Trainer& trainer, Batch& data, int64_t index, 
                                             ? torch::kBFloat16
                                             : torch::kFloat16);
       }
+      in_step = true;
       loss = module->training_step(data, index);
+      in_step = false;
     }
     if (!loss.defined() || loss.numel() != 1) {
-      throw std::runtime_error("train::LightningModule::training_step must return the loss, one "
-                               "number; got " +
-                               (loss.defined() ? "a tensor of shape " + c10::str(loss.sizes())
-                                               : std::string("an undefined tensor")));
+      throw std::runtime_error(
+          "train::LightningModule::training_step must return the loss, one "
+          "number; got " +
+          (loss.defined() ? "a tensor of shape " + c10::str(loss.sizes())
+                          : std::string("an undefined tensor")));
     }
     if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
     (scaler ? scaler->scale(loss) : loss).backward();
   }
   if (accumulating) return false;
   if (scaler) scaler->unscale_(*optimizer);
+  // As Lightning: the hook sees the gradients before clipping.
+  for (const auto& callback : trainer.callbacks_) {
+    callback->on_before_optimizer_step(trainer, *module, *optimizer);
+  }
   if (options.gradient_clip_val() > 0) {
     if (options.gradient_clip_algorithm() == GradientClip::kNorm) {
       torch::nn::utils::clip_grad_norm_(module->parameters(), options.gradient_clip_val());
     } else {
       torch::nn::utils::clip_grad_value_(module->parameters(), options.gradient_clip_val());
     }
-  }
-  for (const auto& callback : trainer.callbacks_) {
-    callback->on_before_optimizer_step(trainer, *module, *optimizer);
   }
   if (scaler) {
     scaler->step(*optimizer);
@@ -369,13 +395,18 @@ void Trainer::Fit::validate(Trainer& trainer) {
                                             ? torch::kBFloat16
                                             : torch::kFloat16);
       }
+      in_step = true;
       module->validation_step(*next, index);
+      in_step = false;
     }
     module->on_validation_epoch_end();
   }
   validating = false;
+  validation_ran = true;
+  validated_epoch = true;
   module->train();
-  for (const auto& [name, value] : val_log.epoch_values(group.get(), device)) {
+  for (const auto& [name, value] :
+       val_log.values(group.get(), device, detail::MetricLog::Which::kEpoch)) {
     callback_metrics[name] = value;
   }
   for (const auto& callback : trainer.callbacks_) callback->on_validation_end(trainer, *module);
@@ -383,27 +414,30 @@ void Trainer::Fit::validate(Trainer& trainer) {
 
 void Trainer::Fit::sync_point(Trainer& trainer, SyncKind kind, int64_t batches) {
   const auto& options = trainer.options_;
-  // The ranks' requests, combined: any rank's counts for all.
-  double flags[3] = {want_report ? 1.0 : 0.0, want_checkpoint ? 1.0 : 0.0, want_stop ? 1.0 : 0.0};
+  const bool print_due =
+      kind == SyncKind::kStep && divides(options.log_every_n_steps(), global_step);
+  // The ranks' requests, combined: any rank's counts for all. Whether to
+  // print is agreed too: printing averages the step values, a collective.
+  auto flag = [](bool b) { return b ? 1.0 : 0.0; };
+  std::array<double, 4> flags{flag(want_report), flag(want_checkpoint), flag(want_stop),
+                              flag(print_due && train_log.has_prog_bar())};
   if (group) {
     std::vector<torch::Tensor> buffer{
-        torch::tensor({flags[0], flags[1], flags[2]}, torch::kFloat64).to(device)};
+        torch::tensor(std::vector<double>(flags.begin(), flags.end()), torch::kFloat64).to(device)};
     c10d::AllreduceOptions max;
     max.reduceOp = c10d::ReduceOp::MAX;
     group->allreduce(buffer, max)->wait();
     auto agreed = buffer[0].cpu();
-    for (int i = 0; i < 3; ++i) flags[i] = agreed[i].item<double>();
+    for (size_t i = 0; i < flags.size(); ++i)
+      flags[i] = agreed[static_cast<int64_t>(i)].item<double>();
   }
   want_report = want_checkpoint = want_stop = false;
   if (flags[2] > 0) stopping = true;
   const bool report_now = flags[0] > 0 || flags[1] > 0;
-  const bool print_now = kind == SyncKind::kStep &&
-                         divides(options.log_every_n_steps(), global_step) &&
-                         train_log.has_prog_bar();
+  const bool print_now = flags[3] > 0;
 
-  Metrics metrics;
   if (kind == SyncKind::kStep && (report_now || print_now)) {
-    auto values = train_log.step_values(group.get(), device, /*prog_bar_only=*/false);
+    auto values = train_log.values(group.get(), device, detail::MetricLog::Which::kStep);
     if (print_now && context.world_rank() == 0) {
       std::ostringstream line;
       line << "epoch " << epoch << " step " << batch << "/" << batches << ":";
@@ -412,11 +446,11 @@ void Trainer::Fit::sync_point(Trainer& trainer, SyncKind kind, int64_t batches) 
       }
       std::cout << line.str() << std::endl;
     }
-    for (const auto& [name, value] : values) metrics.emplace(name, value);
-  } else {
-    for (const auto& [name, value] : callback_metrics) metrics.emplace(name, value);
+    for (const auto& [name, value] : values) callback_metrics[name] = value;
   }
   if (!report_now) return;
+  Metrics metrics;
+  for (const auto& [name, value] : callback_metrics) metrics.emplace(name, value);
   metrics.insert_or_assign("epoch", epoch);
   metrics.insert_or_assign("step", global_step);
   if (flags[1] > 0) {

@@ -63,11 +63,16 @@ struct Trainer::Fit {
   std::optional<GradScaler> scaler;
 
   int64_t epoch = 0;
-  int64_t batch = 0;           // batches of this epoch done
-  bool epoch_done = false;     // its end was reached: a checkpoint resumes at the next
+  int64_t batch = 0;        // batches of this epoch done
+  bool epoch_done = false;  // its end was reached: a checkpoint resumes at the next
   int64_t global_step = 0;
-  int64_t batch_size = 0;      // the current batch's, the weight of what it logs
+  int64_t batch_size = 0;  // the current batch's, the weight of what it logs
   bool validating = false;
+  bool in_step = false;          // in training_step or validation_step
+  bool stepped = false;          // the batch that just ended stepped the optimizer
+  bool at_epoch_end = false;     // validation and on_train_epoch_end of the epoch
+  bool validated_epoch = false;  // this epoch validated
+  bool validation_ran = false;   // any validation ran in this fit
   detail::MetricLog train_log, val_log;
   std::map<std::string, double> callback_metrics;
   bool want_report = false, want_checkpoint = false, want_stop = false;

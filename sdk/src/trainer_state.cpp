@@ -83,6 +83,18 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
   epoch = read_int(state, "epoch");
   batch = read_int(state, "batch");
   global_step = read_int(state, "global_step");
+  stopping = read_int(state, "stopping") != 0;
+  const int64_t saved_world = read_int(state, "world_size");
+  const bool same_world = saved_world == context.world_size();
+  if (!same_world && batch > 0) {
+    // A regroup in the middle of an epoch. A shuffled sampler deals the
+    // epoch's permutation out in turn, so the batches done so far are a
+    // prefix of it: the same prefix in the new world's batches, rounded
+    // down (at most a batch per rank is trained again). An ordered one
+    // deals contiguous blocks: the epoch starts again.
+    batch =
+        trainer.options_.train_loader().shuffle() ? batch * saved_world / context.world_size() : 0;
+  }
   const int64_t steps = read_int(state, "scheduler_steps");
   // LibTorch's schedulers keep their count to themselves: replay it, then
   // the optimizer's state puts back the learning rates it had.
@@ -112,13 +124,15 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
     if (device.is_cuda() && mine.try_read("rng.cuda", cuda, /*is_buffer=*/true)) {
       set_generator_state(device, cuda);
     }
+    // The ranks' partial sums hold for the same ranks only.
     torch::serialize::InputArchive log;
-    if (batch > 0 && mine.try_read("log", log)) train_log.load(log);
+    if (batch > 0 && same_world && mine.try_read("log", log)) train_log.load(log);
   }
   if (context.world_rank() == 0) {
-    std::cout << "train::Trainer: resuming at epoch " << epoch << ", batch " << batch
-              << " (step " << global_step << ") from " << checkpoint.path().string()
-              << std::endl;
+    std::cout << "train::Trainer: resuming at epoch " << epoch << ", batch " << batch << " (step "
+              << global_step << ") from " << checkpoint.path().string();
+    if (!same_world) std::cout << ", saved by " << saved_world << " workers";
+    std::cout << std::endl;
   }
 }
 
@@ -133,6 +147,7 @@ void Trainer::Fit::save_checkpoint(Trainer& trainer, const std::filesystem::path
     write_int(state, "global_step", global_step);
     write_int(state, "scheduler_steps", scheduler_steps);
     write_int(state, "world_size", context.world_size());
+    write_int(state, "stopping", stopping ? 1 : 0);
     if (scaler) {
       torch::serialize::OutputArchive nested;
       scaler->save(nested);

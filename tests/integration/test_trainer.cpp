@@ -36,46 +36,78 @@ std::string line_with(const std::string& output, const std::string& start) {
   return "";
 }
 
-}  // namespace
-
-TEST_CASE("trainer: a rank killed mid-epoch resumes there and computes the uninterrupted losses") {
-  Sandbox box;
-  const std::string config =
-      "--config epochs=2 --config batches=8 --config report_steps=1 --config checkpoint_steps=3";
+// Runs `config` whole and again with `failure` (a kill -9 of rank 1, with
+// --max-failures 1), and checks that the resumed run computed what the whole
+// one did: every step's loss and learning rate (StepLR), every epoch's mean
+// loss and validation loss. The model, optimizer, scheduler, the sampler's
+// position, dropout's generator and the epoch's partial sums all came back.
+// Returns both runs' reports.
+std::pair<std::vector<nlohmann::json>, std::vector<nlohmann::json>> check_resume_is_exact(
+    Sandbox& box, const std::string& config, const std::string& failure,
+    const std::string& resumed_at) {
   auto whole = box.run(trainer_run("whole", config));
   INFO(whole.output);
   REQUIRE(whole.exit_code == 0);
   auto marker = (box.root() / "failed-once").string();
-  auto resumed = box.run(trainer_run("resumed", config + " --max-failures 1 --config fail_step=5" +
-                                                    " --config marker=" + marker));
+  auto resumed = box.run(trainer_run(
+      "resumed", config + " --max-failures 1 --config marker=" + marker + " " + failure));
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   CHECK(resumed.output.find("was killed by SIGKILL") != std::string::npos);
-  // The checkpoint of step 3: epoch 0, batch 3.
-  CHECK(resumed.output.find("resuming at epoch 0, batch 3 (step 3)") != std::string::npos);
-
+  CHECK(resumed.output.find("resuming at " + resumed_at) != std::string::npos);
   auto a = read_jsonl(box.run_dir("whole") / "result.jsonl");
   auto b = read_jsonl(box.run_dir("resumed") / "result.jsonl");
-  // Step 4 was reported twice: before the kill (after step 5, before its
-  // report) and again after the resume from step 3.
-  CHECK(b.size() == a.size() + 1);
-  // Every step's loss and learning rate (StepLR), and every epoch's mean loss
-  // and validation loss, as if nothing had happened: the model, optimizer,
-  // scheduler, sampler position, dropout's generator and the epoch's partial
-  // sums all came back.
   for (const std::string metric : {"loss_step", "lr", "loss_epoch", "val_loss"}) {
     CAPTURE(metric);
     auto expected = by_step(a, metric);
     CHECK(expected.size() >= 2);
     CHECK((by_step(b, metric) == expected));
   }
+  return {a, b};
+}
+
+}  // namespace
+
+TEST_CASE("trainer: a rank killed mid-epoch resumes there and computes the uninterrupted losses") {
+  Sandbox box;
+  // A checkpoint every 3 steps; rank 1 dies after step 5, before its report.
+  auto [a, b] = check_resume_is_exact(
+      box,
+      "--config epochs=2 --config batches=8 --config report_steps=1 --config checkpoint_steps=3",
+      "--config fail_step=5", "epoch 0, batch 3 (step 3)");
+  // Step 4 was reported twice: before the kill and after the resume from step 3.
+  CHECK(b.size() == a.size() + 1);
   CHECK(by_step(a, "loss_step").size() == 16);
   // 10 validation samples per rank in batches of 4, 4 and 2: the batch size
   // weighted by batch size is 36/10, where a mean of batch means would be 10/3.
   CHECK(by_step(a, "batch_size").begin()->second == doctest::Approx(3.6));
 }
 
-TEST_CASE("trainer: the top-k and early stopping survive a kill -9 and stop where they would have") {
+TEST_CASE("trainer: with gradient accumulation and a progress value on one rank only, too") {
+  Sandbox box;
+  // 8 batches, a step every 2; a checkpoint every 2 steps (batch 4); rank 1
+  // dies after step 3. Only rank 0 asks for the loss on the progress line:
+  // every rank averages it anyway, no rank waits alone.
+  check_resume_is_exact(box,
+                        "--config epochs=2 --config batches=8 --config accumulate=2"
+                        " --config report_steps=1 --config checkpoint_steps=2 --config log_every=1"
+                        " --config prog_bar_rank0=true",
+                        "--config fail_step=3", "epoch 0, batch 4 (step 2)");
+}
+
+TEST_CASE("trainer: a checkpoint at an epoch's last batch resumes into that epoch's validation") {
+  Sandbox box;
+  // Checkpoints at steps 4 and 8 (the epoch's last batch); rank 1 dies in
+  // the validation that follows: the resumed run trains no batch of epoch 0,
+  // and its epoch mean comes from the saved partial sums alone.
+  check_resume_is_exact(
+      box,
+      "--config epochs=2 --config batches=8 --config report_steps=1 --config checkpoint_steps=4",
+      "--config fail_in_validation=true", "epoch 0, batch 8 (step 8)");
+}
+
+TEST_CASE(
+    "trainer: the top-k and early stopping survive a kill -9 and stop where they would have") {
   Sandbox box;
   // Scores per epoch: best 5, 3, (4), 2, then 6 twice: patience 2 stops after epoch 5.
   const std::string config =
@@ -86,8 +118,8 @@ TEST_CASE("trainer: the top-k and early stopping survive a kill -9 and stop wher
   REQUIRE(whole.exit_code == 0);
   auto marker = (box.root() / "failed-once").string();
   // Killed in epoch 4 (steps 9 and 10), after epoch 3's checkpoint.
-  auto resumed = box.run(trainer_run("resumed", config + " --max-failures 1 --config fail_step=9" +
-                                                    " --config marker=" + marker));
+  auto resumed = box.run(trainer_run(
+      "resumed", config + " --max-failures 1 --config fail_step=9" + " --config marker=" + marker));
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   CHECK(resumed.output.find("resuming at epoch 4, batch 0 (step 8)") != std::string::npos);
@@ -105,18 +137,21 @@ TEST_CASE("trainer: the top-k and early stopping survive a kill -9 and stop wher
     }
     return names;
   };
-  CHECK((kept("whole") == std::set<std::string>{"checkpoint_000001", "checkpoint_000003",
-                                                 "checkpoint_000005"}));
+  CHECK((kept("whole") ==
+         std::set<std::string>{"checkpoint_000001", "checkpoint_000003", "checkpoint_000005"}));
   CHECK((kept("resumed") == kept("whole")));
 }
 
 TEST_CASE("trainer: ranks that log different names fail with both lists instead of hanging") {
   Sandbox box;
-  auto run = box.run(trainer_run("m", "--config epochs=1 --config batches=2 --config mismatch=true"));
+  auto run =
+      box.run(trainer_run("m", "--config epochs=1 --config batches=2 --config mismatch=true"));
   INFO(run.output);
   CHECK(run.exit_code == 1);
   CHECK(run.output.find("the ranks logged different metrics to average") != std::string::npos);
-  CHECK(run.output.find("rank 1 [loss_epoch, only_rank_1_epoch]") != std::string::npos);
+  CHECK(run.output.find("rank 0 logged [loss_step, loss_epoch, lr], rank 1 [loss_step, "
+                        "loss_epoch, lr, only_rank_1_step, only_rank_1_epoch]") !=
+        std::string::npos);
 }
 
 TEST_CASE("trainer: the Lightning FashionMNIST example trains, validates and checkpoints") {

@@ -6,10 +6,11 @@
 // (0: report every epoch only), checkpoint_steps (0: a checkpoint every
 // epoch), accumulate (1), clip (0), precision ("32"), fail_step and marker
 // (rank `fail_rank` (1) kills itself with SIGKILL after that optimizer step,
-// once: the marker file says it did), mismatch (rank 1 logs a name the others
-// do not), scores (a list "5,3,4" of the validation score per epoch, for
-// ModelCheckpoint(monitor score, top 2) and EarlyStopping(patience)),
-// patience (2).
+// once: the marker file says it did; with fail_in_validation, in epoch 0's
+// validation instead), prog_bar_rank0 (only rank 0 logs the loss with
+// prog_bar), mismatch (rank 1 logs a name the others do not), scores (a list "5,3,4" of the
+// validation score per epoch, for ModelCheckpoint(monitor score, top 2) and
+// EarlyStopping(patience)), patience (2).
 
 #include <train/train.h>
 
@@ -53,22 +54,28 @@ std::vector<double> numbers(const std::string& list) {
 
 struct Net : train::LightningModule {
   explicit Net(const train::Config& config)
-      : mismatch(config.get<bool>("mismatch", false)), scores(numbers(config.get("scores", ""))) {}
+      : mismatch(config.get<bool>("mismatch", false)),
+        prog_bar_rank0(config.get<bool>("prog_bar_rank0", false)),
+        scores(numbers(config.get("scores", ""))),
+        marker(config.get<bool>("fail_in_validation", false) ? config.get("marker", "") : ""),
+        fail_rank(config.get<int>("fail_rank", 1)) {}
 
   torch::nn::Linear hidden{register_module("hidden", torch::nn::Linear(kFeatures, 16))};
   torch::nn::Dropout dropout{register_module("dropout", torch::nn::Dropout(0.3))};
   torch::nn::Linear out{register_module("out", torch::nn::Linear(16, 2))};
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   bool mismatch;
+  bool prog_bar_rank0;
   std::vector<double> scores;
+  std::string marker;  // kill in validation, once
+  int fail_rank;
 
-  torch::Tensor forward(const torch::Tensor& x) {
-    return out(dropout(torch::relu(hidden(x))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return out(dropout(torch::relu(hidden(x)))); }
 
   torch::Tensor training_step(train::Batch& batch, int64_t) override {
     auto loss = torch::nn::functional::cross_entropy(forward(batch.data), batch.target);
-    log("loss", loss, train::LogOptions().on_step(true).on_epoch(true).prog_bar(true));
+    const bool prog_bar = !prog_bar_rank0 || train::get_context().world_rank() == 0;
+    log("loss", loss, train::LogOptions().on_step(true).on_epoch(true).prog_bar(prog_bar));
     log("lr", optimizer->param_groups()[0].options().get_lr(),
         train::LogOptions().on_step(true).on_epoch(false));
     if (mismatch && train::get_context().world_rank() == 1) {
@@ -78,6 +85,12 @@ struct Net : train::LightningModule {
   }
 
   void validation_step(train::Batch& batch, int64_t) override {
+    if (!marker.empty() && current_epoch() == 0 && train::get_context().world_rank() == fail_rank &&
+        !std::filesystem::exists(marker)) {
+      std::ofstream(marker) << "failed\n";
+      std::cout << "failing in validation" << std::endl;
+      std::raise(SIGKILL);
+    }
     auto output = forward(batch.data);
     log("val_loss", torch::nn::functional::cross_entropy(output, batch.target));
     // The batch's size, averaged with batch sizes as weights: Σn²/Σn.
@@ -126,7 +139,8 @@ class PrintState : public train::Callback {
     for (const auto& callback : trainer.callbacks()) {
       if (auto* c = dynamic_cast<train::ModelCheckpoint*>(callback.get())) {
         std::cout << "best_k:";
-        for (const auto& [step, score] : c->best_k_models()) std::cout << " " << step << "=" << score;
+        for (const auto& [step, score] : c->best_k_models())
+          std::cout << " " << step << "=" << score;
         std::cout << std::endl;
       }
       if (auto* e = dynamic_cast<train::EarlyStopping*>(callback.get())) {
@@ -153,22 +167,23 @@ void fit(const train::Config& config) {
         train::EarlyStoppingOptions().monitor("score").patience(config.get<int>("patience", 2))));
   } else {
     callbacks.push_back(std::make_shared<train::ModelCheckpoint>(
-        train::ModelCheckpointOptions().every_n_train_steps(config.get<int>("checkpoint_steps", 0))));
+        train::ModelCheckpointOptions().every_n_train_steps(
+            config.get<int>("checkpoint_steps", 0))));
   }
-  if (auto marker = config.get("marker", ""); !marker.empty()) {
+  if (auto marker = config.get("marker", "");
+      !marker.empty() && !config.get<bool>("fail_in_validation", false)) {
     callbacks.push_back(std::make_shared<FailOnce>(config.get<int>("fail_step", 5),
                                                    config.get<int>("fail_rank", 1), marker));
   }
-  train::Trainer trainer(
-      train::TrainerOptions()
-          .max_epochs(config.get<int>("epochs", 3))
-          .accumulate_grad_batches(config.get<int>("accumulate", 1))
-          .gradient_clip_val(config.get<double>("clip", 0))
-          .precision(train::precision_from_string(config.get("precision", "32")))
-          .log_every_n_steps(config.get<int>("log_every", 4))
-          .train_loader(train::LoaderOptions().batch_size(kBatch))
-          .val_loader(train::LoaderOptions().batch_size(kBatch)),
-      callbacks);
+  train::Trainer trainer(train::TrainerOptions()
+                             .max_epochs(config.get<int>("epochs", 3))
+                             .accumulate_grad_batches(config.get<int>("accumulate", 1))
+                             .gradient_clip_val(config.get<double>("clip", 0))
+                             .precision(train::precision_from_string(config.get("precision", "32")))
+                             .log_every_n_steps(config.get<int>("log_every", 4))
+                             .train_loader(train::LoaderOptions().batch_size(kBatch))
+                             .val_loader(train::LoaderOptions().batch_size(kBatch)),
+                         callbacks);
   // 10 validation samples per rank: batches of 4, 4 and 2.
   trainer.fit(std::make_shared<Net>(config), Synthetic(batches * kBatch * world),
               Synthetic(10 * world));

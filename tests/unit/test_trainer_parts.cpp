@@ -41,7 +41,7 @@ TEST_CASE("trainer logs: epoch means are weighted by batch size across ranks, in
       log.add("loss", nullptr, 2.0, 5, false, true, false, true);
       add(log, "acc", 0.0, 5);
     }
-    auto values = log.epoch_values(group.get(), torch::kCPU);
+    auto values = log.values(group.get(), torch::kCPU, MetricLog::Which::kEpoch);
     // (1*4 + 6*1 + 2*5) / 10, not the mean of the ranks' means (2 and 2).
     CHECK(values.at("loss") == doctest::Approx(2.0));
     CHECK(values.at("acc") == doctest::Approx((0.5 * 4 + 1.0) / 10));
@@ -55,7 +55,7 @@ TEST_CASE("trainer logs: ranks that log different names all fail, naming each li
       MetricLog log;
       add(log, "loss", 1, 1);
       if (rank == 2) add(log, "extra", 1, 1);
-      log.epoch_values(group.get(), torch::kCPU);
+      log.values(group.get(), torch::kCPU, MetricLog::Which::kEpoch);
     });
   } catch (const std::runtime_error& e) {
     error = e.what();
@@ -68,16 +68,17 @@ TEST_CASE("trainer logs: ranks that log different names all fail, naming each li
   CHECK(error.find("rank 0 logged [loss], rank 2 [extra, loss]") != std::string::npos);
 }
 
-TEST_CASE("trainer logs: step and epoch values keep their names apart, and unsynced values stay local") {
+TEST_CASE(
+    "trainer logs: step and epoch values keep their names apart, and unsynced values stay local") {
   run_ranks(2, [](int rank, Group group) {
     MetricLog log;
     auto loss = torch::tensor(static_cast<double>(rank + 1));
     log.add("loss", &loss, 0, 2, /*on_step=*/true, /*on_epoch=*/true, /*prog_bar=*/true, true);
     log.add("local", nullptr, rank * 10.0, 1, true, false, false, /*sync_dist=*/false);
-    auto step = log.step_values(group.get(), torch::kCPU, false);
+    auto step = log.values(group.get(), torch::kCPU, MetricLog::Which::kStep);
     CHECK(step.at("loss_step") == doctest::Approx(1.5));
     CHECK(step.at("local") == doctest::Approx(rank * 10.0));
-    auto epoch = log.epoch_values(group.get(), torch::kCPU);
+    auto epoch = log.values(group.get(), torch::kCPU, MetricLog::Which::kEpoch);
     CHECK(epoch.size() == 1);
     CHECK(epoch.at("loss_epoch") == doctest::Approx(1.5));
     CHECK(log.is_prog_bar("loss_step"));
@@ -100,9 +101,20 @@ TEST_CASE("trainer logs: a resumed epoch's sums go on from the saved ones") {
   after.load(in);
   after.add("loss", &value, 0, 4, true, true, false, true);
   after.add("val/acc", nullptr, 1.0, 2, false, true, false, true);
-  auto values = after.epoch_values(nullptr, torch::kCPU);
+  auto values = after.values(nullptr, torch::kCPU, MetricLog::Which::kEpoch);
   CHECK(values.at("loss_epoch") == doctest::Approx(0.25));
   CHECK(values.at("val/acc") == doctest::Approx(0.75));
+
+  // Resumed at the epoch's last batch: nothing is logged again, the sums stand.
+  MetricLog untouched;
+  torch::serialize::InputArchive again;
+  bytes.seekg(0);
+  again.load_from(bytes);
+  untouched.load(again);
+  auto both = untouched.values(nullptr, torch::kCPU, MetricLog::Which::kBoth);
+  CHECK(both.at("loss_epoch") == doctest::Approx(0.25));
+  CHECK(both.at("val/acc") == doctest::Approx(0.5));
+  CHECK(both.count("loss_step") == 0);  // no step since the resume
 }
 
 TEST_CASE("model checkpoint: the top k by the monitored value, and the latest without one") {
@@ -121,6 +133,7 @@ TEST_CASE("model checkpoint: the top k by the monitored value, and the latest wi
   CHECK(latest.best_k_models().front().first == 3);
   CHECK(latest.best_k_models().size() == 2);
 
+  CHECK_FALSE(best.consider(5, std::nan("")));  // a diverged value never displaces a kept one
   train::ModelCheckpoint none(train::ModelCheckpointOptions().monitor("x").save_top_k(0));
   CHECK_FALSE(none.consider(1, 1.0));
   CHECK_THROWS_AS(train::ModelCheckpoint(train::ModelCheckpointOptions().save_top_k(-2)),
@@ -141,6 +154,9 @@ TEST_CASE("early stopping: patience counts checks without an improvement larger 
   CHECK_FALSE(stop.update(0.55));
   CHECK(stop.update(0.59));
   CHECK(stop.best_score() == 0.6);
+  train::EarlyStopping finite(train::EarlyStoppingOptions().monitor("loss").patience(5));
+  CHECK_FALSE(finite.update(1.0));
+  CHECK(finite.update(std::nan("")));  // NaN stops at once, as Lightning's check_finite
   CHECK_THROWS_AS(train::EarlyStopping(train::EarlyStoppingOptions()), std::invalid_argument);
   CHECK_THROWS_AS(train::EarlyStopping(train::EarlyStoppingOptions().monitor("x").patience(-1)),
                   std::invalid_argument);
@@ -180,7 +196,8 @@ TEST_CASE("metric: states combine across ranks once, at compute, and stay local 
     // Rank 0 saw 1, 2, 3; rank 1 saw 10 (a different number of values to gather).
     metric.update(rank == 0 ? torch::tensor({1.0f, 2.0f, 3.0f}) : torch::tensor({10.0f}));
     auto value = metric.compute();
-    CHECK((torch::equal(value, torch::tensor({16.0f, 4.0f, 10.0f, 1.0f, 1.0f, 2.0f, 3.0f, 10.0f}))));
+    CHECK(
+        (torch::equal(value, torch::tensor({16.0f, 4.0f, 10.0f, 1.0f, 1.0f, 2.0f, 3.0f, 10.0f}))));
     metric.reset();
     metric.update(torch::tensor({5.0f}));
     CHECK((torch::equal(metric.compute(), torch::tensor({10.0f, 2.0f, 5.0f, 5.0f, 5.0f, 5.0f}))));
@@ -219,7 +236,13 @@ TEST_CASE("trainer options: precision names and values out of range") {
   CHECK_THROWS_AS(train::Trainer(train::TrainerOptions().accumulate_grad_batches(0)),
                   std::invalid_argument);
   CHECK_THROWS_AS(train::Trainer(train::TrainerOptions(), {nullptr}), std::invalid_argument);
-  CHECK_THROWS_AS(train::Trainer(train::TrainerOptions(), {std::make_shared<train::ReportCallback>(),
-                                                           std::make_shared<train::ReportCallback>()}),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      train::Trainer(train::TrainerOptions(), {std::make_shared<train::ReportCallback>(),
+                                               std::make_shared<train::ReportCallback>()}),
+      std::invalid_argument);
+  // Two checkpoint callbacks with different monitors have different keys.
+  CHECK_NOTHROW(train::Trainer(
+      train::TrainerOptions(),
+      {std::make_shared<train::ModelCheckpoint>(train::ModelCheckpointOptions().monitor("a")),
+       std::make_shared<train::ModelCheckpoint>(train::ModelCheckpointOptions().monitor("b"))}));
 }

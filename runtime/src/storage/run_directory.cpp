@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -422,8 +423,10 @@ bool ranks_before(const CheckpointInfo& a, const CheckpointInfo& b,
   auto score = [&](const CheckpointInfo& c) {
     return c.metrics.is_object() ? c.metrics.value(attribute, json()) : json();
   };
+  // A missing score, or NaN (which orders against nothing), ranks last.
+  auto usable = [](const json& s) { return s.is_number() && !std::isnan(s.get<double>()); };
   auto sa = score(a), sb = score(b);
-  if (!sa.is_number() || !sb.is_number()) return sa.is_number() && !sb.is_number();
+  if (!usable(sa) || !usable(sb)) return usable(sa) && !usable(sb);
   return config.score_max ? sa.get<double>() > sb.get<double>()
                           : sa.get<double>() < sb.get<double>();
 }

@@ -117,7 +117,11 @@ struct ModelCheckpointOptions {
 /// Saves checkpoints (the model, optimizer, scheduler, loop position, every
 /// callback's state, each rank's random generators) through train::report, as
 /// Lightning's ModelCheckpoint does, keeping track of the best save_top_k by
-/// `monitor`. Its record of the best lives in the checkpoint, so a restart or
+/// `monitor` (a NaN is never among them). It checks at epoch ends (with
+/// validation: those that validated), after validations within an epoch
+/// (with a monitor), and every every_n_train_steps optimizer steps; a
+/// monitor not logged yet is skipped until validation has run, an error
+/// after. Its record of the best lives in the checkpoint, so a restart or
 /// an elastic regroup keeps it. The run's retention deletes checkpoints: run
 /// with `--num-to-keep K --checkpoint-score-attribute MONITOR
 /// --checkpoint-score-order min|max` to keep on storage exactly the top K
@@ -127,9 +131,12 @@ struct ModelCheckpointOptions {
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
+  /// "ModelCheckpoint{monitor=..., mode=..., every_n_train_steps=..., every_n_epochs=...}".
+  std::string state_key() const override;
   int64_t step_interval() const override { return options_.every_n_train_steps(); }
   void on_train_batch_end(Trainer& trainer, LightningModule& module, const Batch& batch,
                           int64_t batch_idx) override;
+  void on_validation_end(Trainer& trainer, LightningModule& module) override;
   void on_train_epoch_end(Trainer& trainer, LightningModule& module) override;
   void on_save_checkpoint(Trainer& trainer, torch::serialize::OutputArchive& archive) override;
   void on_load_checkpoint(Trainer& trainer, torch::serialize::InputArchive& archive) override;
@@ -150,6 +157,7 @@ class ModelCheckpoint : public Callback {
 
   ModelCheckpointOptions options_;
   std::vector<std::pair<int64_t, double>> best_;  // best first
+  int64_t last_step_ = -1;                        // the step last checked
 };
 
 /// Options of EarlyStopping.
@@ -166,14 +174,16 @@ struct EarlyStoppingOptions {
   TORCH_ARG(bool, strict) = true;
 };
 
-/// Stops fit when `monitor` has not improved for `patience` checks in a row
-/// (Lightning's EarlyStopping). It checks after each validation run, or at
-/// each epoch end when there is no validation. The decision is the same on
+/// Stops fit when `monitor` has not improved for `patience` checks in a row,
+/// or is NaN or infinite (Lightning's EarlyStopping). It checks after each
+/// validation run, or at each epoch end when there is no validation. The decision is the same on
 /// every rank, and its count survives a restart (it is in the checkpoint).
 class EarlyStopping : public Callback {
  public:
   /// Throws std::invalid_argument when the monitor is empty or patience < 0.
   explicit EarlyStopping(EarlyStoppingOptions options);
+  /// "EarlyStopping{monitor=..., mode=...}".
+  std::string state_key() const override;
   void on_validation_end(Trainer& trainer, LightningModule& module) override;
   void on_train_epoch_end(Trainer& trainer, LightningModule& module) override;
   void on_save_checkpoint(Trainer& trainer, torch::serialize::OutputArchive& archive) override;
@@ -184,7 +194,9 @@ class EarlyStopping : public Callback {
   double best_score() const { return best_; }
   /// The epoch in which it stopped training (-1: not stopped).
   int64_t stopped_epoch() const { return stopped_epoch_; }
-  /// Takes one value; returns whether training should stop. Pure.
+  /// Takes one value; returns whether training should stop: `patience`
+  /// values in a row without improvement, or one that is NaN or infinite.
+  /// Pure.
   bool update(double value);
 
  private:

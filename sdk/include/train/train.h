@@ -16,8 +16,8 @@
 #include <train/config.h>
 #include <train/context.h>
 #include <train/data.h>
-#include <train/metric.h>
 #include <train/distributed.h>
+#include <train/metric.h>
 #include <train/model.h>
 #include <train/plugin.h>
 #include <train/report.h>

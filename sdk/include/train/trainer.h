@@ -75,18 +75,20 @@ struct OptimizerConfig {
 /// Options of LightningModule::log (Lightning's self.log arguments).
 struct LogOptions {
   /// Keep the value of each step (reported every ReportOptions::every_n_steps
-  /// and printed every log_every_n_steps). Default: true in training_step,
-  /// false in validation_step.
+  /// and printed every log_every_n_steps; the latest is in
+  /// callback_metrics()). Only in training_step, where it is the default.
   TORCH_ARG(c10::optional<bool>, on_step) = c10::nullopt;
   /// Average the values over the epoch (over the validation run in
   /// validation_step), weighted by batch size. Default: false in
-  /// training_step, true in validation_step. Both on: the metrics are
-  /// reported as NAME_step and NAME_epoch.
+  /// training_step, true everywhere else (validation_step, the epoch-end
+  /// hooks, where the weight is 1). Both on: the metrics are reported as
+  /// NAME_step and NAME_epoch.
   TORCH_ARG(c10::optional<bool>, on_epoch) = c10::nullopt;
   /// Print it on rank 0 every TrainerOptions::log_every_n_steps steps.
   TORCH_ARG(bool, prog_bar) = false;
   /// Average across ranks too: Σ value·n / Σ n over every rank's batches, all
-  /// metrics in one allreduce. False: rank 0's own values are reported.
+  /// metrics in one allreduce. False: each rank's own values (rank 0's are
+  /// reported; each rank's callbacks see its own).
   TORCH_ARG(bool, sync_dist) = true;
   /// The weight n of this value; 0: the current batch's size.
   TORCH_ARG(int64_t, batch_size) = 0;
@@ -225,7 +227,8 @@ class LoaderStream final : public BatchStream {
 class Trainer {
  public:
   /// Throws std::invalid_argument for an option out of range (a count below
-  /// its least value, kFP16Mixed on the CPU) or a null callback.
+  /// its least value), a null callback or two callbacks with one state_key();
+  /// fit throws it for kFP16Mixed on the CPU.
   explicit Trainer(TrainerOptions options = {},
                    std::vector<std::shared_ptr<Callback>> callbacks = {});
   ~Trainer();
@@ -249,9 +252,8 @@ class Trainer {
     static_assert(std::is_base_of_v<LightningModule, Module>,
                   "Trainer::fit takes a module derived from train::LightningModule");
     auto train = stream(std::move(train_set), options_.train_loader());
-    auto val = stream(std::move(val_set), LoaderOptions(options_.val_loader())
-                                              .shuffle(false)
-                                              .allow_duplicates(false));
+    auto val = stream(std::move(val_set),
+                      LoaderOptions(options_.val_loader()).shuffle(false).allow_duplicates(false));
     run_fit(module, std::move(train), std::move(val));
   }
 
@@ -263,6 +265,15 @@ class Trainer {
   const std::map<std::string, double>& callback_metrics() const;
   /// Whether fit validates (it was given a validation set and may use it).
   bool has_validation() const;
+  /// Whether a validation ran in this fit, and in this epoch.
+  bool validation_has_run() const;
+  bool validated_this_epoch() const;
+  /// Whether the loop is at the end of an epoch (its validation and
+  /// on_train_epoch_end), rather than within it.
+  bool is_epoch_end() const;
+  /// Whether the batch that just ended stepped the optimizer (false within
+  /// gradient accumulation and at the epoch's end).
+  bool optimizer_stepped() const;
   const TrainerOptions& options() const { return options_; }
   /// The callbacks, the added defaults included.
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
@@ -286,8 +297,7 @@ class Trainer {
     auto loader = prepare_data_loader(std::move(dataset), options);
     return std::make_unique<detail::LoaderStream<decltype(loader)>>(std::move(loader));
   }
-  void run_fit(std::shared_ptr<LightningModule> module,
-               std::unique_ptr<detail::BatchStream> train,
+  void run_fit(std::shared_ptr<LightningModule> module, std::unique_ptr<detail::BatchStream> train,
                std::unique_ptr<detail::BatchStream> val);
   void log(const std::string& name, const torch::Tensor* tensor, double value,
            const LogOptions& options);
