@@ -24,6 +24,13 @@ void require(bool condition, const std::string& message) {
 
 bool divides(int64_t every, int64_t count) { return every > 0 && count % every == 0; }
 
+// The forward pass's autocast for `precision`: none for float32.
+void enter_autocast(std::optional<Autocast>& scope, Precision precision, torch::Device device) {
+  if (precision == Precision::k32) return;
+  scope.emplace(device.type(),
+                precision == Precision::kBF16Mixed ? torch::kBFloat16 : torch::kFloat16);
+}
+
 // The Trainer's own callbacks, kept apart from the user's for the checks below.
 template <typename Kind>
 bool has(const std::vector<std::shared_ptr<Callback>>& callbacks) {
@@ -323,11 +330,7 @@ bool Trainer::Fit::training_batch(Trainer& trainer, Batch& data, int64_t index, 
     torch::Tensor loss;
     {
       std::optional<Autocast> autocast;
-      if (options.precision() != Precision::k32) {
-        autocast.emplace(device.type(), options.precision() == Precision::kBF16Mixed
-                                            ? torch::kBFloat16
-                                            : torch::kFloat16);
-      }
+      enter_autocast(autocast, options.precision(), device);
       in_step = true;
       loss = module->training_step(data, index);
       in_step = false;
@@ -390,11 +393,7 @@ void Trainer::Fit::validate(Trainer& trainer) {
       if (next == nullptr) break;
       batch_size = next->data.dim() > 0 ? next->data.size(0) : 1;
       std::optional<Autocast> autocast;
-      if (options.precision() != Precision::k32) {
-        autocast.emplace(device.type(), options.precision() == Precision::kBF16Mixed
-                                            ? torch::kBFloat16
-                                            : torch::kFloat16);
-      }
+      enter_autocast(autocast, options.precision(), device);
       in_step = true;
       module->validation_step(*next, index);
       in_step = false;

@@ -142,6 +142,29 @@ TEST_CASE(
   CHECK((kept("resumed") == kept("whole")));
 }
 
+TEST_CASE(
+    "trainer: validations within an epoch are checked by ModelCheckpoint, gradients clipped by "
+    "value") {
+  Sandbox box;
+  // Validation after batches 3 and 6 and at the epoch's end: three checks,
+  // each saving (save_last), with gradients clipped by value.
+  auto run =
+      box.run(trainer_run("v",
+                          "--config epochs=1 --config batches=8 --config val_every=3"
+                          " --config scores=1,1 --config clip=0.001 --config clip_by_value=true"));
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto reports = read_reports(box.run_dir("v") / "result.jsonl");
+  REQUIRE(reports.size() == 3);
+  std::vector<int64_t> steps;
+  for (const auto& r : reports) {
+    CHECK(r.contains("checkpoint"));
+    CHECK(r["metrics"].contains("val_loss"));
+    steps.push_back(r["metrics"]["step"].get<int64_t>());
+  }
+  CHECK((steps == std::vector<int64_t>{3, 6, 8}));
+}
+
 TEST_CASE("trainer: ranks that log different names fail with both lists instead of hanging") {
   Sandbox box;
   auto run =

@@ -8,7 +8,8 @@
 // (rank `fail_rank` (1) kills itself with SIGKILL after that optimizer step,
 // once: the marker file says it did; with fail_in_validation, in epoch 0's
 // validation instead), prog_bar_rank0 (only rank 0 logs the loss with
-// prog_bar), mismatch (rank 1 logs a name the others do not), scores (a list "5,3,4" of the
+// prog_bar), val_every (0: validate at epoch ends only), mismatch (rank 1
+// logs a name the others do not), scores (a list "5,3,4" of the
 // validation score per epoch, for ModelCheckpoint(monitor score, top 2) and
 // EarlyStopping(patience)), patience (2).
 
@@ -179,6 +180,10 @@ void fit(const train::Config& config) {
                              .max_epochs(config.get<int>("epochs", 3))
                              .accumulate_grad_batches(config.get<int>("accumulate", 1))
                              .gradient_clip_val(config.get<double>("clip", 0))
+                             .gradient_clip_algorithm(config.get<bool>("clip_by_value", false)
+                                                          ? train::GradientClip::kValue
+                                                          : train::GradientClip::kNorm)
+                             .val_check_interval(config.get<int>("val_every", 0))
                              .precision(train::precision_from_string(config.get("precision", "32")))
                              .log_every_n_steps(config.get<int>("log_every", 4))
                              .train_loader(train::LoaderOptions().batch_size(kBatch))
