@@ -23,8 +23,8 @@ std::optional<double> monitored(const Trainer& trainer, const std::string& name)
   return it->second;
 }
 
-// Whether a callback that found no `monitor` waits (validation, where it
-// would be logged, has not run yet) rather than fails, as Lightning's do.
+// Whether an EarlyStopping that found no `monitor` waits (validation, where
+// it would be logged, has not run yet) rather than fails.
 bool missing_is_early(const Trainer& trainer) {
   return trainer.has_validation() && !trainer.validation_has_run();
 }
@@ -99,6 +99,10 @@ bool ModelCheckpoint::better(double a, double b) const {
 bool ModelCheckpoint::consider(int64_t step, double score) {
   const int64_t k = options_.save_top_k();
   if (k == 0) return false;
+  // A step checked again (a newer value at the same step) is ranked anew.
+  best_.erase(std::remove_if(best_.begin(), best_.end(),
+                             [&](const auto& entry) { return entry.first == step; }),
+              best_.end());
   if (options_.monitor().empty()) score = static_cast<double>(step);  // the latest are the best
   const bool by_step = options_.monitor().empty();
   auto position = std::find_if(best_.begin(), best_.end(), [&](const auto& entry) {
@@ -111,21 +115,25 @@ bool ModelCheckpoint::consider(int64_t step, double score) {
 }
 
 void ModelCheckpoint::check(Trainer& trainer) {
-  // One check per step: a step check and the epoch's end can fall together.
+  // One checkpoint per step: a step check and the epoch's end can fall together.
   if (trainer.global_step() == last_step_) return;
   double score = kNaN;
   if (!options_.monitor().empty()) {
     auto value = monitored(trainer, options_.monitor());
     if (!value) {
-      if (missing_is_early(trainer)) return;
+      // As Lightning's: an error once validation has run, passed over before
+      // (the value may come from a validation yet to run).
+      if (!trainer.validation_has_run()) return;
       throw std::runtime_error("ModelCheckpoint: the monitored metric '" + options_.monitor() +
                                "' was not logged; logged: " + available(trainer));
     }
     score = *value;
   }
-  last_step_ = trainer.global_step();
   const bool best = consider(trainer.global_step(), score);
-  if (best || options_.save_last()) trainer.request_checkpoint();
+  if (best || options_.save_last()) {
+    last_step_ = trainer.global_step();
+    trainer.request_checkpoint();
+  }
 }
 
 void ModelCheckpoint::on_train_batch_end(Trainer& trainer, LightningModule& /*module*/,

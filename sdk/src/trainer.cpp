@@ -205,6 +205,14 @@ void Trainer::Fit::run(Trainer& trainer) {
         "train::Trainer: precision 16-mixed needs a CUDA device; on the CPU use bf16-mixed");
   }
   check_same_setup(trainer);
+  if (val && options.limit_val_batches() != 0 && val->size() == 0) {
+    // Equal on every rank: each rank gets size / world samples.
+    throw std::invalid_argument(
+        "train::Trainer::fit: the validation set gives no batch to any of the " +
+        std::to_string(context.world_size()) +
+        " ranks (fewer samples than ranks, or drop_last with fewer than a batch each); pass a "
+        "larger one, or none");
+  }
   auto checkpoint = options.resume() ? get_checkpoint() : std::nullopt;
   if (checkpoint) load_model(*checkpoint);
   prepare_model(module, options.model());
@@ -221,7 +229,10 @@ void Trainer::Fit::run(Trainer& trainer) {
   optimizer->zero_grad();
 
   for (const auto& callback : trainer.callbacks_) callback->on_fit_start(trainer, *module);
-  while (epoch < options.max_epochs() && !stopping && !steps_done(options)) {
+  // An epoch resumed in its middle is finished as it would have been (its
+  // validation, report and checkpoint), even if the stop or the last step
+  // came before the checkpoint it resumed from.
+  while (epoch < options.max_epochs() && (batch > 0 || (!stopping && !steps_done(options)))) {
     train_epoch(trainer);
   }
   for (const auto& callback : trainer.callbacks_) callback->on_fit_end(trainer, *module);
@@ -246,7 +257,8 @@ void Trainer::Fit::check_same_setup(const Trainer& trainer) {
         << (val ? "yes" : "no");
   for (const auto* loader : {&o.train_loader(), &o.val_loader()}) {
     setup << ", loader batch_size " << loader->batch_size() << " shuffle " << loader->shuffle()
-          << " drop_last " << loader->drop_last() << " seed " << loader->seed();
+          << " drop_last " << loader->drop_last() << " seed " << loader->seed()
+          << " allow_duplicates " << loader->allow_duplicates();
   }
   setup << ", callbacks [";
   for (size_t i = 0; i < trainer.callbacks_.size(); ++i) {
@@ -283,17 +295,21 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
     if (next == nullptr) break;
     stepped = training_batch(trainer, *next, index, index + 1 == batches);
     batch = index + 1;
+    // Decided from counters alone, the same on every rank.
+    const bool step_sync = stepped && step_sync_due(trainer);
+    const bool validate_now = divides(options.val_check_interval(), index + 1) &&
+                              index + 1 < batches && trainer.has_validation();
+    // The callbacks see this step's averaged values.
+    if (step_sync) update_step_values();
     for (const auto& callback : trainer.callbacks_) {
       callback->on_train_batch_end(trainer, *module, *next, index);
     }
-    if (stepped && step_sync_due(trainer)) sync_point(trainer, SyncKind::kStep, batches);
-    if (divides(options.val_check_interval(), index + 1) && index + 1 < batches &&
-        trainer.has_validation()) {
-      validate(trainer);
-      // Within an accumulation window a checkpoint would lose the gradients
-      // accumulated so far: the requests wait for the next step's sync point.
-      if (stepped) sync_point(trainer, SyncKind::kValidation, batches);
-    }
+    if (validate_now) validate(trainer);
+    // One sync point after both, so that a checkpoint taken there resumes
+    // after this batch's validation. Within an accumulation window a
+    // checkpoint would lose the gradients accumulated so far: the requests
+    // wait for the next step's sync point.
+    if (step_sync || (validate_now && stepped)) sync_point(trainer, step_sync, batches);
   }
   stepped = false;
   at_epoch_end = true;
@@ -312,7 +328,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   }
   epoch_done = true;  // a checkpoint from here on resumes at the next epoch
   for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_end(trainer, *module);
-  sync_point(trainer, SyncKind::kEpoch, batches);
+  sync_point(trainer, /*print=*/false, batches);
   ++epoch;
   batch = 0;
   epoch_done = false;
@@ -411,15 +427,18 @@ void Trainer::Fit::validate(Trainer& trainer) {
   for (const auto& callback : trainer.callbacks_) callback->on_validation_end(trainer, *module);
 }
 
-void Trainer::Fit::sync_point(Trainer& trainer, SyncKind kind, int64_t batches) {
+void Trainer::Fit::update_step_values() {
+  for (const auto& [name, value] :
+       train_log.values(group.get(), device, detail::MetricLog::Which::kStep)) {
+    callback_metrics[name] = value;
+  }
+}
+
+void Trainer::Fit::sync_point(Trainer& trainer, bool step_sync, int64_t batches) {
   const auto& options = trainer.options_;
-  const bool print_due =
-      kind == SyncKind::kStep && divides(options.log_every_n_steps(), global_step);
-  // The ranks' requests, combined: any rank's counts for all. Whether to
-  // print is agreed too: printing averages the step values, a collective.
+  // The ranks' requests, combined: any rank's counts for all.
   auto flag = [](bool b) { return b ? 1.0 : 0.0; };
-  std::array<double, 4> flags{flag(want_report), flag(want_checkpoint), flag(want_stop),
-                              flag(print_due && train_log.has_prog_bar())};
+  std::array<double, 3> flags{flag(want_report), flag(want_checkpoint), flag(want_stop)};
   if (group) {
     std::vector<torch::Tensor> buffer{
         torch::tensor(std::vector<double>(flags.begin(), flags.end()), torch::kFloat64).to(device)};
@@ -427,27 +446,23 @@ void Trainer::Fit::sync_point(Trainer& trainer, SyncKind kind, int64_t batches) 
     max.reduceOp = c10d::ReduceOp::MAX;
     group->allreduce(buffer, max)->wait();
     auto agreed = buffer[0].cpu();
-    for (size_t i = 0; i < flags.size(); ++i)
+    for (size_t i = 0; i < flags.size(); ++i) {
       flags[i] = agreed[static_cast<int64_t>(i)].item<double>();
+    }
   }
   want_report = want_checkpoint = want_stop = false;
   if (flags[2] > 0) stopping = true;
-  const bool report_now = flags[0] > 0 || flags[1] > 0;
-  const bool print_now = flags[3] > 0;
 
-  if (kind == SyncKind::kStep && (report_now || print_now)) {
-    auto values = train_log.values(group.get(), device, detail::MetricLog::Which::kStep);
-    if (print_now && context.world_rank() == 0) {
-      std::ostringstream line;
-      line << "epoch " << epoch << " step " << batch << "/" << batches << ":";
-      for (const auto& [name, value] : values) {
-        if (train_log.is_prog_bar(name)) line << " " << name << " " << value;
-      }
-      std::cout << line.str() << std::endl;
+  if (step_sync && divides(options.log_every_n_steps(), global_step) && context.world_rank() == 0 &&
+      train_log.has_prog_bar()) {
+    std::ostringstream line;
+    line << "epoch " << epoch << " step " << batch << "/" << batches << ":";
+    for (const auto& [name, value] : callback_metrics) {
+      if (train_log.is_prog_bar(name)) line << " " << name << " " << value;
     }
-    for (const auto& [name, value] : values) callback_metrics[name] = value;
+    std::cout << line.str() << std::endl;
   }
-  if (!report_now) return;
+  if (flags[0] == 0 && flags[1] == 0) return;
   Metrics metrics;
   for (const auto& [name, value] : callback_metrics) metrics.emplace(name, value);
   metrics.insert_or_assign("epoch", epoch);

@@ -30,8 +30,6 @@ struct Trainer::Fit {
   Fit(Context context, std::shared_ptr<LightningModule> module,
       std::unique_ptr<detail::BatchStream> train, std::unique_ptr<detail::BatchStream> val);
 
-  enum class SyncKind { kStep, kValidation, kEpoch };
-
   void run(Trainer& trainer);
   void check_same_setup(const Trainer& trainer);
   void train_epoch(Trainer& trainer);
@@ -41,9 +39,13 @@ struct Trainer::Fit {
   void validate(Trainer& trainer);
   bool steps_done(const TrainerOptions& options) const;
   bool step_sync_due(const Trainer& trainer) const;
+  /// The latest step values, averaged across ranks, into callback_metrics.
+  /// A collective, at step sync points.
+  void update_step_values();
   /// Where the ranks agree on the callbacks' requests, and report (with a
-  /// checkpoint) when asked to. A collective.
-  void sync_point(Trainer& trainer, SyncKind kind, int64_t batches);
+  /// checkpoint) when asked to; after a step sync, rank 0 prints the
+  /// prog_bar values every log_every_n_steps. A collective.
+  void sync_point(Trainer& trainer, bool step_sync, int64_t batches);
 
   // trainer_state.cpp
   void load_model(const Checkpoint& checkpoint);

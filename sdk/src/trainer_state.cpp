@@ -36,6 +36,13 @@ int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key
   return t.item<int64_t>();
 }
 
+// For what a checkpoint of an older SDK may lack.
+int64_t read_int_or(torch::serialize::InputArchive& archive, const std::string& key,
+                    int64_t otherwise) {
+  torch::Tensor t;
+  return archive.try_read(key, t, /*is_buffer=*/true) ? t.item<int64_t>() : otherwise;
+}
+
 torch::Tensor generator_state(c10::Device device) {
   auto generator = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(generator.mutex());
@@ -83,17 +90,20 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
   epoch = read_int(state, "epoch");
   batch = read_int(state, "batch");
   global_step = read_int(state, "global_step");
-  stopping = read_int(state, "stopping") != 0;
+  stopping = read_int_or(state, "stopping", 0) != 0;
+  validation_ran = read_int_or(state, "validation_ran", 0) != 0;
+  validated_epoch = read_int_or(state, "validated_epoch", 0) != 0;
   const int64_t saved_world = read_int(state, "world_size");
   const bool same_world = saved_world == context.world_size();
   if (!same_world && batch > 0) {
     // A regroup in the middle of an epoch. A shuffled sampler deals the
     // epoch's permutation out in turn, so the batches done so far are a
     // prefix of it: the same prefix in the new world's batches, rounded
-    // down (at most a batch per rank is trained again). An ordered one
+    // down to a whole accumulation window. An ordered one
     // deals contiguous blocks: the epoch starts again.
     batch =
         trainer.options_.train_loader().shuffle() ? batch * saved_world / context.world_size() : 0;
+    batch -= batch % trainer.options_.accumulate_grad_batches();  // a whole window
   }
   const int64_t steps = read_int(state, "scheduler_steps");
   // LibTorch's schedulers keep their count to themselves: replay it, then
@@ -148,6 +158,8 @@ void Trainer::Fit::save_checkpoint(Trainer& trainer, const std::filesystem::path
     write_int(state, "scheduler_steps", scheduler_steps);
     write_int(state, "world_size", context.world_size());
     write_int(state, "stopping", stopping ? 1 : 0);
+    write_int(state, "validation_ran", validation_ran ? 1 : 0);
+    write_int(state, "validated_epoch", validated_epoch && !epoch_done ? 1 : 0);
     if (scaler) {
       torch::serialize::OutputArchive nested;
       scaler->save(nested);

@@ -165,6 +165,31 @@ TEST_CASE(
   CHECK((steps == std::vector<int64_t>{3, 6, 8}));
 }
 
+TEST_CASE("trainer: ModelCheckpoint on a step value saves only steps that beat the best so far") {
+  Sandbox box;
+  // No validation; the step loss, averaged at each step sync point, is the monitor.
+  auto run = box.run(trainer_run("s",
+                                 "--config epochs=1 --config batches=16 --config val_batches=0"
+                                 " --config checkpoint_steps=2 --config monitor=loss_step"));
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  std::vector<double> saved;
+  for (const auto& r : read_reports(box.run_dir("s") / "result.jsonl")) {
+    if (r.contains("checkpoint")) saved.push_back(r["metrics"]["loss_step"].get<double>());
+  }
+  REQUIRE(!saved.empty());
+  for (size_t i = 1; i < saved.size(); ++i) CHECK(saved[i] < saved[i - 1]);
+}
+
+TEST_CASE("trainer: a validation set that gives no rank a batch is refused at the start") {
+  Sandbox box;
+  auto run = box.run(trainer_run("small", "--config val_size=1"));
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("the validation set gives no batch to any of the 2 ranks") !=
+        std::string::npos);
+}
+
 TEST_CASE("trainer: ranks that log different names fail with both lists instead of hanging") {
   Sandbox box;
   auto run =

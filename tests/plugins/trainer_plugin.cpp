@@ -9,7 +9,8 @@
 // once: the marker file says it did; with fail_in_validation, in epoch 0's
 // validation instead), prog_bar_rank0 (only rank 0 logs the loss with
 // prog_bar), val_every (0: validate at epoch ends only), mismatch (rank 1
-// logs a name the others do not), scores (a list "5,3,4" of the
+// logs a name the others do not), monitor (ModelCheckpoint's, top 1, with
+// checkpoint_steps), val_batches (-1: all), val_size (10 per rank), scores (a list "5,3,4" of the
 // validation score per epoch, for ModelCheckpoint(monitor score, top 2) and
 // EarlyStopping(patience)), patience (2).
 
@@ -168,8 +169,9 @@ void fit(const train::Config& config) {
         train::EarlyStoppingOptions().monitor("score").patience(config.get<int>("patience", 2))));
   } else {
     callbacks.push_back(std::make_shared<train::ModelCheckpoint>(
-        train::ModelCheckpointOptions().every_n_train_steps(
-            config.get<int>("checkpoint_steps", 0))));
+        train::ModelCheckpointOptions()
+            .monitor(config.get("monitor", ""))
+            .every_n_train_steps(config.get<int>("checkpoint_steps", 0))));
   }
   if (auto marker = config.get("marker", "");
       !marker.empty() && !config.get<bool>("fail_in_validation", false)) {
@@ -184,6 +186,7 @@ void fit(const train::Config& config) {
                                                           ? train::GradientClip::kValue
                                                           : train::GradientClip::kNorm)
                              .val_check_interval(config.get<int>("val_every", 0))
+                             .limit_val_batches(config.get<int>("val_batches", -1))
                              .precision(train::precision_from_string(config.get("precision", "32")))
                              .log_every_n_steps(config.get<int>("log_every", 4))
                              .train_loader(train::LoaderOptions().batch_size(kBatch))
@@ -191,7 +194,7 @@ void fit(const train::Config& config) {
                          callbacks);
   // 10 validation samples per rank: batches of 4, 4 and 2.
   trainer.fit(std::make_shared<Net>(config), Synthetic(batches * kBatch * world),
-              Synthetic(10 * world));
+              Synthetic(config.get<int>("val_size", 10 * world)));
 }
 
 }  // namespace

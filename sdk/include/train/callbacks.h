@@ -29,9 +29,9 @@ using Batch = torch::data::Example<>;
 /// Hooks into train::Trainer::fit. Override the ones you need; each does
 /// nothing by default. What a callback asks of the trainer
 /// (Trainer::request_checkpoint, request_report, request_stop) takes effect at
-/// the next sync point: every step_interval() steps, after a validation run,
-/// and at the end of each epoch. The ranks' requests are combined there (any
-/// rank's request counts for all), so every rank acts the same.
+/// the next sync point: every step_interval() steps, after a validation run
+/// that ends on an optimizer step, and at the end of each epoch. The ranks' requests are combined
+/// there (any rank's request counts for all), so every rank acts the same.
 class Callback {
  public:
   virtual ~Callback() = default;
@@ -53,7 +53,8 @@ class Callback {
                                   const Batch& /*batch*/, int64_t /*batch_idx*/) {}
   /// After each validation run, with its metrics in Trainer::callback_metrics().
   virtual void on_validation_end(Trainer& /*trainer*/, LightningModule& /*module*/) {}
-  /// After the gradients are averaged (and unscaled, and clipped), before the step.
+  /// After the gradients are averaged (and unscaled), before they are clipped
+  /// and the optimizer steps, as Lightning calls it.
   virtual void on_before_optimizer_step(Trainer& /*trainer*/, LightningModule& /*module*/,
                                         torch::optim::Optimizer& /*optimizer*/) {}
   /// Writes this callback's state into a checkpoint the trainer is saving.
@@ -118,9 +119,10 @@ struct ModelCheckpointOptions {
 /// callback's state, each rank's random generators) through train::report, as
 /// Lightning's ModelCheckpoint does, keeping track of the best save_top_k by
 /// `monitor` (a NaN is never among them). It checks at epoch ends (with
-/// validation: those that validated), after validations within an epoch
-/// (with a monitor), and every every_n_train_steps optimizer steps; a
-/// monitor not logged yet is skipped until validation has run, an error
+/// validation and a monitor: those that validated), after validations within
+/// an epoch (with a monitor), and every every_n_train_steps optimizer steps,
+/// with the values averaged at that step, saving at most once per step; a
+/// monitor not logged yet is passed over until validation has run, an error
 /// after. Its record of the best lives in the checkpoint, so a restart or
 /// an elastic regroup keeps it. The run's retention deletes checkpoints: run
 /// with `--num-to-keep K --checkpoint-score-attribute MONITOR

@@ -74,9 +74,11 @@ struct OptimizerConfig {
 
 /// Options of LightningModule::log (Lightning's self.log arguments).
 struct LogOptions {
-  /// Keep the value of each step (reported every ReportOptions::every_n_steps
-  /// and printed every log_every_n_steps; the latest is in
-  /// callback_metrics()). Only in training_step, where it is the default.
+  /// Keep the value of each step: averaged, printed and put in
+  /// callback_metrics() at each step sync point (every log_every_n_steps or
+  /// callback step_interval() steps) and at the epoch's end, and reported
+  /// every ReportOptions::every_n_steps. Only in training_step, where it is
+  /// the default.
   TORCH_ARG(c10::optional<bool>, on_step) = c10::nullopt;
   /// Average the values over the epoch (over the validation run in
   /// validation_step), weighted by batch size. Default: false in
