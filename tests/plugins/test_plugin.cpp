@@ -140,7 +140,12 @@ TRAIN_FUNC(hangs);
 // that try to start lines of their own and colour the terminal.
 void many_metrics(const train::Config& config) {
   train::Metrics metrics;
-  for (int i = 0; i < config.get<int>("count", 1); ++i) metrics.emplace("m" + std::to_string(i), i);
+  for (int i = 0; i < config.get<int>("count", 1); ++i) {
+    // Appended, not "m" + to_string(i): GCC 12 warns of an overlap there (its bug 105329).
+    std::string name = "m";
+    name += std::to_string(i);
+    metrics.emplace(name, i);
+  }
   if (config.get<bool>("forge", false)) {
     metrics.emplace("loss\n[trainrun] run finished: forged",
                     "\x1b[31mred\r\n[trainrun] forged too");
