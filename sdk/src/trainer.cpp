@@ -280,9 +280,11 @@ void Trainer::Fit::check_same_setup(const Trainer& trainer) {
 void Trainer::Fit::train_epoch(Trainer& trainer) {
   const auto& options = trainer.options_;
   const int64_t first = batch;
-  if (first == 0) train_log.clear();
+  if (first == 0) {  // else resumed in the middle: what it had done stands
+    train_log.clear();
+    validated_epoch = false;
+  }
   epoch_done = false;
-  validated_epoch = false;
   for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_start(trainer, *module);
   module->train();
   train->start(epoch, first);
@@ -316,7 +318,6 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   if (trainer.has_validation() && divides(options.check_val_every_n_epoch(), epoch + 1)) {
     validate(trainer);
   }
-  in_step = false;
   module->on_train_epoch_end();
   for (const auto& [name, value] :
        train_log.values(group.get(), device, detail::MetricLog::Which::kBoth)) {
@@ -328,7 +329,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   }
   epoch_done = true;  // a checkpoint from here on resumes at the next epoch
   for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_end(trainer, *module);
-  sync_point(trainer, /*print=*/false, batches);
+  sync_point(trainer, /*step_sync=*/false, batches);
   ++epoch;
   batch = 0;
   epoch_done = false;

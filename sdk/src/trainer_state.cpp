@@ -10,6 +10,7 @@
 #include <ATen/Context.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cctype>
 #include <iostream>
 #include <mutex>
@@ -106,6 +107,15 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
     batch -= batch % trainer.options_.accumulate_grad_batches();  // a whole window
   }
   const int64_t steps = read_int(state, "scheduler_steps");
+  // A scheduler steps once per optimizer step or once per epoch.
+  if (epoch < 0 || batch < 0 || global_step < 0 || steps < 0 ||
+      steps > std::max(global_step, epoch)) {
+    throw std::runtime_error("train::Trainer: checkpoint " + checkpoint.path().string() +
+                             " holds an impossible position (epoch " + std::to_string(epoch) +
+                             ", batch " + std::to_string(batch) + ", step " +
+                             std::to_string(global_step) + ", scheduler steps " +
+                             std::to_string(steps) + ")");
+  }
   // LibTorch's schedulers keep their count to themselves: replay it, then
   // the optimizer's state puts back the learning rates it had.
   if (scheduler) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
 #include "doctest_torch.h"
 #include "gpu_skip.h"
@@ -86,6 +87,44 @@ TEST_CASE("DDP equivalence on 2 CUDA devices with NCCL: 2 workers end where 1 do
   INFO(two.output);
   REQUIRE(two.exit_code == 0);
   CHECK(largest_difference(box.root() / "one.txt", box.root() / "two.txt") < 1e-4);
-  CHECK(read_jsonl(box.run_dir("two") / "result.jsonl").back()["metrics"]["replica_spread"] ==
-        0.0);
+  CHECK(read_jsonl(box.run_dir("two") / "result.jsonl").back()["metrics"]["replica_spread"] == 0.0);
+}
+
+TEST_CASE("the Trainer in 16-mixed on cuda:0 resumes after a kill -9 to the uninterrupted losses") {
+  skip_unless_gpus(1);
+  Sandbox box;
+  // train::Autocast to float16 and a GradScaler (its scale in the checkpoint),
+  // the CUDA generator in rank-0.pt; a checkpoint every 3 steps, rank 0 killed
+  // after step 5.
+  const std::string run_args = plugin(TRAINER_PLUGIN) +
+                               " --use-gpu -n 1 --config precision=16-mixed --config epochs=2"
+                               " --config batches=8 --config report_steps=1"
+                               " --config checkpoint_steps=3";
+  auto whole = box.run(run_args + " --name whole");
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  auto marker = (box.root() / "failed-once").string();
+  auto resumed = box.run(run_args + " --name resumed --max-failures 1 --config fail_step=5" +
+                         " --config fail_rank=0 --config marker=" + marker);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resuming at epoch 0, batch 3 (step 3)") != std::string::npos);
+  auto last_by_step = [](const std::vector<nlohmann::json>& reports) {
+    std::map<int64_t, double> losses;
+    for (const auto& r : reports) {
+      if (r["metrics"].contains("loss_step")) {
+        losses[r["metrics"]["step"].get<int64_t>()] = r["metrics"]["loss_step"].get<double>();
+      }
+    }
+    return losses;
+  };
+  auto a = last_by_step(read_jsonl(box.run_dir("whole") / "result.jsonl"));
+  auto b = last_by_step(read_jsonl(box.run_dir("resumed") / "result.jsonl"));
+  REQUIRE(a.size() == 16);
+  REQUIRE(b.size() == a.size());
+  for (const auto& [step, loss] : a) {
+    CAPTURE(step);
+    CHECK(std::isfinite(loss));
+    CHECK(b[step] == doctest::Approx(loss).epsilon(1e-6));
+  }
 }
