@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <map>
 
 #include "doctest_torch.h"
 #include "gpu_skip.h"
@@ -109,17 +108,8 @@ TEST_CASE("the Trainer in 16-mixed on cuda:0 resumes after a kill -9 to the unin
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   CHECK(resumed.output.find("resuming at epoch 0, batch 3 (step 3)") != std::string::npos);
-  auto last_by_step = [](const std::vector<nlohmann::json>& reports) {
-    std::map<int64_t, double> losses;
-    for (const auto& r : reports) {
-      if (r["metrics"].contains("loss_step")) {
-        losses[r["metrics"]["step"].get<int64_t>()] = r["metrics"]["loss_step"].get<double>();
-      }
-    }
-    return losses;
-  };
-  auto a = last_by_step(read_jsonl(box.run_dir("whole") / "result.jsonl"));
-  auto b = last_by_step(read_jsonl(box.run_dir("resumed") / "result.jsonl"));
+  auto a = by_step(read_jsonl(box.run_dir("whole") / "result.jsonl"), "loss_step");
+  auto b = by_step(read_jsonl(box.run_dir("resumed") / "result.jsonl"), "loss_step");
   REQUIRE(a.size() == 16);
   REQUIRE(b.size() == a.size());
   for (const auto& [step, loss] : a) {

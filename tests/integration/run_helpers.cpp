@@ -198,3 +198,13 @@ std::vector<nlohmann::json> read_reports(const std::filesystem::path& results) {
   }
   return reports;
 }
+
+std::map<int64_t, double> by_step(const std::vector<nlohmann::json>& reports,
+                                  const std::string& metric) {
+  std::map<int64_t, double> values;
+  for (const auto& line : reports) {
+    const auto& m = line["metrics"];
+    if (m.contains(metric)) values[m["step"].get<int64_t>()] = m[metric].get<double>();
+  }
+  return values;
+}

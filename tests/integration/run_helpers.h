@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,10 @@ std::vector<double> read_numbers(const std::filesystem::path& path);
 /// The largest difference between two files of numbers, element by element;
 /// infinite when they hold different counts, or none.
 double largest_difference(const std::filesystem::path& a, const std::filesystem::path& b);
+/// The last value of `metric` reported at each step (the metric "step"): a
+/// restart reports some steps twice, and the later one counts.
+std::map<int64_t, double> by_step(const std::vector<nlohmann::json>& reports,
+                                  const std::string& metric);
 /// result.jsonl's reports, oldest first, each with the checkpoint it
 /// committed: an asynchronous upload's commit line folded into its report.
 std::vector<nlohmann::json> read_reports(const std::filesystem::path& results);

@@ -18,18 +18,6 @@ std::string trainer_run(const std::string& name, const std::string& config) {
   return std::string("--plugin '") + TRAINER_PLUGIN + "' -n 2 --name " + name + " " + config;
 }
 
-// The last value of `metric` reported at each step (a restart reports some
-// steps twice: the later one counts).
-std::map<int64_t, double> by_step(const std::vector<nlohmann::json>& reports,
-                                  const std::string& metric) {
-  std::map<int64_t, double> values;
-  for (const auto& line : reports) {
-    const auto& m = line["metrics"];
-    if (m.contains(metric)) values[m["step"].get<int64_t>()] = m[metric].get<double>();
-  }
-  return values;
-}
-
 std::string line_with(const std::string& output, const std::string& start) {
   std::smatch match;
   if (std::regex_search(output, match, std::regex(start + "[^\n]*"))) return match.str();
