@@ -63,7 +63,7 @@ data=$root/usr/share/datasets/fashion-mnist
 export FASHION_MNIST_DIR=$data  # for the GPU tests and the benchmark
 
 # The GPU tests (test_gpu and the plugins it runs) and the benchmark's plugin.
-gpu_targets=(trainrun trainrun-worker test_gpu ddp_plugin quickstart fashion_mnist)
+gpu_targets=(trainrun trainrun-worker test_gpu ddp_plugin trainer_plugin quickstart fashion_mnist)
 
 for stage in "${stages[@]}"; do
   case $stage in

@@ -394,7 +394,9 @@ RunLock::RunLock(const std::filesystem::path& run_dir) {
 }
 
 RunLock::~RunLock() {
-  (void)::ftruncate(fd_.get(), 0);  // the next holder's refusals name no one stale
+  // The next holder's refusals name no one stale; a failure only leaves the
+  // old name in the file.
+  if (::ftruncate(fd_.get(), 0) != 0) return;
 }
 
 bool is_held(const std::filesystem::path& run_dir) {
