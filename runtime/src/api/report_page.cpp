@@ -12,9 +12,11 @@
 #include <sstream>
 
 #include "api/chart_js.h"
+#include "api/stored_run.h"
 #include "common/atomic_file.h"
 #include "common/metrics_format.h"
 #include "storage/run_directory.h"
+#include "storage/s3_config.h"
 
 namespace trainrun {
 namespace {
@@ -345,6 +347,11 @@ void write_html_report(const std::filesystem::path& run_dir, const std::filesyst
                                                           : "not a regular file";
     throw UsageError(file.string() + " is " + what +
                      ": the page goes to a new path or replaces a regular file");
+  }
+  if (s3::is_s3_url(run_dir.string())) {
+    StoredRun stored(run_dir.string());
+    write_report_page(stored.dir(), file, /*live=*/false);
+    return;
   }
   write_report_page(run_dir, file, /*live=*/false);
 }

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <sstream>
 
+#include "api/stored_run.h"
 #include "common/metrics_format.h"
 #include "common/worker_name.h"
 #include "storage/run_directory.h"
+#include "storage/s3_config.h"
 
 namespace trainrun {
 
@@ -18,6 +20,18 @@ std::string RunError::summary() const {
 }
 
 Result load_result(const std::filesystem::path& run_dir) {
+  if (s3::is_s3_url(run_dir.string())) {
+    StoredRun stored(run_dir.string());
+    auto result = load_result(stored.dir());
+    // Nothing tells a crashed run in object storage from a running one.
+    if (result.status == RunStatus::kCrashed) result.status = RunStatus::kRunning;
+    result.path = stored.url();
+    if (!result.checkpoint.empty()) {
+      result.checkpoint = stored.url() + "/" + result.checkpoint.filename().string();
+    }
+    for (auto& c : result.best_checkpoints) c.path = stored.url() + "/" + c.name;
+    return result;
+  }
   auto info = run_directory::read_run_info(run_dir);
   if (!info) throw UsageError(run_dir.string() + " holds no trainrun run (no run.json)");
   Result result;

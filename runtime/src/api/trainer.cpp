@@ -38,6 +38,8 @@
 #include "controller/run_storage.h"
 #include "plugin/plugin_file.h"
 #include "storage/run_directory.h"
+#include "storage/run_objects.h"
+#include "storage/s3_config.h"
 
 namespace trainrun {
 namespace {
@@ -228,6 +230,10 @@ std::filesystem::path local_storage_path(const std::filesystem::path& given) {
   const std::string text = given.string();
   std::smatch match;
   if (!std::regex_match(text, match, kUri)) return given;
+  if (s3::is_s3_url(text)) {
+    s3::parse_url(text);  // throws UsageError naming what is wrong
+    return given;
+  }
   std::string scheme = match[1].str();
   std::transform(scheme.begin(), scheme.end(), scheme.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -239,8 +245,8 @@ std::filesystem::path local_storage_path(const std::filesystem::path& given) {
                      ": a file:// URI must name an absolute path on this host (file:///path)");
   }
   throw UsageError("storage path " + text.substr(0, 256) + ": " + scheme +
-                   ":// storage is not supported; give a filesystem path (local, or a shared "
-                   "filesystem every node mounts)");
+                   ":// storage is not supported; give s3://BUCKET/PREFIX or a filesystem path "
+                   "(local, or a shared filesystem every node mounts)");
 }
 
 }  // namespace
@@ -330,7 +336,9 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
     const char* home = std::getenv("HOME");
     run.storage_path = std::filesystem::path(home != nullptr ? home : ".") / "trainrun_results";
   }
-  run.storage_path = std::filesystem::absolute(run.storage_path);
+  if (!s3::is_s3_url(run.storage_path.string())) {
+    run.storage_path = std::filesystem::absolute(run.storage_path);
+  }
   if (options_.cache_dir.empty()) options_.cache_dir = default_cache_dir();
   if (options_.worker_executable.empty()) {
     options_.worker_executable = find_worker_executable();
@@ -367,9 +375,19 @@ Result Trainer::fit() {
   }
 
   if (!options_.network.listen.empty()) check_port_free(options_.network.listen);
-  RunStorage storage(options_.run.storage_path, options_.run.name);  // holds the run's lock
-  CheckpointStore checkpoints(
-      storage.dir(), options_.checkpoint);  // throws if its state names a missing checkpoint
+  // A run in object storage: its bucket and credentials are checked before
+  // anything starts, and the controller works on a local copy of its files.
+  std::unique_ptr<RunObjects> objects;
+  auto local_root = options_.run.storage_path;
+  if (s3::is_s3_url(options_.run.storage_path.string())) {
+    objects = std::make_unique<RunObjects>(options_.run.storage_path.string(), options_.run.name);
+    objects->check_access();
+    auto location = s3::parse_url(options_.run.storage_path.string());
+    local_root = options_.cache_dir / "runs" / location.bucket / location.prefix;
+  }
+  RunStorage storage(local_root, options_.run.name, objects.get());  // holds the run's lock
+  CheckpointStore checkpoints(storage.dir(), options_.checkpoint,
+                              objects.get());  // throws if its state names a missing checkpoint
   // Without the host's own output, the run's lines go to the terminal.
   std::unique_ptr<Console> console;
   if (!callbacks_.on_output && !callbacks_.log_sink) {
@@ -401,7 +419,8 @@ Result Trainer::fit() {
   storage.write_run_info(info);
   storage.write_error(std::nullopt);
   log.info("run '{}': {} x {} ({}), results in {}", options_.run.name, options_.scaling.num_workers,
-           entry, options_.plugin.filename().string(), storage.dir().string());
+           entry, options_.plugin.filename().string(),
+           objects ? objects->url() : storage.dir().string());
 
   if (auto latest = checkpoints.latest()) {
     log.info("resuming from {} (iteration {})", latest->name, latest->iteration);
@@ -492,11 +511,33 @@ Result Trainer::fit() {
   info.status = !run.error                                     ? RunStatus::kFinished
                 : run.error->kind == FailureKind::kInterrupted ? RunStatus::kInterrupted
                                                                : RunStatus::kFailed;
-  storage.write_run_info(info);
-  if (run.error) storage.write_error(run.error);
-  page.write(/*live=*/false);
+  const std::string results_at = objects ? objects->url() : storage.dir().string();
+  try {
+    storage.write_run_info(info);
+    if (run.error) storage.write_error(run.error);
+    page.write(/*live=*/false);
+    // A run in object storage: the logs and the page too, once.
+    std::vector<std::string> also = {"report.html"};
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(storage.logs_dir(), ec)) {
+      also.push_back(std::string(run_directory::kLogsDir) + "/" + entry.path().filename().string());
+    }
+    storage.flush(also);
+  } catch (const IoError& e) {  // the store went away: its earlier state stays
+    log.error("cannot save the run's final state to {}: {} (a copy is in {})", results_at, e.what(),
+              storage.dir().string());
+    if (!run.error) run.error = RunError{FailureKind::kStorage, e.what(), -1, "", 0};
+    info.status = RunStatus::kFailed;
+  }
   // What the run left, read back as `trainrun results` would.
   Result result = load_result(storage.dir());
+  if (objects) {
+    result.path = objects->url();
+    if (!result.checkpoint.empty()) {
+      result.checkpoint = objects->url(result.checkpoint.filename().string());
+    }
+    for (auto& c : result.best_checkpoints) c.path = objects->url(c.name);
+  }
   result.status = info.status;
   result.error = run.error;
   result.wall_seconds = run.wall_seconds;
@@ -513,7 +554,7 @@ Result Trainer::fit() {
   for (const auto& c : result.best_checkpoints) {
     log.info("checkpoint {} (iteration {}): {}", c.name, c.iteration, format_metrics(c.metrics));
   }
-  log.info("results: {}", storage.dir().string());
+  log.info("results: {}", results_at);
   call_host(log, "on_end", callbacks_.on_end, result);
   return result;
 }

@@ -24,7 +24,8 @@ void CheckpointService::begin_attempt(int attempt) {
 protocol::Upload CheckpointService::begin_upload(int rank, int64_t iteration,
                                                  const std::vector<protocol::CheckpointFile>& files,
                                                  bool stream) {
-  stream = stream || always_stream_;
+  // In object storage every rank puts its own files, wherever it runs.
+  stream = (stream || always_stream_) && store_.objects() == nullptr;
   auto staging = store_.begin_upload(rank, files, stream);
   return protocol::Upload{iteration, stream ? "" : staging.string(), kChunkCredit};
 }

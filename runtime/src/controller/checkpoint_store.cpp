@@ -3,6 +3,7 @@
 #include <trainrun/error.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "common/atomic_file.h"
@@ -15,8 +16,21 @@ using run_directory::checkpoint_name;
 using run_directory::kManifestFile;
 using run_directory::kStagingPrefix;
 
-CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config)
-    : run_dir_(std::move(run_dir)), config_(std::move(config)) {
+CheckpointStore::CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config,
+                                 RunObjects* objects)
+    : run_dir_(std::move(run_dir)), config_(std::move(config)), objects_(objects) {
+  if (objects_ != nullptr) {
+    state_ = run_directory::read_checkpoint_state(run_dir_);
+    recover_objects();
+    locate(state_);
+    if (!state_.latest.empty() &&
+        !objects_->client().head(objects_->key(state_.latest + "/" + kManifestFile))) {
+      throw IoError(objects_->url(run_directory::kCheckpointStateFile) + " names checkpoint " +
+                    state_.latest + ", which is missing or was never committed (no " +
+                    kManifestFile + ")");
+    }
+    return;
+  }
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(run_dir_, ec)) {
     if (entry.path().filename().string().rfind(kStagingPrefix, 0) == 0) {
@@ -73,7 +87,56 @@ void CheckpointStore::recover() {
   if (adopted) run_directory::write_checkpoint_state(run_dir_, state_);
 }
 
+void CheckpointStore::recover_objects() {
+  // checkpoint_NNNNNN/... keys, by checkpoint.
+  std::map<int64_t, bool> found;  // index -> has a manifest
+  for (const auto& object : objects_->list("checkpoint_")) {
+    auto slash = object.key.find('/');
+    if (slash == std::string::npos) continue;
+    auto index = run_directory::checkpoint_index(object.key.substr(0, slash));
+    if (!index) continue;
+    found[*index] |= object.key.substr(slash + 1) == kManifestFile;
+  }
+  bool adopted = false;
+  for (const auto& [index, has_manifest] : found) {
+    auto name = checkpoint_name(index);
+    bool listed = std::any_of(state_.checkpoints.begin(), state_.checkpoints.end(),
+                              [&](const CheckpointInfo& c) { return c.name == name; });
+    if (listed) continue;
+    if (index >= state_.next_index && has_manifest) {
+      auto text = objects_->get(name + "/" + kManifestFile);
+      if (text) {
+        try {
+          auto manifest = run_directory::parse_manifest(*text, objects_->url(name));
+          state_.checkpoints.push_back(
+              {name, objects_->url(name), manifest.iteration, manifest.metrics});
+          state_.latest = name;
+          state_.next_index = index + 1;
+          adopted = true;
+          continue;
+        } catch (const IoError&) {
+        }
+      }
+    }
+    objects_->discard(name + "/");
+  }
+  // Uploads that no commit will complete: a run of this name is not running.
+  for (const auto& upload : objects_->client().list_multipart(objects_->key("checkpoint_"))) {
+    objects_->client().abort_multipart(upload.key, upload.upload_id);
+  }
+  if (adopted) {
+    run_directory::write_checkpoint_state(run_dir_, state_);
+    objects_->push(run_dir_, run_directory::kCheckpointStateFile);
+  }
+}
+
+void CheckpointStore::locate(run_directory::CheckpointState& state) const {
+  if (objects_ == nullptr) return;
+  for (auto& c : state.checkpoints) c.path = objects_->url(c.name);
+}
+
 std::filesystem::path CheckpointStore::staging_dir() const {
+  if (objects_ != nullptr) return objects_->url(checkpoint_name(state_.next_index));
   return run_dir_ / (kStagingPrefix + checkpoint_name(state_.next_index) + staging_suffix_);
 }
 
@@ -92,7 +155,7 @@ std::filesystem::path CheckpointStore::begin_upload(
     auto& upload = uploads_[rank];
     upload.files = files;
     std::error_code ec;
-    std::filesystem::create_directories(staging, ec);
+    if (objects_ == nullptr) std::filesystem::create_directories(staging, ec);
     if (ec) throw IoError("cannot create " + staging.string() + ": " + ec.message());
     for (const auto& file : files) {
       if (!is_safe_checkpoint_path(file.path)) {
@@ -112,6 +175,7 @@ std::filesystem::path CheckpointStore::begin_upload(
                          std::to_string(rank) + ".pt");
       }
       check_no_file_dir_clash(rank, file.path);
+      if (objects_ != nullptr) continue;  // the rank puts its objects itself
       auto path = staging / file.path;
       std::filesystem::create_directories(path.parent_path(), ec);
       if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
@@ -129,8 +193,8 @@ std::filesystem::path CheckpointStore::begin_upload(
 void CheckpointStore::write_chunk(int rank, uint32_t index, uint64_t offset, const void* data,
                                   size_t size) {
   auto found = uploads_.find(rank);
-  if (found == uploads_.end() || found->second.finished || index >= found->second.files.size() ||
-      index < found->second.streaming) {
+  if (objects_ != nullptr || found == uploads_.end() || found->second.finished ||
+      index >= found->second.files.size() || index < found->second.streaming) {
     throw ProtocolError("UPLOAD_CHUNK for no file rank " + std::to_string(rank) + " is uploading");
   }
   auto& upload = found->second;
@@ -163,6 +227,15 @@ void CheckpointStore::finish_upload(int rank, const std::vector<protocol::Checkp
     throw ProtocolError("rank " + std::to_string(rank) + " uploaded other files than it announced");
   }
   for (const auto& file : files) {
+    if (objects_ != nullptr) {
+      auto name = checkpoint_name(state_.next_index);
+      auto size = objects_->client().head(objects_->key(name + "/" + file.path));
+      if (!size || *size != file.size) {
+        throw IoError("rank " + std::to_string(rank) + "'s checkpoint file " + file.path +
+                      " did not arrive whole in " + objects_->url(name));
+      }
+      continue;
+    }
     auto path = staging_dir() / file.path;
     std::error_code ec;
     auto size = std::filesystem::file_size(path, ec);
@@ -217,15 +290,24 @@ CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& 
     std::sort(manifest.files.begin(), manifest.files.end(),
               [](const auto& a, const auto& b) { return a.path < b.path; });
     crash_point("commit:staged");
-    // Written last: a directory without a manifest was never committed.
-    run_directory::write_manifest(staging, manifest);
-    crash_point("commit:manifest");
-    auto final_dir = run_dir_ / name;
+    std::filesystem::path final_dir;
     std::error_code ec;
-    std::filesystem::rename(staging, final_dir, ec);
-    if (ec) throw IoError("cannot rename " + staging.string() + ": " + ec.message());
-    fsync_path(run_dir_);
-    crash_point("commit:renamed");
+    if (objects_ != nullptr) {
+      // Put last: a prefix without a manifest was never committed.
+      objects_->client().put(objects_->key(name + "/" + kManifestFile),
+                             run_directory::manifest_text(manifest));
+      crash_point("commit:manifest");
+      final_dir = objects_->url(name);
+    } else {
+      // Written last: a directory without a manifest was never committed.
+      run_directory::write_manifest(staging, manifest);
+      crash_point("commit:manifest");
+      final_dir = run_dir_ / name;
+      std::filesystem::rename(staging, final_dir, ec);
+      if (ec) throw IoError("cannot rename " + staging.string() + ": " + ec.message());
+      fsync_path(run_dir_);
+      crash_point("commit:renamed");
+    }
     auto next = state_;
     next.checkpoints.push_back({name, final_dir, iteration, metrics});
     next.latest = name;
@@ -239,10 +321,18 @@ CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& 
     for (auto& c : next.checkpoints) (is_kept(c) ? kept_checkpoints : dropped).push_back(c);
     next.checkpoints = std::move(kept_checkpoints);
     run_directory::write_checkpoint_state(run_dir_, next);
+    if (objects_ != nullptr) objects_->push(run_dir_, run_directory::kCheckpointStateFile);
+    locate(next);
     state_ = std::move(next);
     crash_point("commit:state");
     // Deleted only once the state that no longer names them is committed.
-    for (const auto& c : dropped) std::filesystem::remove_all(c.path, ec);
+    for (const auto& c : dropped) {
+      if (objects_ != nullptr) {
+        objects_->discard(c.name + "/");
+      } else {
+        std::filesystem::remove_all(c.path, ec);
+      }
+    }
     crash_point("commit:deleted");
   } catch (...) {
     abort_staging();
@@ -273,9 +363,22 @@ std::vector<std::string> CheckpointStore::kept(
 }
 
 void CheckpointStore::abort_staging() {
+  const bool staged = !uploads_.empty();
   uploads_.clear();  // closes any file being streamed
   names_.clear();
   dirs_.clear();
+  if (objects_ != nullptr) {
+    if (!staged) return;
+    // A rank may still be putting parts: the name is not used again, and what
+    // arrives late is deleted by the next run of this name.
+    auto name = checkpoint_name(state_.next_index);
+    ++state_.next_index;
+    try {
+      objects_->discard(name + "/");
+    } catch (const IoError&) {  // the store is down: the next run deletes it
+    }
+    return;
+  }
   std::error_code ec;
   std::filesystem::remove_all(staging_dir(), ec);
 }

@@ -9,7 +9,15 @@
 // directory to checkpoint_NNNNNN and atomically replaces
 // checkpoint_state.json. A checkpoint without a manifest was never committed; a
 // crash leaves only a staging directory, which the next run removes. The
-// formats are storage/run_directory.h's. Owned by the controller's thread.
+// formats are storage/run_directory.h's.
+//
+// A run in object storage (RunObjects) has no rename: each rank uploads its
+// files straight to <run>/checkpoint_NNNNNN/, the commit puts manifest.json
+// there last, then checkpoint_state.json. A prefix without its manifest was
+// never committed: nothing lists, counts or resumes from it, and the next run
+// of the name deletes it, with the multipart uploads left under it. A name
+// whose upload was abandoned is not used again in the run (a late upload of a
+// dead attempt lands nowhere the run reads). Owned by the controller's thread.
 
 #include <trainrun/options.h>
 #include <trainrun/result.h>
@@ -25,6 +33,7 @@
 
 #include "protocol/messages.h"
 #include "storage/run_directory.h"
+#include "storage/run_objects.h"
 #include "transfer/chunked_file.h"
 
 namespace trainrun {
@@ -35,7 +44,13 @@ class CheckpointStore {
   /// checkpoint_state.json and finishes or undoes a commit that a crash
   /// stopped (recover()). Throws IoError if the state names a checkpoint that
   /// is missing or has no manifest.
-  explicit CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config = {});
+  /// With `objects`, `run_dir` is the local copy of a run in object storage
+  /// (RunStorage pulled its checkpoint_state.json), and checkpoints live there.
+  explicit CheckpointStore(std::filesystem::path run_dir, CheckpointConfig config = {},
+                           RunObjects* objects = nullptr);
+
+  /// The run in object storage, or null.
+  RunObjects* objects() const { return objects_; }
 
   /// The latest committed checkpoint, as checkpoint_state.json names it.
   std::optional<CheckpointInfo> latest() const { return state_.latest_checkpoint(); }
@@ -44,7 +59,8 @@ class CheckpointStore {
   /// for them: the staging directory and the files' directories, and with
   /// `stream` the (empty) files. Returns the staging directory. Throws UsageError for an unsafe
   /// path or a file name another rank already gave, IoError when the directory cannot be made; then
-  /// nothing stays staged.
+  /// nothing stays staged. In object storage: the checkpoint's s3:// URL, which
+  /// the rank uploads under itself.
   std::filesystem::path begin_upload(int rank, const std::vector<protocol::CheckpointFile>& files,
                                      bool stream);
 
@@ -79,6 +95,13 @@ class CheckpointStore {
   std::filesystem::path staging_dir() const;
   /// Finishes or undoes what a crash left of a commit.
   void recover();
+  /// The same in object storage: adopts a committed checkpoint the state does
+  /// not name yet, deletes every other unlisted one and aborts the multipart
+  /// uploads left under them.
+  void recover_objects();
+  /// Sets each listed checkpoint's path: its s3:// URL in object storage.
+  void locate(run_directory::CheckpointState& state) const;
+  void commit_files(const std::string& name, const run_directory::Manifest& manifest);
   /// Throws UsageError when `path` of `rank` is a file where another rank has
   /// a directory, or the other way round.
   void check_no_file_dir_clash(int rank, const std::string& path);
@@ -99,6 +122,7 @@ class CheckpointStore {
   std::map<std::string, int> names_;   // relative path -> rank
   std::map<std::string, int> dirs_;    // directory of some rank's file -> rank
   std::string staging_suffix_;         // ".attempt-N" after the first attempt
+  RunObjects* objects_;
 };
 
 }  // namespace trainrun

@@ -33,9 +33,10 @@ std::string csv_row(const std::vector<std::string>& columns, const ReportRecord&
     if (i > 0) line += ",";
     // Full precision in the file (format_value rounds, for the terminal).
     if (value != nullptr) {
-      line += csv_escape(value->is_string()
-                             ? value->get<std::string>()
-                             : value->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      line +=
+          csv_escape(value->is_string()
+                         ? value->get<std::string>()
+                         : value->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     }
   }
   return line + "\n";
@@ -43,10 +44,12 @@ std::string csv_row(const std::vector<std::string>& columns, const ReportRecord&
 
 }  // namespace
 
-RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::string& name)
+RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::string& name,
+                       RunObjects* objects)
     : dir_(storage_path / name),
       results_(dir_ / run_directory::kResultsFile),
-      progress_(dir_ / run_directory::kProgressFile) {
+      progress_(dir_ / run_directory::kProgressFile),
+      objects_(objects) {
   std::error_code ec;
   std::filesystem::create_directories(dir_ / run_directory::kLogsDir, ec);
   if (ec) throw IoError("cannot create run directory " + dir_.string() + ": " + ec.message());
@@ -58,6 +61,7 @@ RunStorage::RunStorage(const std::filesystem::path& storage_path, const std::str
       std::filesystem::remove(entry.path(), ec);
     }
   }
+  if (objects_ != nullptr) objects_->pull_run_files(dir_);
   // A rerun of the same name continues the earlier results.
   for (auto& record : run_directory::read_results(dir_)) {
     add_columns(record);
@@ -80,6 +84,24 @@ bool RunStorage::add_columns(const ReportRecord& record) {
 
 void RunStorage::write_run_info(const run_directory::RunInfo& info) {
   run_directory::write_run_info(dir_, info);
+  if (objects_ != nullptr) objects_->push(dir_, run_directory::kRunInfoFile);
+}
+
+void RunStorage::push_results(bool now) {
+  if (objects_ == nullptr) return;
+  results_dirty_ = true;
+  auto time = std::chrono::steady_clock::now();
+  if (!now && time - results_pushed_ < kPushInterval) return;
+  objects_->push(dir_, run_directory::kResultsFile);
+  objects_->push(dir_, run_directory::kProgressFile);
+  results_pushed_ = time;
+  results_dirty_ = false;
+}
+
+void RunStorage::flush(const std::vector<std::string>& also) {
+  if (objects_ == nullptr) return;
+  if (results_dirty_) push_results(true);
+  for (const auto& relative : also) objects_->push(dir_, relative);
 }
 
 void RunStorage::append_result(const ReportRecord& record) {
@@ -90,6 +112,7 @@ void RunStorage::append_result(const ReportRecord& record) {
   } else {
     progress_.append(csv_row(csv_columns_, record));
   }
+  push_results(/*now=*/!record.checkpoint.empty());
 }
 
 void RunStorage::append_checkpoint(int64_t iteration, const std::string& checkpoint,
@@ -101,6 +124,7 @@ void RunStorage::append_checkpoint(int64_t iteration, const std::string& checkpo
       break;
     }
   }
+  push_results(true);
 }
 
 void RunStorage::rewrite_progress_csv() {
@@ -116,6 +140,12 @@ void RunStorage::rewrite_progress_csv() {
 
 void RunStorage::write_error(const std::optional<RunError>& error) {
   run_directory::write_error(dir_, error);
+  if (objects_ == nullptr) return;
+  if (error) {
+    objects_->push(dir_, run_directory::kErrorFile);
+  } else {
+    objects_->remove(run_directory::kErrorFile);
+  }
 }
 
 }  // namespace trainrun

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -323,15 +324,10 @@ void write_error(const std::filesystem::path& run_dir, const std::optional<RunEr
   write_file_atomic(path, dump(error_json(*error)) + "\n");
 }
 
-Manifest read_manifest(const std::filesystem::path& checkpoint_dir) {
-  auto path = checkpoint_dir / kManifestFile;
-  json j;
-  try {
-    j = read_json(path);
-  } catch (const IoError&) {
-  }
+Manifest parse_manifest(const std::string& text, const std::string& checkpoint) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) {
-    throw IoError("checkpoint " + checkpoint_dir.string() + " has no readable " + kManifestFile);
+    throw IoError("checkpoint " + checkpoint + " has no readable " + kManifestFile);
   }
   try {
     Manifest manifest;
@@ -344,11 +340,18 @@ Manifest read_manifest(const std::filesystem::path& checkpoint_dir) {
     }
     return manifest;
   } catch (const json::exception&) {
-    throw IoError("checkpoint " + checkpoint_dir.string() + " has a malformed " + kManifestFile);
+    throw IoError("checkpoint " + checkpoint + " has a malformed " + kManifestFile);
   }
 }
 
-void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest& manifest) {
+Manifest read_manifest(const std::filesystem::path& checkpoint_dir) {
+  std::string text;
+  std::ifstream in(checkpoint_dir / kManifestFile, std::ios::binary);
+  if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return parse_manifest(text, checkpoint_dir.string());
+}
+
+std::string manifest_text(const Manifest& manifest) {
   json files = json::array();
   for (const auto& f : manifest.files) {
     files.push_back({{"path", f.path}, {"size", f.size}, {"sha256", f.sha256}, {"rank", f.rank}});
@@ -357,7 +360,11 @@ void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest&
             {"metrics", manifest.metrics},
             {"ranks", manifest.ranks},
             {"files", files}};
-  write_file_atomic(checkpoint_dir / kManifestFile, dump(j) + "\n");
+  return dump(j) + "\n";
+}
+
+void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest& manifest) {
+  write_file_atomic(checkpoint_dir / kManifestFile, manifest_text(manifest));
 }
 
 RunLock::RunLock(const std::filesystem::path& run_dir) {

@@ -126,6 +126,10 @@ void write_error(const std::filesystem::path& run_dir, const std::optional<RunEr
 /// missing or malformed.
 Manifest read_manifest(const std::filesystem::path& checkpoint_dir);
 void write_manifest(const std::filesystem::path& checkpoint_dir, const Manifest& manifest);
+/// A manifest from its text; throws IoError naming `checkpoint` when malformed.
+Manifest parse_manifest(const std::string& text, const std::string& checkpoint);
+/// The text write_manifest writes.
+std::string manifest_text(const Manifest& manifest);
 
 /// The run directory held by this process for the length of a run: an
 /// exclusive flock on <run>/.lock, which the kernel drops however the process

@@ -14,6 +14,7 @@
 #include "common/constants.h"
 #include "common/hash.h"
 #include "protocol/message.h"
+#include "storage/s3_transfer.h"
 #include "transfer/checkpoint_files.h"
 #include "transfer/chunk_pull.h"
 #include "transfer/chunked_file.h"
@@ -76,6 +77,23 @@ std::string stream_file(zmq::socket_t& controller, const std::filesystem::path& 
 
 }  // namespace
 
+void upload_to_objects(const std::string& checkpoint_url, const std::filesystem::path& dir,
+                       std::vector<protocol::CheckpointFile>& files,
+                       const std::atomic<bool>* stop) {
+  auto location = s3::parse_url(checkpoint_url);
+  auto config = s3::resolve_config();
+  s3::TransferOptions options;
+  options.client.stop = stop;
+  for (auto& file : files) {
+    if (stop != nullptr && stop->load()) throw Error("stopped while uploading");
+    if (!is_safe_checkpoint_path(file.path)) {
+      throw UsageError("the checkpoint names an unsafe path, " + file.path);
+    }
+    file.sha256 = s3::upload_file(config, location.bucket, dir / file.path, file.size,
+                                  location.key(file.path), options);
+  }
+}
+
 void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
                        const std::filesystem::path& dir,
                        std::vector<protocol::CheckpointFile> files, const std::atomic<bool>* stop) {
@@ -85,6 +103,18 @@ void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
                         std::to_string(iteration) + " uploads");
   }
   protocol::Uploaded uploaded{iteration, {}, ""};
+  if (s3::is_s3_url(upload.staging_dir)) {  // straight to object storage
+    try {
+      upload_to_objects(upload.staging_dir, dir, files, stop);
+      uploaded.files = std::move(files);
+    } catch (const IoError& e) {
+      uploaded.error = e.what();
+    } catch (const UsageError& e) {
+      uploaded.error = e.what();
+    }
+    protocol::send(controller, uploaded);
+    return;
+  }
   try {
     int credit = upload.credit;
     for (uint32_t i = 0; i < files.size(); ++i) {

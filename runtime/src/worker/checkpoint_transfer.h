@@ -29,6 +29,13 @@ void upload_checkpoint(zmq::socket_t& controller, int64_t iteration,
                        std::vector<protocol::CheckpointFile> files,
                        const std::atomic<bool>* stop = nullptr);
 
+/// Puts each of `files` (in `dir`) under the s3:// URL of a checkpoint, and
+/// records its sha256. Throws IoError (S3Error) when an upload fails, after
+/// its retries; each failed multipart upload is aborted.
+void upload_to_objects(const std::string& checkpoint_url, const std::filesystem::path& dir,
+                       std::vector<protocol::CheckpointFile>& files,
+                       const std::atomic<bool>* stop);
+
 /// Fetches the checkpoint ASSIGN named (`checkpoint_dir`, on the controller's
 /// side) into a new directory under `parent`, verifying every file's sha256.
 /// Returns that directory, or an empty path when there is no checkpoint.

@@ -25,10 +25,12 @@
 #include "common/paths.h"
 #include "protocol/message.h"
 #include "storage/run_directory.h"
+#include "storage/s3_config.h"
 #include "transfer/checkpoint_files.h"
 #include "worker/checkpoint_transfer.h"
 #include "worker/checkpoint_uploader.h"
 #include "worker/controller_store.h"
+#include "worker/object_checkpoint.h"
 #include "worker/plugin_library.h"
 
 namespace trainrun {
@@ -47,6 +49,7 @@ struct HostState {
   bool checkpoint_ready = false;  // verified, or fetched: local_checkpoint is it
   std::filesystem::path local_checkpoint;
   std::filesystem::path downloads;  // where fetched checkpoints go, made when needed
+  std::unique_ptr<ObjectCheckpoint> object_checkpoint;  // one from object storage
   std::thread::id train_thread = std::this_thread::get_id();
   std::chrono::steady_clock::time_point progress_sent;  // the last PROGRESS
   std::filesystem::path run_dir, storage_root, cache_dir;
@@ -201,7 +204,11 @@ int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
   auto& state = *static_cast<HostState*>(handle);
   try {
     if (!state.checkpoint_ready && !state.checkpoint_dir.empty()) {
-      if (state.fetch_checkpoint) {
+      if (s3::is_s3_url(state.checkpoint_dir)) {
+        state.object_checkpoint =
+            std::make_unique<ObjectCheckpoint>(state.checkpoint_dir, state.cache_dir);
+        state.local_checkpoint = state.object_checkpoint->dir();
+      } else if (state.fetch_checkpoint) {
         if (state.downloads.empty()) state.downloads = make_temp_dir("trainrun-checkpoint-");
         state.local_checkpoint =
             download_checkpoint(*state.controller, state.checkpoint_dir, state.downloads);
@@ -340,8 +347,10 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     state.attach = attach;
     state.world_rank = assign.world_rank;
     state.checkpoint_dir = assign.checkpoint_dir;
-    state.storage_root = assign.storage_path;
-    state.run_dir = std::filesystem::path(assign.storage_path) / assign.run_name;
+    if (!s3::is_s3_url(assign.storage_path)) {  // nothing on this host to keep
+      state.storage_root = assign.storage_path;
+      state.run_dir = std::filesystem::path(assign.storage_path) / assign.run_name;
+    }
     state.cache_dir = options.cache_dir;
     // A remote worker that sees the storage copies its checkpoints there, and
     // reads the one to resume from in place when it is in the storage too

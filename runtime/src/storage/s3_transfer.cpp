@@ -1,0 +1,265 @@
+#include "storage/s3_transfer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/fd.h"
+#include "common/hash.h"
+
+namespace trainrun::s3 {
+namespace {
+
+constexpr uint64_t kMaxParts = 10000;  // S3's limit
+
+size_t part_size_for(uint64_t size, size_t wanted) {
+  uint64_t least = (size + kMaxParts - 1) / kMaxParts;
+  return static_cast<size_t>(std::max<uint64_t>(wanted, least));
+}
+
+void read_exactly(int fd, char* out, size_t size, uint64_t offset,
+                  const std::filesystem::path& file) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw IoError("cannot read " + file.string() + ": " +
+                    (n < 0 ? std::strerror(errno) : "it is shorter than when it was listed"));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+// The first error of several threads, and a stop flag for the rest.
+class Failure {
+ public:
+  void set(std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = error;
+    stop_ = true;
+  }
+  bool failed() const { return stop_.load(); }
+  void rethrow() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) std::rethrow_exception(error_);
+  }
+  const std::atomic<bool>* flag() const { return &stop_; }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr error_;
+  std::atomic<bool> stop_{false};
+};
+
+// The clients of one transfer stop at a sibling's failure; the caller's own
+// stop flag is looked at between parts.
+ClientOptions with_stop(const TransferOptions& options, Failure& failure) {
+  ClientOptions client = options.client;
+  client.stop = failure.flag();
+  return client;
+}
+
+}  // namespace
+
+std::string upload_file(const Config& config, const std::string& bucket,
+                        const std::filesystem::path& file, uint64_t size, const std::string& key,
+                        const TransferOptions& options) {
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw IoError("cannot read " + file.string() + ": " + std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0 || static_cast<uint64_t>(info.st_size) != size) {
+    throw IoError("checkpoint file " + file.string() + " changed size since it was listed");
+  }
+  const size_t part_size = part_size_for(size, options.part_size);
+  Sha256 hash;
+  if (size <= part_size) {  // one PUT
+    std::vector<char> bytes(size);
+    read_exactly(fd.get(), bytes.data(), size, 0, file);
+    hash.update(bytes.data(), size);
+    Client(config, bucket, options.client).put(key, bytes.data(), size);
+    return hash.hex_digest();
+  }
+
+  Failure failure;
+  Client control(config, bucket, options.client);
+  const std::string upload_id = control.create_multipart(key);
+  const uint64_t parts = (size + part_size - 1) / part_size;
+  const int threads = static_cast<int>(std::clamp<uint64_t>(options.threads, 1, parts));
+  std::vector<std::string> etags(parts);
+
+  // Buffers go round: the reader fills a free one, a sender empties it.
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::vector<char>> buffers(threads + 1);
+  std::deque<size_t> free_buffers;
+  for (size_t i = 0; i < buffers.size(); ++i) free_buffers.push_back(i);
+  std::deque<std::pair<uint64_t, size_t>> ready;  // part, buffer
+  bool reading_done = false;
+
+  auto send = [&] {
+    try {
+      Client client(config, bucket, with_stop(options, failure));
+      while (true) {
+        std::pair<uint64_t, size_t> job;
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return !ready.empty() || reading_done || failure.failed(); });
+          if (failure.failed() || ready.empty()) return;
+          job = ready.front();
+          ready.pop_front();
+        }
+        auto& buffer = buffers[job.second];
+        etags[job.first] = client.upload_part(key, upload_id, static_cast<int>(job.first + 1),
+                                              buffer.data(), buffer.size());
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          free_buffers.push_back(job.second);
+        }
+        changed.notify_all();
+      }
+    } catch (...) {
+      failure.set(std::current_exception());
+      changed.notify_all();
+    }
+  };
+  std::vector<std::thread> senders;
+  for (int i = 0; i < threads; ++i) senders.emplace_back(send);
+  try {
+    for (uint64_t part = 0; part < parts; ++part) {
+      size_t index;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] {
+          return !free_buffers.empty() || failure.failed() ||
+                 (options.client.stop != nullptr && options.client.stop->load());
+        });
+        if (failure.failed()) break;
+        if (options.client.stop != nullptr && options.client.stop->load()) {
+          throw S3Error("upload of " + control.url(key) + " stopped", 0, "");
+        }
+        index = free_buffers.front();
+        free_buffers.pop_front();
+      }
+      uint64_t offset = part * part_size;
+      auto& buffer = buffers[index];
+      buffer.resize(static_cast<size_t>(std::min<uint64_t>(part_size, size - offset)));
+      read_exactly(fd.get(), buffer.data(), buffer.size(), offset, file);
+      hash.update(buffer.data(), buffer.size());
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        ready.emplace_back(part, index);
+      }
+      changed.notify_all();
+    }
+  } catch (...) {
+    failure.set(std::current_exception());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    reading_done = true;
+  }
+  changed.notify_all();
+  for (auto& sender : senders) sender.join();
+  try {
+    failure.rethrow();
+    control.complete_multipart(key, upload_id, etags);
+  } catch (...) {
+    try {
+      Client(config, bucket, options.client.stop == nullptr ? options.client : ClientOptions{})
+          .abort_multipart(key, upload_id);
+    } catch (const std::exception&) {  // the controller aborts what is left
+    }
+    throw;
+  }
+  return hash.hex_digest();
+}
+
+std::string download_file(const Config& config, const std::string& bucket, const std::string& key,
+                          uint64_t size, const std::filesystem::path& file,
+                          const TransferOptions& options) {
+  Fd fd(::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
+  }
+  const size_t part_size = options.part_size;
+  const uint64_t parts = std::max<uint64_t>(1, (size + part_size - 1) / part_size);
+  const int threads = static_cast<int>(std::clamp<uint64_t>(options.threads, 1, parts));
+  Failure failure;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<bool> done(parts, false);
+  uint64_t next = 0;
+
+  auto fetch = [&] {
+    try {
+      Client client(config, bucket, with_stop(options, failure));
+      std::vector<char> buffer;
+      while (true) {
+        uint64_t part;
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (next >= parts || failure.failed()) return;
+          part = next++;
+        }
+        uint64_t offset = part * part_size;
+        size_t length = static_cast<size_t>(std::min<uint64_t>(part_size, size - offset));
+        buffer.resize(length);
+        client.get_range(key, offset, length, buffer.data());
+        for (size_t written = 0; written < length;) {
+          ssize_t n = ::pwrite(fd.get(), buffer.data() + written, length - written,
+                               static_cast<off_t>(offset + written));
+          if (n < 0 && errno == EINTR) continue;
+          if (n < 0) throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
+          written += static_cast<size_t>(n);
+        }
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          done[part] = true;
+        }
+        changed.notify_all();
+      }
+    } catch (...) {
+      failure.set(std::current_exception());
+      changed.notify_all();
+    }
+  };
+  std::vector<std::thread> fetchers;
+  for (int i = 0; i < threads && size > 0; ++i) fetchers.emplace_back(fetch);
+  // Hash in order, behind the fetchers, from the page cache.
+  Sha256 hash;
+  std::vector<char> buffer;
+  try {
+    for (uint64_t part = 0; part < parts && size > 0; ++part) {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return done[part] || failure.failed(); });
+        if (failure.failed()) break;
+      }
+      uint64_t offset = part * part_size;
+      buffer.resize(static_cast<size_t>(std::min<uint64_t>(part_size, size - offset)));
+      read_exactly(fd.get(), buffer.data(), buffer.size(), offset, file);
+      hash.update(buffer.data(), buffer.size());
+    }
+  } catch (...) {
+    failure.set(std::current_exception());
+  }
+  for (auto& fetcher : fetchers) fetcher.join();
+  failure.rethrow();
+  if (::fsync(fd.get()) != 0) {
+    throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
+  }
+  return hash.hex_digest();
+}
+
+}  // namespace trainrun::s3
