@@ -74,10 +74,11 @@ TEST_CASE("usage errors exit 2") {
   CHECK(version.output.find("trainrun " TRAIN_SDK_VERSION) != std::string::npos);
 }
 
-TEST_CASE("a storage URI is refused in one line before any worker starts, file:// is a path") {
+TEST_CASE("a storage URI other than s3:// is refused in one line before any worker starts, file:// "
+          "is a path") {
   Sandbox box;
   for (const char* uri :
-       {"s3://bucket/prefix", "gs://bucket", "hdfs://namenode:8020/runs",
+       {"s3://Not_A_Bucket/prefix", "s3://bucket/../up", "gs://bucket", "hdfs://namenode:8020/runs",
         "abfs://container@account.dfs.core.windows.net/runs", "S3://b", "file://relative/path"}) {
     CAPTURE(uri);
     auto run =

@@ -198,7 +198,7 @@ train::CheckpointUploadMode upload_mode(const train::Config& config, int rank = 
 // also model.txt holding the iteration. Reports what get_checkpoint() held at the start ("none" or
 // model.txt's text) and where it was. With same_name=true every rank writes model.txt; with
 // symlink=true rank 0 adds a symbolic link; pad_kb adds a file of that many KiB to rank 0's
-// checkpoints.
+// checkpoints; pause_file and pause_at hold rank 0 before a report (see below).
 void checkpoints(const train::Config& config) {
   auto ctx = train::get_context();
   std::string resumed = "none";
@@ -214,7 +214,16 @@ void checkpoints(const train::Config& config) {
   if (parent == "@run") {
     parent = (std::filesystem::path(ctx.storage_path()) / ctx.run_name()).string();
   }
+  const auto pause_file = config.get<std::string>("pause_file", "");
   for (int i = 0; i < config.get<int>("reports", 3); ++i) {
+    // With pause_file, rank 0 waits before report pause_at until that file
+    // exists, for a minute at most (it makes <pause_file>.ready first).
+    if (!pause_file.empty() && ctx.world_rank() == 0 && i == config.get<int>("pause_at", 1)) {
+      std::ofstream(pause_file + ".ready") << "ready\n";
+      for (int waited = 0; waited < 600 && !std::filesystem::exists(pause_file); ++waited) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
     train::TempDir temp;
     auto path = parent.empty()
                     ? temp.path()

@@ -60,10 +60,20 @@ def serve(directory):
         f.write('{"identities":[{"name":"tester","credentials":[{"accessKey":"%s",'
                 '"secretKey":"%s"}],"actions":["Admin","Read","Write","List","Tagging"]}]}'
                 % (ACCESS_KEY, SECRET_KEY))
-    # Every port chosen here, so that servers of tests side by side never meet.
+    # Every port chosen here, so that servers of tests side by side never meet;
+    # kept in DIR/ports, so that a server started again on the same data
+    # serves where it did.
+    ports_file = os.path.join(directory, "ports")
+    if os.path.exists(ports_file):
+        with open(ports_file) as f:
+            ports = [int(p) for p in f.read().split()]
+    else:
+        ports = free_ports(11)
+        with open(ports_file, "w") as f:
+            f.write(" ".join(map(str, ports)))
     (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc,
-     admin, admin_grpc, metrics) = free_ports(11)
-    log = open(os.path.join(directory, "weed.log"), "w")
+     admin, admin_grpc, metrics) = ports
+    log = open(os.path.join(directory, "weed.log"), "a")
     weed = subprocess.Popen(
         [os.path.join(VENV, "bin", "weed"), "mini", "-dir=" + os.path.join(directory, "data"),
          "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -81,7 +91,6 @@ def serve(directory):
             os.killpg(weed.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        weed.wait(timeout=10)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -97,7 +106,10 @@ def serve(directory):
         try:
             client(endpoint).create_bucket(Bucket="trainrun-probe")
             break
-        except Exception:
+        except Exception as e:
+            code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
+            if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                break  # started again on the same data
             if time.monotonic() > deadline:
                 sys.stderr.write("s3tool: weed did not serve S3 within %ds\n" % START_TIMEOUT)
                 stop()

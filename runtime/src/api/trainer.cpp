@@ -244,6 +244,9 @@ std::filesystem::path local_storage_path(const std::filesystem::path& given) {
     throw UsageError("storage path " + text.substr(0, 256) +
                      ": a file:// URI must name an absolute path on this host (file:///path)");
   }
+  if (scheme == "s3") {
+    throw UsageError("storage path " + text.substr(0, 256) + ": write the scheme as s3://");
+  }
   throw UsageError("storage path " + text.substr(0, 256) + ": " + scheme +
                    ":// storage is not supported; give s3://BUCKET/PREFIX or a filesystem path "
                    "(local, or a shared filesystem every node mounts)");

@@ -1,5 +1,6 @@
 #include "common/crash_point.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,7 +19,16 @@ void crash_point(const char* point) {
   auto at = chosen.find('@');
   if (chosen.substr(0, at) != point) return;
   long nth = at == std::string::npos ? 1 : std::atol(chosen.c_str() + at + 1);
-  if (++reached == nth) ::_exit(kCrashPointExitCode);
+  if (++reached != nth) return;
+  // With TRAINRUN_CRASH_ONCE, only the process that makes that file crashes:
+  // a restarted one passes the point.
+  const char* once = std::getenv("TRAINRUN_CRASH_ONCE");
+  if (once != nullptr && *once != '\0') {
+    int fd = ::open(once, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    ::close(fd);
+  }
+  ::_exit(kCrashPointExitCode);
 }
 
 }  // namespace trainrun

@@ -4,8 +4,10 @@
 // names a point ("commit:renamed", or "commit:state@2" for the second time it
 // is reached), the process ends there at once with _exit(86), as kill -9 would
 // end it: no destructor, no flush. Tests use it to prove that a run
-// recovers from a crash between any two steps of a commit. Costs one getenv
-// per process.
+// recovers from a crash between any two steps of a commit. With
+// TRAINRUN_CRASH_ONCE=<path> as well, only the process that creates that file
+// crashes, so that a restarted process passes the point. Costs one getenv per
+// process.
 
 namespace trainrun {
 

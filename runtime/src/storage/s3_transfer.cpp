@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/crash_point.h"
 #include "common/fd.h"
 #include "common/hash.h"
 
@@ -123,6 +124,7 @@ std::string upload_file(const Config& config, const std::string& bucket,
                                               buffer.data(), buffer.size());
         {
           std::lock_guard<std::mutex> lock(mutex);
+          crash_point("upload:part");  // tests: a rank killed with parts uploaded
           free_buffers.push_back(job.second);
         }
         changed.notify_all();
