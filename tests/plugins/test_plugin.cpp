@@ -257,6 +257,52 @@ void checkpoints(const train::Config& config) {
 
 TRAIN_FUNC(checkpoints);
 
+// For tools/bench/s3_transfer.py: every rank checkpoints `mb` MiB of its own
+// (pad-rank-<R>.bin) in each of `reports` reports (upload_mode: sync or
+// async); rank 0 appends to the file `timings` how long get_checkpoint() took
+// ("get_checkpoint_s S", when there was a checkpoint) and each report()
+// ("report_s S").
+void transfer(const train::Config& config) {
+  auto ctx = train::get_context();
+  auto seconds_since = [](std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::ofstream timings;
+  if (ctx.world_rank() == 0 && !config.get<std::string>("timings", "").empty()) {
+    timings.open(config.get<std::string>("timings", ""), std::ios::app);
+  }
+  auto start = std::chrono::steady_clock::now();
+  auto checkpoint = train::get_checkpoint();
+  if (checkpoint) {
+    timings << "get_checkpoint_s " << seconds_since(start) << std::endl;
+    auto own = checkpoint->path() / ("pad-rank-" + std::to_string(ctx.world_rank()) + ".bin");
+    if (!std::filesystem::exists(own)) throw std::runtime_error("the checkpoint lacks " + own.string());
+  }
+  const auto mb = static_cast<size_t>(config.get<int>("mb", 64));
+  std::vector<char> block(1 << 20);
+  uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(ctx.world_rank() + 1);
+  for (auto& c : block) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  for (int i = 0; i < config.get<int>("reports", 1); ++i) {
+    train::TempDir temp;
+    {
+      std::ofstream pad(temp.path() / ("pad-rank-" + std::to_string(ctx.world_rank()) + ".bin"),
+                        std::ios::binary);
+      for (size_t m = 0; m < mb; ++m) pad.write(block.data(), static_cast<std::streamsize>(block.size()));
+    }
+    auto before = std::chrono::steady_clock::now();
+    train::report({{"i", i}}, train::Checkpoint::from_directory(temp.path()),
+                  upload_mode(config, ctx.world_rank()));
+    timings << "report_s " << seconds_since(before) << std::endl;
+  }
+}
+
+TRAIN_FUNC(transfer);
+
 // Times `n` metrics-only reports and `n` Gloo barriers on every rank; reports
 // rank 0's p50 and p99 of each, in microseconds (tools/bench/report_latency.py).
 void report_latency(const train::Config& config) {

@@ -91,6 +91,9 @@ class Client {
   std::optional<std::string> get(const std::string& key);
   /// Reads `size` bytes at `offset` into `out`; throws S3Error when fewer come.
   void get_range(const std::string& key, uint64_t offset, size_t size, void* out);
+  /// Writes `size` bytes at `offset` into the file `fd` at the same offset;
+  /// throws S3Error when fewer come or they cannot be written.
+  void get_range_to_file(const std::string& key, uint64_t offset, size_t size, int fd);
   /// The object's size; nothing when there is no such key.
   std::optional<uint64_t> head(const std::string& key);
   /// Every object whose key starts with `prefix`, in key order.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -70,7 +71,29 @@ ClientOptions with_stop(const TransferOptions& options, Failure& failure) {
   return client;
 }
 
+long env_number(const char* name, long low, long high, long fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < low || value > high) {
+    throw UsageError(std::string(name) + " must be a whole number from " + std::to_string(low) +
+                     " to " + std::to_string(high) + ", got '" + text + "'");
+  }
+  return value;
+}
+
 }  // namespace
+
+TransferOptions TransferOptions::from_environment() {
+  TransferOptions options;
+  options.threads = static_cast<int>(env_number("TRAINRUN_S3_CONCURRENCY", 1, 256, options.threads));
+  options.part_size = static_cast<size_t>(
+                          env_number("TRAINRUN_S3_PART_MB", 5, 5120,
+                                     static_cast<long>(options.part_size >> 20)))
+                      << 20;
+  return options;
+}
 
 std::string upload_file(const Config& config, const std::string& bucket,
                         const std::filesystem::path& file, uint64_t size, const std::string& key,
@@ -186,48 +209,68 @@ std::string upload_file(const Config& config, const std::string& bucket,
   return hash.hex_digest();
 }
 
-std::string download_file(const Config& config, const std::string& bucket, const std::string& key,
-                          uint64_t size, const std::filesystem::path& file,
-                          const TransferOptions& options) {
-  Fd fd(::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
-    throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
-  }
+std::vector<std::string> download_files(const Config& config, const std::string& bucket,
+                                        const std::vector<Download>& files,
+                                        const TransferOptions& options) {
+  // Every part of every file in one queue, in file order: the fetchers work
+  // through it, and the hashing follows them file by file.
+  struct Part {
+    size_t file;
+    uint64_t offset;
+    size_t length;
+  };
+  std::vector<Part> parts;
+  std::vector<Fd> fds;
+  std::vector<size_t> first_part;
   const size_t part_size = options.part_size;
-  const uint64_t parts = std::max<uint64_t>(1, (size + part_size - 1) / part_size);
-  const int threads = static_cast<int>(std::clamp<uint64_t>(options.threads, 1, parts));
+  for (size_t i = 0; i < files.size(); ++i) {
+    const auto& file = files[i];
+    Fd fd(::open(file.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) {
+      throw IoError("cannot write " + file.path.string() + ": " + std::strerror(errno));
+    }
+    // Its blocks allocated up front (a full disk fails here, not midway):
+    // parts written out of order into a sparse file fragment it, and cost
+    // more than the download itself.
+    if (file.size > 0) {
+      int error = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(file.size));
+      if (error == EOPNOTSUPP || error == EINVAL) {
+        error = ::ftruncate(fd.get(), static_cast<off_t>(file.size)) == 0 ? 0 : errno;
+      }
+      if (error != 0) {
+        throw IoError("cannot write " + file.path.string() + ": " + std::strerror(error));
+      }
+    }
+    fds.push_back(std::move(fd));
+    first_part.push_back(parts.size());
+    for (uint64_t offset = 0; offset < file.size; offset += part_size) {
+      parts.push_back({i, offset, static_cast<size_t>(std::min<uint64_t>(part_size, file.size - offset))});
+    }
+  }
+  first_part.push_back(parts.size());
+  const int threads = static_cast<int>(std::clamp<uint64_t>(options.threads, 1, std::max<size_t>(1, parts.size())));
   Failure failure;
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<bool> done(parts, false);
-  uint64_t next = 0;
+  std::vector<bool> done(parts.size(), false);
+  size_t next = 0;
 
   auto fetch = [&] {
     try {
       Client client(config, bucket, with_stop(options, failure));
-      std::vector<char> buffer;
       while (true) {
-        uint64_t part;
+        size_t index;
         {
           std::lock_guard<std::mutex> lock(mutex);
-          if (next >= parts || failure.failed()) return;
-          part = next++;
+          if (next >= parts.size() || failure.failed()) return;
+          index = next++;
         }
-        uint64_t offset = part * part_size;
-        size_t length = static_cast<size_t>(std::min<uint64_t>(part_size, size - offset));
-        buffer.resize(length);
-        client.get_range(key, offset, length, buffer.data());
-        for (size_t written = 0; written < length;) {
-          ssize_t n = ::pwrite(fd.get(), buffer.data() + written, length - written,
-                               static_cast<off_t>(offset + written));
-          if (n < 0 && errno == EINTR) continue;
-          if (n < 0) throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
-          written += static_cast<size_t>(n);
-        }
+        const auto& part = parts[index];
+        const auto& file = files[part.file];
+        client.get_range_to_file(file.key, part.offset, part.length, fds[part.file].get());
         {
           std::lock_guard<std::mutex> lock(mutex);
-          done[part] = true;
+          done[index] = true;
         }
         changed.notify_all();
       }
@@ -237,31 +280,32 @@ std::string download_file(const Config& config, const std::string& bucket, const
     }
   };
   std::vector<std::thread> fetchers;
-  for (int i = 0; i < threads && size > 0; ++i) fetchers.emplace_back(fetch);
+  for (int i = 0; i < threads && !parts.empty(); ++i) fetchers.emplace_back(fetch);
   // Hash in order, behind the fetchers, from the page cache.
-  Sha256 hash;
+  std::vector<std::string> digests;
   std::vector<char> buffer;
   try {
-    for (uint64_t part = 0; part < parts && size > 0; ++part) {
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        changed.wait(lock, [&] { return done[part] || failure.failed(); });
-        if (failure.failed()) break;
+    for (size_t i = 0; i < files.size() && !failure.failed(); ++i) {
+      Sha256 hash;
+      for (size_t index = first_part[i]; index < first_part[i + 1]; ++index) {
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return done[index] || failure.failed(); });
+          if (failure.failed()) break;
+        }
+        const auto& part = parts[index];
+        buffer.resize(part.length);
+        read_exactly(fds[i].get(), buffer.data(), part.length, part.offset, files[i].path);
+        hash.update(buffer.data(), part.length);
       }
-      uint64_t offset = part * part_size;
-      buffer.resize(static_cast<size_t>(std::min<uint64_t>(part_size, size - offset)));
-      read_exactly(fd.get(), buffer.data(), buffer.size(), offset, file);
-      hash.update(buffer.data(), buffer.size());
+      digests.push_back(hash.hex_digest());
     }
   } catch (...) {
     failure.set(std::current_exception());
   }
   for (auto& fetcher : fetchers) fetcher.join();
   failure.rethrow();
-  if (::fsync(fd.get()) != 0) {
-    throw IoError("cannot write " + file.string() + ": " + std::strerror(errno));
-  }
-  return hash.hex_digest();
+  return digests;
 }
 
 }  // namespace trainrun::s3

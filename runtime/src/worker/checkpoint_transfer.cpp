@@ -82,7 +82,7 @@ void upload_to_objects(const std::string& checkpoint_url, const std::filesystem:
                        const std::atomic<bool>* stop) {
   auto location = s3::parse_url(checkpoint_url);
   auto config = s3::resolve_config();
-  s3::TransferOptions options;
+  auto options = s3::TransferOptions::from_environment();
   options.client.stop = stop;
   for (auto& file : files) {
     if (stop != nullptr && stop->load()) throw Error("stopped while uploading");

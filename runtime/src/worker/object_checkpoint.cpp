@@ -86,14 +86,18 @@ ObjectCheckpoint::ObjectCheckpoint(const std::string& url, const std::filesystem
     std::filesystem::remove_all(dir_, ec);
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw IoError("cannot create " + dir_.string() + ": " + ec.message());
+    std::vector<s3::Download> downloads;
     for (const auto& file : manifest.files) {
       auto path = dir_ / file.path;
       std::filesystem::create_directories(path.parent_path(), ec);
       if (ec) throw IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
-      auto sha256 =
-          s3::download_file(config, location.bucket, location.key(file.path), file.size, path);
-      if (sha256 != file.sha256) {
-        throw IoError("checkpoint file " + file.path + " of " + url +
+      downloads.push_back({location.key(file.path), file.size, path});
+    }
+    auto digests = s3::download_files(config, location.bucket, downloads,
+                                      s3::TransferOptions::from_environment());
+    for (size_t i = 0; i < digests.size(); ++i) {
+      if (digests[i] != manifest.files[i].sha256) {
+        throw IoError("checkpoint file " + manifest.files[i].path + " of " + url +
                       " arrived corrupt (its sha256 differs from the manifest)");
       }
     }
