@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages trainrun needs.
 #   tools/setup.sh           to build trainrun and run jobs (the FashionMNIST one included)
-#   tools/setup.sh --tests   and to build and pass the tests
+#   tools/setup.sh --tests   and to build and pass the tests (with tools/setup_s3.sh:
+#                            the S3 server and boto3 the object-storage tests use)
 #   tools/setup.sh --bench   and what the benchmarks compare against
 # Uses sudo when not root.
 set -euo pipefail
@@ -11,6 +12,8 @@ packages=(
   libtorch-dev libgloo-dev
   cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev zlib1g-dev
+  # Object storage: libcurl signs S3 requests (SigV4), pugixml reads S3's XML.
+  libcurl4-openssl-dev libpugixml-dev
   # report.html's charts (inlined at build time).
   libjs-chart.js
   # The FashionMNIST plugin's data.
@@ -25,15 +28,18 @@ test_packages=(
   slurm-wlm munge iproute2 util-linux
   # PyTorch 1.13 (the same LibTorch): the DDP oracle test.
   python3-torch
+  # tools/setup_s3.sh's virtual environment.
+  python3-venv
 )
 bench_packages=(
   python3
   # torchrun + DistributedDataParallel, the baselines.
   python3-torch python3-torchvision
 )
+s3=0
 for option in "$@"; do
   case "$option" in
-    --tests) packages+=("${test_packages[@]}") ;;
+    --tests) packages+=("${test_packages[@]}"); s3=1 ;;
     --bench) packages+=("${bench_packages[@]}") ;;
     *) echo "usage: tools/setup.sh [--tests] [--bench]" >&2; exit 2 ;;
   esac
@@ -46,11 +52,13 @@ for p in "${packages[@]}"; do
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all ${#packages[@]} packages are installed"
-  exit 0
+else
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-echo "setup: installing ${missing[*]}"
-$sudo apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+if ((s3)); then
+  PYTHON=/usr/bin/python3 "$(dirname "$0")/setup_s3.sh"
+fi

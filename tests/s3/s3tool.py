@@ -4,8 +4,8 @@
     s3tool.py serve DIR            start SeaweedFS's `weed mini` on loopback with
                                    ports the OS chose and the test credentials;
                                    print the endpoint once a bucket can be made,
-                                   then run until stdin closes or SIGTERM (the
-                                   server goes with it)
+                                   then run until SIGTERM, or until stdin closes
+                                   where stdin is a pipe (the server goes with it)
     s3tool.py ls BUCKET PREFIX     every object under PREFIX: "key size" lines
     s3tool.py uploads BUCKET PREFIX  the unfinished multipart uploads: "key" lines
     s3tool.py get BUCKET KEY       the object's bytes on stdout
@@ -18,6 +18,7 @@ as trainrun does. Every wait is bounded.
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -115,8 +116,9 @@ def serve(directory):
                 stop()
             time.sleep(0.3)
     print(endpoint, flush=True)
-    # Until stdin closes (the test ended, however it ended) or a signal.
-    threading.Thread(target=lambda: (sys.stdin.read(), stop()), daemon=True).start()
+    # Until a signal, or stdin closes (the test ended, however it ended).
+    if stat.S_ISFIFO(os.fstat(0).st_mode):
+        threading.Thread(target=lambda: (sys.stdin.read(), stop()), daemon=True).start()
     weed.wait()
     sys.exit(1)
 
