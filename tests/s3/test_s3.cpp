@@ -67,7 +67,7 @@ TEST_CASE("a run in object storage commits each rank's parts with the manifest l
   Sandbox box;
   S3Server server(box.root() / "s3");
   server.tool("mb runs");
-  // 40 MiB on rank 0: a multipart upload of 3 parts.
+  // 40 MiB on rank 0: a multipart upload of 5 parts.
   const auto args = kPlugin + "--entry checkpoints -n 2 --name c --storage-path s3://runs/team/exp "
                               "--num-to-keep 1 --config pad_kb=40960";
   auto run = box.run_in_root(args);
@@ -175,7 +175,8 @@ TEST_CASE("object storage: a worker killed mid-upload leaves no checkpoint, its 
   Sandbox box;
   S3Server server(box.root() / "s3");
   server.tool("mb runs");
-  // Rank 0's 4th part: the first of its second checkpoint's 3.
+  // Rank 0's 4th part: the first of its second checkpoint's 3 (40 MiB in 16 MiB parts).
+  ::setenv("TRAINRUN_S3_PART_MB", "16", 1);
   ::setenv("TRAINRUN_CRASH_POINT", "upload:part@4", 1);
   ::setenv("TRAINRUN_CRASH_ONCE", (box.root() / "crashed").c_str(), 1);
   auto run = box.run_in_root(kPlugin +
@@ -183,6 +184,7 @@ TEST_CASE("object storage: a worker killed mid-upload leaves no checkpoint, its 
                              "--max-failures 1 --config pad_kb=40960");
   ::unsetenv("TRAINRUN_CRASH_POINT");
   ::unsetenv("TRAINRUN_CRASH_ONCE");
+  ::unsetenv("TRAINRUN_S3_PART_MB");
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   REQUIRE(std::filesystem::exists(box.root() / "crashed"));

@@ -89,7 +89,6 @@ struct Client::Request {
   std::map<std::string, std::string> query;  // sorted, as SigV4's canonical query must be
   const char* body = nullptr;
   size_t body_size = 0;
-  size_t body_sent = 0;
   std::optional<std::pair<uint64_t, size_t>> range;  // offset, size
   char* sink = nullptr;  // a ranged GET's bytes go here ...
   int sink_fd = -1;      // ... or into this file at sink_offset
@@ -139,6 +138,9 @@ Client::Response Client::perform(Request& request) {
   Response response;
   struct curl_slist* headers = nullptr;
   headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  if (request.method == "PUT") {  // not the form type libcurl gives a body of its own
+    headers = curl_slist_append(headers, "Content-Type: application/octet-stream");
+  }
   if (config_.credentials) {
     const auto& credentials = *config_.credentials;
     std::string sigv4 = "aws:amz:" + config_.region + ":s3";
@@ -158,21 +160,13 @@ Client::Response Client::perform(Request& request) {
   }
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
 
-  request.body_sent = 0;
   request.sink_used = 0;
   if (request.method == "PUT") {
-    curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body_size));
-    curl_easy_setopt(curl, CURLOPT_READDATA, &request);
-    curl_easy_setopt(
-        curl, CURLOPT_READFUNCTION,
-        +[](char* buffer, size_t size, size_t count, void* data) -> size_t {
-          auto& r = *static_cast<Request*>(data);
-          size_t n = std::min(size * count, r.body_size - r.body_sent);
-          if (n > 0) std::memcpy(buffer, r.body + r.body_sent, n);
-          r.body_sent += n;
-          return n;
-        });
+    // Sent from the caller's buffer as it is: no read callback copying it into
+    // libcurl's upload buffer first.
+    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, "PUT");
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body_size));
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.body == nullptr ? "" : request.body);
   } else if (request.method == "POST") {
     curl_easy_setopt(curl, CURLOPT_POST, 1L);
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body_size));

@@ -21,8 +21,8 @@
 namespace trainrun::s3 {
 
 struct TransferOptions {
-  int threads = 16;             // parts in flight
-  size_t part_size = 8u << 20;  // grown for files of more than 10,000 parts
+  int threads = 10;             // parts in flight (boto3 default: 10)
+  size_t part_size = 8u << 20;  // boto3 default: 8 MiB; grown past 10,000 parts
   ClientOptions client;         // retries, timeouts, the stop flag
 
   /// The defaults, with TRAINRUN_S3_CONCURRENCY (threads) and
