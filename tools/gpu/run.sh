@@ -72,7 +72,18 @@ for stage in "${stages[@]}"; do
       # The linker finds the unpacked libraries that others need (libspdlog for
       # libtrainrun) only through -rpath-link: LIBRARY_PATH serves -l alone.
       link_flags="-Wl,-rpath-link,$multiarch"
-      cmake -S . -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$torch_prefix;$root/usr" \
+      # libcurl: the machine's own shared one where it has one (Debian's needs
+      # libraries of Debian's, its libldap among them), with the unpacked headers.
+      curl_args=()
+      for lib in /usr/lib/x86_64-linux-gnu/libcurl.so.4 /lib/x86_64-linux-gnu/libcurl.so.4 \
+                 /usr/lib64/libcurl.so.4; do
+        if [[ -e $lib ]]; then
+          curl_args=(-DCURL_LIBRARY="$lib" -DCURL_INCLUDE_DIR="$root/usr/include")
+          echo "build: libcurl from $lib"
+          break
+        fi
+      done
+      cmake -S . -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$torch_prefix;$root/usr" "${curl_args[@]}" \
         -DCMAKE_EXE_LINKER_FLAGS="$link_flags" -DCMAKE_SHARED_LINKER_FLAGS="$link_flags" \
         -DCMAKE_MODULE_LINKER_FLAGS="$link_flags" -DCMAKE_CXX_FLAGS="${TRAINRUN_GPU_CXXFLAGS:-}" \
         -DTRAINRUN_CHART_JS="$(ls "$root"/usr/share/javascript/chart.js/chart.{umd,min}.js \
