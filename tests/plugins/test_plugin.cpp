@@ -276,7 +276,8 @@ void transfer(const train::Config& config) {
   if (checkpoint) {
     timings << "get_checkpoint_s " << seconds_since(start) << std::endl;
     auto own = checkpoint->path() / ("pad-rank-" + std::to_string(ctx.world_rank()) + ".bin");
-    if (!std::filesystem::exists(own)) throw std::runtime_error("the checkpoint lacks " + own.string());
+    if (!std::filesystem::exists(own))
+      throw std::runtime_error("the checkpoint lacks " + own.string());
   }
   const auto mb = static_cast<size_t>(config.get<int>("mb", 64));
   std::vector<char> block(1 << 20);
@@ -292,7 +293,8 @@ void transfer(const train::Config& config) {
     {
       std::ofstream pad(temp.path() / ("pad-rank-" + std::to_string(ctx.world_rank()) + ".bin"),
                         std::ios::binary);
-      for (size_t m = 0; m < mb; ++m) pad.write(block.data(), static_cast<std::streamsize>(block.size()));
+      for (size_t m = 0; m < mb; ++m)
+        pad.write(block.data(), static_cast<std::streamsize>(block.size()));
     }
     auto before = std::chrono::steady_clock::now();
     train::report({{"i", i}}, train::Checkpoint::from_directory(temp.path()),

@@ -65,27 +65,34 @@ def serve(directory):
     # kept in DIR/ports, so that a server started again on the same data
     # serves where it did.
     ports_file = os.path.join(directory, "ports")
-    if os.path.exists(ports_file):
+    fresh = not os.path.exists(ports_file)
+    log = open(os.path.join(directory, "weed.log"), "a")
+    for _ in range(3):  # a port taken between free_ports() and weed's bind: others
+        if fresh:
+            ports = free_ports(11)
+            with open(ports_file, "w") as f:
+                f.write(" ".join(map(str, ports)))
         with open(ports_file) as f:
             ports = [int(p) for p in f.read().split()]
-    else:
-        ports = free_ports(11)
-        with open(ports_file, "w") as f:
-            f.write(" ".join(map(str, ports)))
-    (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc,
-     admin, admin_grpc, metrics) = ports
-    log = open(os.path.join(directory, "weed.log"), "a")
-    weed = subprocess.Popen(
-        [os.path.join(VENV, "bin", "weed"), "mini", "-dir=" + os.path.join(directory, "data"),
-         "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-         "-master.port=%d" % master, "-master.port.grpc=%d" % master_grpc,
-         "-volume.port=%d" % volume, "-volume.port.grpc=%d" % volume_grpc,
-         "-filer.port=%d" % filer, "-filer.port.grpc=%d" % filer_grpc,
-         "-s3.port=%d" % s3, "-s3.port.grpc=%d" % s3_grpc,
-         "-admin.port=%d" % admin, "-admin.port.grpc=%d" % admin_grpc, "-admin.ui=false",
-         "-metricsPort=%d" % metrics, "-webdav=false", "-s3.port.iceberg=0",
-         "-s3.port.lance=0", "-s3.config=" + config],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc,
+         admin, admin_grpc, metrics) = ports
+        weed = subprocess.Popen(
+            [os.path.join(VENV, "bin", "weed"), "mini", "-dir=" + os.path.join(directory, "data"),
+             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+             "-master.port=%d" % master, "-master.port.grpc=%d" % master_grpc,
+             "-volume.port=%d" % volume, "-volume.port.grpc=%d" % volume_grpc,
+             "-filer.port=%d" % filer, "-filer.port.grpc=%d" % filer_grpc,
+             "-s3.port=%d" % s3, "-s3.port.grpc=%d" % s3_grpc,
+             "-admin.port=%d" % admin, "-admin.port.grpc=%d" % admin_grpc, "-admin.ui=false",
+             "-metricsPort=%d" % metrics, "-webdav=false", "-s3.port.iceberg=0",
+             "-s3.port.lance=0", "-s3.config=" + config],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            weed.wait(timeout=2)  # exited at once: most likely a port in use
+        except subprocess.TimeoutExpired:
+            break
+        if not fresh:
+            break
 
     def stop(*_):
         try:

@@ -62,14 +62,16 @@ std::vector<nlohmann::json> stored_reports(const S3Server& server,
 
 }  // namespace
 
-TEST_CASE("a run in object storage commits each rank's parts with the manifest last, keeps the "
-          "latest, and a rerun resumes from it through one download per host") {
+TEST_CASE(
+    "a run in object storage commits each rank's parts with the manifest last, keeps the "
+    "latest, and a rerun resumes from it through one download per host") {
   Sandbox box;
   S3Server server(box.root() / "s3");
   server.tool("mb runs");
   // 40 MiB on rank 0: a multipart upload of 5 parts.
-  const auto args = kPlugin + "--entry checkpoints -n 2 --name c --storage-path s3://runs/team/exp "
-                              "--num-to-keep 1 --config pad_kb=40960";
+  const auto args = kPlugin +
+                    "--entry checkpoints -n 2 --name c --storage-path s3://runs/team/exp "
+                    "--num-to-keep 1 --config pad_kb=40960";
   auto run = box.run_in_root(args);
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
@@ -112,7 +114,14 @@ TEST_CASE("a run in object storage commits each rank's parts with the manifest l
   REQUIRE(reports.size() == 4);
   CHECK(reports.back()["checkpoint"] == "checkpoint_000003");
   CHECK(reports.back()["metrics"]["resumed"] == "report 2 of none");
-  // One copy on this host, for both ranks.
+  // One download on this host, for both ranks.
+  size_t downloads_seen = 0;
+  for (size_t at =
+           rerun.output.find("downloaded s3://runs/team/exp/c/checkpoint_000002 for this host");
+       at != std::string::npos; at = rerun.output.find("downloaded s3://", at + 1)) {
+    ++downloads_seen;
+  }
+  CHECK(downloads_seen == 1);
   auto downloads = box.root() / "cache" / "checkpoints";
   int copies = 0;
   for (const auto& entry : std::filesystem::directory_iterator(downloads)) {
@@ -124,10 +133,27 @@ TEST_CASE("a run in object storage commits each rank's parts with the manifest l
   stored = objects(server, "team/exp/c/");
   CHECK_FALSE(any_under(stored, "team/exp/c/checkpoint_000002/"));
   check_checkpoint(server, box.root(), "team/exp/c/checkpoint_000003");
+
+  // Another run starts from that checkpoint by its URL; one that is not a
+  // committed checkpoint is refused before anything starts.
+  auto started =
+      box.run_in_root(kPlugin +
+                      "--entry checkpoints -n 2 --name d --storage-path s3://runs/team/exp "
+                      "--config reports=1 --resume-from s3://runs/team/exp/c/checkpoint_000003");
+  INFO(started.output);
+  REQUIRE(started.exit_code == 0);
+  CHECK(stored_reports(server, box.root(), "team/exp/d").back()["metrics"]["resumed"] ==
+        "report 0 of report 2 of none");
+  auto missing = box.run_in_root(kPlugin +
+                                 "--entry checkpoints -n 2 --name e --resume-from "
+                                 "s3://runs/team/exp/c/checkpoint_000002");
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.output.find("is not a committed checkpoint") != std::string::npos);
 }
 
-TEST_CASE("object storage: wrong credentials and a missing bucket fail in one line before any "
-          "worker starts, and credentials come from a profile file") {
+TEST_CASE(
+    "object storage: wrong credentials and a missing bucket fail in one line before any "
+    "worker starts, and credentials come from a profile file") {
   Sandbox box;
   S3Server server(box.root() / "s3");
   server.tool("mb runs");
@@ -170,8 +196,9 @@ TEST_CASE("object storage: wrong credentials and a missing bucket fail in one li
   CHECK(no_profile.output.find("AWS_PROFILE names profile 'nobody'") != std::string::npos);
 }
 
-TEST_CASE("object storage: a worker killed mid-upload leaves no checkpoint, its parts are "
-          "aborted, and the restarted run resumes from the last committed one") {
+TEST_CASE(
+    "object storage: a worker killed mid-upload leaves no checkpoint, its parts are "
+    "aborted, and the restarted run resumes from the last committed one") {
   Sandbox box;
   S3Server server(box.root() / "s3");
   server.tool("mb runs");
@@ -204,8 +231,9 @@ TEST_CASE("object storage: a worker killed mid-upload leaves no checkpoint, its 
   CHECK(reports.back()["metrics"]["resumed"] == "report 0 of none");
 }
 
-TEST_CASE("object storage: the server stopped mid-run fails the run as a storage error, commits "
-          "nothing, and keeps the earlier checkpoints, which a rerun resumes from") {
+TEST_CASE(
+    "object storage: the server stopped mid-run fails the run as a storage error, commits "
+    "nothing, and keeps the earlier checkpoints, which a rerun resumes from") {
   Sandbox box;
   S3Server server(box.root() / "s3");
   server.tool("mb runs");
@@ -220,6 +248,7 @@ TEST_CASE("object storage: the server stopped mid-run fails the run as a storage
        ++waited) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  REQUIRE(std::filesystem::exists(pause.string() + ".ready"));
   server.stop();  // after checkpoint_000000's commit, before the next upload
   std::ofstream(pause) << "go\n";
   runner.join();
@@ -236,7 +265,7 @@ TEST_CASE("object storage: the server stopped mid-run fails the run as a storage
   CHECK(state["latest"] == "checkpoint_000000");
 
   // What a late upload would leave under the uncommitted name: the rerun
-  // deletes it before it commits its own checkpoint there.
+  // deletes it, and does not use that name again.
   std::ofstream(box.root() / "stale.bin") << "stale";
   server.tool("put runs exp/c/checkpoint_000001/stale.bin '" + (box.root() / "stale.bin").string() +
               "'");
@@ -245,8 +274,53 @@ TEST_CASE("object storage: the server stopped mid-run fails the run as a storage
   REQUIRE(rerun.exit_code == 0);
   CHECK(rerun.output.find("resuming from checkpoint_000000") != std::string::npos);
   stored = objects(server, "exp/c/");
-  CHECK(stored.count("exp/c/checkpoint_000001/stale.bin") == 0);
-  CHECK(stored.count("exp/c/checkpoint_000001/manifest.json") == 1);
-  check_checkpoint(server, box.root(), "exp/c/checkpoint_000001");
+  CHECK_FALSE(any_under(stored, "exp/c/checkpoint_000001/"));
+  check_checkpoint(server, box.root(), "exp/c/checkpoint_000002");
   CHECK(server.tool("uploads runs exp/").empty());
+}
+
+TEST_CASE(
+    "object storage: a controller killed between any two steps of a commit leaves a run "
+    "that resumes from the last checkpoint whose manifest is stored") {
+  Sandbox box;
+  S3Server server(box.root() / "s3");
+  server.tool("mb runs");
+  struct Case {
+    const char* point;
+    const char* resumed;  // what the rerun's train function found to resume from
+  };
+  // The first commit, then the second (which drops checkpoint_000000: --num-to-keep 1).
+  for (auto [point, resumed] :
+       {Case{"commit:staged", "none"}, Case{"commit:manifest", "report 0 of none"},
+        Case{"commit:manifest@2", "report 1 of none"}, Case{"commit:state@2", "report 1 of none"},
+        Case{"commit:deleted@2", "report 1 of none"}}) {
+    CAPTURE(point);
+    // The run's name holds ':' and '@': keys that SigV4 wants percent-encoded.
+    const std::string run = std::string("c-") + point;
+    const std::string args = kPlugin + "--entry checkpoints -n 2 --storage-path s3://runs/exp " +
+                             "--num-to-keep 1 --name '" + run + "' ";
+    ::setenv("TRAINRUN_CRASH_POINT", point, 1);
+    auto crashed = box.run_in_root(args + "--config reports=3");
+    ::unsetenv("TRAINRUN_CRASH_POINT");
+    CHECK(crashed.exit_code == 86);  // the controller died there, as kill -9 would end it
+
+    auto rerun = box.run_in_root(args + "--config reports=1");
+    INFO(rerun.output);
+    REQUIRE(rerun.exit_code == 0);
+    auto reports = stored_reports(server, box.root(), "exp/" + run);
+    CHECK(reports.back()["metrics"]["resumed"] == resumed);
+    // The stored state and the stored checkpoints agree: every listed one has
+    // its manifest and files, and nothing else is left.
+    auto state =
+        nlohmann::json::parse(server.tool("get runs 'exp/" + run + "/checkpoint_state.json'"));
+    std::set<std::string> listed, stored_names;
+    for (const auto& c : state["checkpoints"]) listed.insert(c["name"].get<std::string>());
+    for (const auto& [key, size] : objects(server, "exp/" + run + "/checkpoint_")) {
+      auto name = key.substr(key.find("checkpoint_"));
+      if (name.find('/') != std::string::npos) stored_names.insert(name.substr(0, name.find('/')));
+    }
+    CHECK((listed == stored_names));
+    for (const auto& name : listed) check_checkpoint(server, box.root(), "exp/" + run + "/" + name);
+    CHECK(server.tool("uploads runs 'exp/" + run + "/'").empty());
+  }
 }

@@ -44,10 +44,17 @@ class AwsEnvironment {
   }
 
  private:
-  static constexpr const char* kNames[] = {
-      "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
-      "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-      "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HOME"};
+  static constexpr const char* kNames[] = {"AWS_ENDPOINT_URL",
+                                           "AWS_ENDPOINT_URL_S3",
+                                           "AWS_REGION",
+                                           "AWS_DEFAULT_REGION",
+                                           "AWS_ACCESS_KEY_ID",
+                                           "AWS_SECRET_ACCESS_KEY",
+                                           "AWS_SESSION_TOKEN",
+                                           "AWS_PROFILE",
+                                           "AWS_SHARED_CREDENTIALS_FILE",
+                                           "AWS_CONFIG_FILE",
+                                           "HOME"};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -121,6 +128,11 @@ TEST_CASE("the endpoint, region and credentials come from where the AWS tools ta
     auto config = s3::resolve_config();
     CHECK(config.endpoint == "https://s3.eu-central-1.amazonaws.com");
     CHECK_FALSE(config.credentials);
+  }
+  SUBCASE("half of a key in the environment is refused, as botocore refuses it") {
+    AwsEnvironment env(home.path, {{"AWS_ACCESS_KEY_ID", "only-the-id"}});
+    CHECK_THROWS_WITH_AS(s3::resolve_config(),
+                         "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not", UsageError);
   }
   SUBCASE("a profile no file has, and an endpoint that is not a URL, are refused") {
     {

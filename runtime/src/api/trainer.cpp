@@ -39,6 +39,7 @@
 #include "plugin/plugin_file.h"
 #include "storage/run_directory.h"
 #include "storage/run_objects.h"
+#include "storage/s3_client.h"
 #include "storage/s3_config.h"
 
 namespace trainrun {
@@ -323,7 +324,23 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
   }
   check_network(options_);
   auto& run = options_.run;
-  if (!run.resume_from.empty()) {
+  if (s3::is_s3_url(run.resume_from.string())) {
+    // A checkpoint in object storage: its manifest, read with this process's
+    // credentials, says it is committed.
+    auto location = s3::parse_url(run.resume_from.string());
+    std::optional<uint64_t> manifest;
+    try {
+      manifest = s3::Client(s3::resolve_config(), location.bucket)
+                     .head(location.key(run_directory::kManifestFile));
+    } catch (const IoError& e) {
+      throw UsageError("--resume-from " + location.url() + ": " + e.what());
+    }
+    if (!manifest) {
+      throw UsageError("--resume-from " + location.url() +
+                       " is not a committed checkpoint (no manifest.json)");
+    }
+    run.resume_from = location.url();
+  } else if (!run.resume_from.empty()) {
     if (!std::filesystem::exists(run.resume_from / "manifest.json")) {
       throw UsageError("--resume-from " + run.resume_from.string() +
                        " is not a committed checkpoint (no manifest.json)");
@@ -383,7 +400,16 @@ Result Trainer::fit() {
   std::unique_ptr<RunObjects> objects;
   auto local_root = options_.run.storage_path;
   if (s3::is_s3_url(options_.run.storage_path.string())) {
-    objects = std::make_unique<RunObjects>(options_.run.storage_path.string(), options_.run.name);
+    // Every call of the controller's ends well within the heartbeat timeout:
+    // its loop, which sends the heartbeats, waits for it.
+    s3::ClientOptions calls;
+    calls.call_timeout = std::max(
+        std::chrono::milliseconds(2000),
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.run.heartbeat_timeout / 4));
+    calls.connect_timeout = std::min(calls.connect_timeout, calls.call_timeout);
+    calls.stall_timeout = std::min(calls.stall_timeout, calls.call_timeout);
+    objects =
+        std::make_unique<RunObjects>(options_.run.storage_path.string(), options_.run.name, calls);
     objects->check_access();
     auto location = s3::parse_url(options_.run.storage_path.string());
     local_root = options_.cache_dir / "runs" / location.bucket / location.prefix;
@@ -516,8 +542,8 @@ Result Trainer::fit() {
                                                                : RunStatus::kFailed;
   const std::string results_at = objects ? objects->url() : storage.dir().string();
   try {
-    storage.write_run_info(info);
-    if (run.error) storage.write_error(run.error);
+    // run.json last: in object storage a status of finished comes with
+    // everything else already stored.
     page.write(/*live=*/false);
     // A run in object storage: the logs and the page too, once.
     std::vector<std::string> also = {"report.html"};
@@ -526,6 +552,8 @@ Result Trainer::fit() {
       also.push_back(std::string(run_directory::kLogsDir) + "/" + entry.path().filename().string());
     }
     storage.flush(also);
+    if (run.error) storage.write_error(run.error);
+    storage.write_run_info(info);
   } catch (const IoError& e) {  // the store went away: its earlier state stays
     log.error("cannot save the run's final state to {}: {} (a copy is in {})", results_at, e.what(),
               storage.dir().string());

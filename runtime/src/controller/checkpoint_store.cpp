@@ -98,6 +98,7 @@ void CheckpointStore::recover_objects() {
     found[*index] |= object.key.substr(slash + 1) == kManifestFile;
   }
   bool adopted = false;
+  const int64_t before = state_.next_index;
   for (const auto& [index, has_manifest] : found) {
     auto name = checkpoint_name(index);
     bool listed = std::any_of(state_.checkpoints.begin(), state_.checkpoints.end(),
@@ -120,11 +121,14 @@ void CheckpointStore::recover_objects() {
     }
     objects_->discard(name + "/");
   }
+  // No name that held objects is used again: a rank of a dead run still
+  // uploading there would land in this run's checkpoint.
+  if (!found.empty()) state_.next_index = std::max(state_.next_index, found.rbegin()->first + 1);
   // Uploads that no commit will complete: a run of this name is not running.
   for (const auto& upload : objects_->client().list_multipart(objects_->key("checkpoint_"))) {
     objects_->client().abort_multipart(upload.key, upload.upload_id);
   }
-  if (adopted) {
+  if (adopted || state_.next_index != before) {
     run_directory::write_checkpoint_state(run_dir_, state_);
     objects_->push(run_dir_, run_directory::kCheckpointStateFile);
   }
@@ -226,11 +230,18 @@ void CheckpointStore::finish_upload(int rank, const std::vector<protocol::Checkp
   if (!same) {
     throw ProtocolError("rank " + std::to_string(rank) + " uploaded other files than it announced");
   }
+  // In object storage, one listing of the checkpoint's prefix gives every size.
+  std::map<std::string, uint64_t> stored;
+  const auto name = checkpoint_name(state_.next_index);
+  if (objects_ != nullptr) {
+    for (const auto& object : objects_->list(name + "/")) {
+      stored[object.key.substr(name.size() + 1)] = object.size;
+    }
+  }
   for (const auto& file : files) {
     if (objects_ != nullptr) {
-      auto name = checkpoint_name(state_.next_index);
-      auto size = objects_->client().head(objects_->key(name + "/" + file.path));
-      if (!size || *size != file.size) {
+      auto size = stored.find(file.path);
+      if (size == stored.end() || size->second != file.size) {
         throw IoError("rank " + std::to_string(rank) + "'s checkpoint file " + file.path +
                       " did not arrive whole in " + objects_->url(name));
       }
@@ -277,7 +288,13 @@ bool CheckpointStore::uploading() const {
 
 CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& metrics) {
   auto staging = staging_dir();
-  auto name = checkpoint_name(state_.next_index);
+  const int64_t index = state_.next_index;
+  auto name = checkpoint_name(index);
+  // In object storage, once the manifest may be there the name is never
+  // discarded: a failure after it leaves a committed checkpoint (which the next
+  // run adopts, as a filesystem run adopts one renamed into place) or one the
+  // stored state already names.
+  bool manifest_sent = false;
   try {
     TRAINRUN_CHECK(!uploading(), "commit() while a rank is still uploading");
     run_directory::Manifest manifest{iteration, metrics, {}, {}};
@@ -294,6 +311,7 @@ CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& 
     std::error_code ec;
     if (objects_ != nullptr) {
       // Put last: a prefix without a manifest was never committed.
+      manifest_sent = true;
       objects_->client().put(objects_->key(name + "/" + kManifestFile),
                              run_directory::manifest_text(manifest));
       crash_point("commit:manifest");
@@ -321,21 +339,42 @@ CheckpointInfo CheckpointStore::commit(int64_t iteration, const nlohmann::json& 
     for (auto& c : next.checkpoints) (is_kept(c) ? kept_checkpoints : dropped).push_back(c);
     next.checkpoints = std::move(kept_checkpoints);
     run_directory::write_checkpoint_state(run_dir_, next);
-    if (objects_ != nullptr) objects_->push(run_dir_, run_directory::kCheckpointStateFile);
+    if (objects_ != nullptr) {
+      try {
+        objects_->push(run_dir_, run_directory::kCheckpointStateFile);
+      } catch (...) {
+        // The local copy says what the store does (as far as known).
+        run_directory::write_checkpoint_state(run_dir_, state_);
+        throw;
+      }
+    }
     locate(next);
     state_ = std::move(next);
     crash_point("commit:state");
-    // Deleted only once the state that no longer names them is committed.
+    // Deleted only once the state that no longer names them is committed. In
+    // object storage a deletion that fails is left to the next run's recovery:
+    // the checkpoint is committed, and a prefix the state does not name is
+    // nothing.
     for (const auto& c : dropped) {
       if (objects_ != nullptr) {
-        objects_->discard(c.name + "/");
+        try {
+          objects_->discard(c.name + "/");
+        } catch (const IoError&) {
+        }
       } else {
         std::filesystem::remove_all(c.path, ec);
       }
     }
     crash_point("commit:deleted");
   } catch (...) {
-    abort_staging();
+    if (manifest_sent) {
+      uploads_.clear();
+      names_.clear();
+      dirs_.clear();
+      if (state_.next_index == index) ++state_.next_index;  // never staged under it again
+    } else {
+      abort_staging();
+    }
     throw;
   }
   uploads_.clear();

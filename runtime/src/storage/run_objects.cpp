@@ -26,10 +26,11 @@ const std::vector<std::string>& run_file_names() {
   return names;
 }
 
-RunObjects::RunObjects(const std::string& storage_url, const std::string& name)
+RunObjects::RunObjects(const std::string& storage_url, const std::string& name,
+                       s3::ClientOptions options)
     : config_(s3::resolve_config()),
       run_(run_location(storage_url, name)),
-      client_(config_, run_.bucket) {}
+      client_(config_, run_.bucket, options) {}
 
 std::string RunObjects::url(const std::string& relative) const {
   return relative.empty() ? run_.url() : run_.url() + "/" + relative;
@@ -46,8 +47,16 @@ void RunObjects::check_access() {
     if (code == "NoSuchBucket") {
       why = "bucket '" + run_.bucket + "' does not exist at " + config_.endpoint +
             " (create it first)";
+    } else if (code == "AccessDenied" && config_.credentials) {
+      why = "the credentials from " + config_.credentials_source +
+            " are not allowed to list it (AccessDenied: the run needs s3:ListBucket, "
+            "s3:GetObject, s3:PutObject, s3:DeleteObject and s3:AbortMultipartUpload)";
+    } else if (code == "PermanentRedirect" || code == "AuthorizationHeaderMalformed" ||
+               e.status() == 301) {
+      why = "the bucket is in another region than " + config_.region +
+            ": set AWS_REGION to the bucket's (" + code + ")";
     } else if (e.status() == 403 || code == "InvalidAccessKeyId" ||
-               code == "SignatureDoesNotMatch" || code == "AccessDenied") {
+               code == "SignatureDoesNotMatch") {
       why = config_.credentials
                 ? "the credentials from " + config_.credentials_source + " were refused (" +
                       (code.empty() ? std::to_string(e.status()) : code) + ")"
@@ -95,7 +104,9 @@ std::vector<s3::ObjectInfo> RunObjects::list(const std::string& relative_prefix)
 
 void RunObjects::discard(const std::string& relative_prefix) {
   remove(relative_prefix + run_directory::kManifestFile);
-  for (const auto& object : list(relative_prefix)) remove(object.key);
+  std::vector<std::string> keys;
+  for (const auto& object : list(relative_prefix)) keys.push_back(key(object.key));
+  client_.remove_many(keys);
   for (const auto& upload : client_.list_multipart(key(relative_prefix))) {
     client_.abort_multipart(upload.key, upload.upload_id);
   }

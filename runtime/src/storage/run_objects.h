@@ -25,9 +25,10 @@ namespace trainrun {
 class RunObjects {
  public:
   /// The run `name` under the storage URL `storage_url` (s3://BUCKET/PREFIX),
-  /// reached as s3::resolve_config() says. Throws UsageError for a malformed
-  /// URL or configuration.
-  RunObjects(const std::string& storage_url, const std::string& name);
+  /// reached as s3::resolve_config() says, each call limited by `options`.
+  /// Throws UsageError for a malformed URL or configuration.
+  RunObjects(const std::string& storage_url, const std::string& name,
+             s3::ClientOptions options = {});
 
   /// Lists the run's prefix: throws UsageError with one line when the bucket
   /// does not exist, the credentials are refused or the endpoint cannot be

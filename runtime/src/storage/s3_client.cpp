@@ -1,19 +1,24 @@
 #include "storage/s3_client.h"
 
 #include <curl/curl.h>
-#include <unistd.h>
+#include <openssl/evp.h>
 #include <pugixml.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
 namespace trainrun::s3 {
 namespace {
+
+// The most an answer held in memory may be: run files, listings, errors.
+constexpr size_t kMaxBody = 256u << 20;
 
 std::once_flag curl_initialised;
 
@@ -32,7 +37,10 @@ bool retryable_curl(CURLcode code) {
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
     case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM: return true;
+    case CURLE_HTTP2_STREAM:
+    case CURLE_COULDNT_RESOLVE_HOST:  // a DNS hiccup (Kubernetes' among them)
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_WEIRD_SERVER_REPLY: return true;
     default: return false;
   }
 }
@@ -90,12 +98,14 @@ struct Client::Request {
   const char* body = nullptr;
   size_t body_size = 0;
   std::optional<std::pair<uint64_t, size_t>> range;  // offset, size
-  char* sink = nullptr;  // a ranged GET's bytes go here ...
-  int sink_fd = -1;      // ... or into this file at sink_offset
+  char* sink = nullptr;                              // a ranged GET's bytes go here ...
+  int sink_fd = -1;                                  // ... or into this file at sink_offset
   uint64_t sink_offset = 0;
   size_t sink_size = 0, sink_used = 0;
   bool sinks() const { return sink != nullptr || sink_fd >= 0; }
   std::string what;  // "PUT s3://bucket/key", for messages
+  std::optional<std::chrono::steady_clock::time_point> deadline;  // of the call, all tries
+  std::vector<std::string> headers;                               // more, signed with the rest
 };
 
 Client::Client(Config config, std::string bucket, ClientOptions options)
@@ -125,7 +135,16 @@ Client::Response Client::perform(Request& request) {
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                    static_cast<long>(options_.connect_timeout.count()));
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.request_timeout.count()));
+  // The whole request's limit grows with its size (at least 1 MiB/s), and never
+  // passes what is left of the call's deadline.
+  auto limit = options_.request_timeout +
+               std::chrono::milliseconds(std::max(request.body_size, request.sink_size) >> 10);
+  if (request.deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        *request.deadline - std::chrono::steady_clock::now());
+    limit = std::max(std::chrono::milliseconds(1), std::min(limit, left));
+  }
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(limit.count()));
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                    static_cast<long>(std::max<int64_t>(1, options_.stall_timeout.count() / 1000)));
@@ -138,6 +157,7 @@ Client::Response Client::perform(Request& request) {
   Response response;
   struct curl_slist* headers = nullptr;
   headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  for (const auto& header : request.headers) headers = curl_slist_append(headers, header.c_str());
   if (request.method == "PUT") {  // not the form type libcurl gives a body of its own
     headers = curl_slist_append(headers, "Content-Type: application/octet-stream");
   }
@@ -206,7 +226,7 @@ Client::Response Client::perform(Request& request) {
           r.sink_used += n;
           return n;
         }
-        if (s.response->body.size() + n > (64u << 20)) return 0;
+        if (s.response->body.size() + n > kMaxBody) return 0;
         s.response->body.append(data, n);
         return n;
       });
@@ -248,6 +268,7 @@ Client::Response Client::perform(Request& request) {
   char error[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
   CURLcode code = curl_easy_perform(curl);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);  // `error` ends with this call
   curl_slist_free_all(headers);
   // The credentials are copied into the handle: clear them now.
   curl_easy_setopt(curl, CURLOPT_USERNAME, "");
@@ -265,6 +286,9 @@ Client::Response Client::perform(Request& request) {
 Client::Response Client::call(Request& request, std::vector<long> accepted) {
   std::minstd_rand jitter(std::random_device{}());
   auto backoff = options_.first_backoff;
+  if (options_.call_timeout.count() > 0) {
+    request.deadline = std::chrono::steady_clock::now() + options_.call_timeout;
+  }
   for (int attempt = 1;; ++attempt) {
     std::string failure;
     bool retry = false;
@@ -275,6 +299,11 @@ Client::Response Client::call(Request& request, std::vector<long> accepted) {
       status = response.status;
       if (status / 100 == 2 ||
           std::find(accepted.begin(), accepted.end(), status) != accepted.end()) {
+        if (status == 404 && error_of(response.body).first == "NoSuchBucket") {
+          throw S3Error(
+              request.what + " failed: 404 NoSuchBucket (bucket '" + bucket_ + "' does not exist)",
+              status, "NoSuchBucket");
+        }
         if (request.sinks() && status / 100 == 2 && request.sink_used != request.sink_size) {
           failure = request.what + " failed: " + std::to_string(request.sink_used) + " of " +
                     std::to_string(request.sink_size) + " bytes came";
@@ -285,6 +314,11 @@ Client::Response Client::call(Request& request, std::vector<long> accepted) {
       } else {
         auto [error_code, message] = error_of(response.body);
         code = error_code;
+        if (status == 404 && error_code == "NoSuchBucket") {
+          throw S3Error(
+              request.what + " failed: 404 NoSuchBucket (bucket '" + bucket_ + "' does not exist)",
+              status, error_code);
+        }
         failure = request.what + " failed: " + std::to_string(status) +
                   (error_code.empty() ? "" : " " + error_code) +
                   (message.empty() ? "" : " (" + message + ")");
@@ -296,12 +330,14 @@ Client::Response Client::call(Request& request, std::vector<long> accepted) {
       failure = e.what();
       retry = true;
     }
-    if (!retry || attempt >= options_.max_attempts ||
+    auto wait = backoff / 2 + std::chrono::milliseconds(jitter() % (backoff.count() / 2 + 1));
+    const bool out_of_time =
+        request.deadline && std::chrono::steady_clock::now() + wait >= *request.deadline;
+    if (!retry || attempt >= options_.max_attempts || out_of_time ||
         (options_.stop != nullptr && options_.stop->load())) {
       if (retry) failure += " (after " + std::to_string(attempt) + " tries)";
       throw S3Error(failure, status, code);
     }
-    auto wait = backoff / 2 + std::chrono::milliseconds(jitter() % (backoff.count() / 2 + 1));
     std::this_thread::sleep_for(wait);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
@@ -347,7 +383,8 @@ void Client::get_range_to_file(const std::string& key, uint64_t offset, size_t s
   request.sink_fd = fd;
   request.sink_offset = offset;
   request.sink_size = size;
-  request.what = "GET " + url(key) + " bytes " + std::to_string(offset) + "+" + std::to_string(size);
+  request.what =
+      "GET " + url(key) + " bytes " + std::to_string(offset) + "+" + std::to_string(size);
   call(request);
 }
 
@@ -373,12 +410,14 @@ std::vector<ObjectInfo> Client::list(const std::string& prefix) {
     pugi::xml_document doc;
     auto root = parse_root(doc, response.body, "ListBucketResult", request.what);
     for (auto contents : root.children("Contents")) {
-      objects.push_back(
-          {contents.child_value("Key"), parse_size(contents.child_value("Size"), request.what)});
+      std::string key = contents.child_value("Key");
+      if (key.rfind(prefix, 0) != 0) continue;  // a server that ignored the prefix
+      objects.push_back({key, parse_size(contents.child_value("Size"), request.what)});
     }
     std::string next = root.child_value("NextContinuationToken");
-    if (std::string(root.child_value("IsTruncated")) != "true" || next.empty() || next == token) {
-      break;
+    if (std::string(root.child_value("IsTruncated")) != "true") break;
+    if (next.empty() || next == token) {
+      throw S3Error(request.what + ": a truncated listing without a way on", 0, "");
     }
     token = next;
   }
@@ -391,6 +430,50 @@ void Client::remove(const std::string& key) {
   Request request{"DELETE", key};
   request.what = "DELETE " + url(key);
   call(request, {404});
+}
+
+void Client::remove_many(const std::vector<std::string>& keys) {
+  // DeleteObjects: up to 1,000 keys a request, its body's MD5 in Content-MD5
+  // as S3 requires.
+  for (size_t start = 0; start < keys.size(); start += 1000) {
+    pugi::xml_document doc;
+    auto root = doc.append_child("Delete");
+    root.append_child("Quiet").text().set("true");
+    for (size_t i = start; i < std::min(keys.size(), start + 1000); ++i) {
+      root.append_child("Object").append_child("Key").text().set(keys[i].c_str());
+    }
+    struct Writer : pugi::xml_writer {
+      std::string text;
+      void write(const void* data, size_t size) override {
+        text.append(static_cast<const char*>(data), size);
+      }
+    } writer;
+    doc.save(writer, "", pugi::format_raw);
+    unsigned char md5[EVP_MAX_MD_SIZE];
+    unsigned int md5_size = 0;
+    if (EVP_Digest(writer.text.data(), writer.text.size(), md5, &md5_size, EVP_md5(), nullptr) !=
+        1) {
+      throw S3Error("cannot hash a DeleteObjects request", 0, "");
+    }
+    unsigned char encoded[64];
+    EVP_EncodeBlock(encoded, md5, static_cast<int>(md5_size));
+    Request request{"POST", "", {{"delete", ""}}};
+    request.body = writer.text.data();
+    request.body_size = writer.text.size();
+    request.headers.push_back(std::string("Content-MD5: ") + reinterpret_cast<char*>(encoded));
+    request.what = "delete " + std::to_string(std::min<size_t>(keys.size() - start, 1000)) +
+                   " objects under " + url(keys[start]);
+    auto response = call(request);
+    pugi::xml_document result;
+    if (result.load_buffer(response.body.data(), response.body.size())) {
+      auto error = result.child("DeleteResult").child("Error");
+      if (error) {
+        throw S3Error(request.what + " failed: " + error.child_value("Key") + ": " +
+                          error.child_value("Code") + " (" + error.child_value("Message") + ")",
+                      response.status, error.child_value("Code"));
+      }
+    }
+  }
 }
 
 std::string Client::create_multipart(const std::string& key) {
@@ -466,7 +549,9 @@ std::vector<MultipartUpload> Client::list_multipart(const std::string& prefix) {
     pugi::xml_document doc;
     auto root = parse_root(doc, response.body, "ListMultipartUploadsResult", request.what);
     for (auto upload : root.children("Upload")) {
-      uploads.push_back({upload.child_value("Key"), upload.child_value("UploadId")});
+      std::string key = upload.child_value("Key");
+      if (key.rfind(prefix, 0) != 0) continue;
+      uploads.push_back({key, upload.child_value("UploadId")});
     }
     std::string next_key = root.child_value("NextKeyMarker");
     std::string next_id = root.child_value("NextUploadIdMarker");

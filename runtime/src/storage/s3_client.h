@@ -62,7 +62,11 @@ struct ClientOptions {
   std::chrono::milliseconds max_backoff{4000};   // ... up to this
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds stall_timeout{30000};     // no byte moved for this long
-  std::chrono::milliseconds request_timeout{600000};  // one request, whole
+  std::chrono::milliseconds request_timeout{600000};  // one request, whole (+1 ms per KiB)
+  /// Every try of one call together, back-off included (zero: only the
+  /// limits above). The controller's calls have one, so that a slow store
+  /// never holds its loop past the workers' heartbeat timeout.
+  std::chrono::milliseconds call_timeout{0};
   /// Checked while a request runs and between tries: once set, the call
   /// throws S3Error at once.
   const std::atomic<bool>* stop = nullptr;
@@ -100,6 +104,10 @@ class Client {
   std::vector<ObjectInfo> list(const std::string& prefix);
   /// Deletes the object (no error when there is none).
   void remove(const std::string& key);
+
+  /// Deletes the objects (DeleteObjects, a thousand a request); throws
+  /// S3Error naming the first the store could not delete.
+  void remove_many(const std::vector<std::string>& keys);
 
   /// Starts a multipart upload; returns its id.
   std::string create_multipart(const std::string& key);

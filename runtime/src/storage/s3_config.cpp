@@ -156,7 +156,11 @@ Config resolve_config() {
 
   auto key_id = env("AWS_ACCESS_KEY_ID");
   auto secret = env("AWS_SECRET_ACCESS_KEY");
-  if (!key_id.empty() && !secret.empty()) {
+  if (key_id.empty() != secret.empty()) {  // as botocore's PartialCredentialsError
+    throw UsageError(key_id.empty() ? "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not"
+                                    : "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+  }
+  if (!key_id.empty()) {
     config.credentials = Credentials{key_id, secret, env("AWS_SESSION_TOKEN")};
     config.credentials_source = "the environment (AWS_ACCESS_KEY_ID)";
   } else {

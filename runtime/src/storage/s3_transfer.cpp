@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -22,6 +24,8 @@ namespace trainrun::s3 {
 namespace {
 
 constexpr uint64_t kMaxParts = 10000;  // S3's limit
+// How often a transfer looks at its caller's stop flag while it waits.
+constexpr auto kStopPoll = std::chrono::milliseconds(200);
 
 size_t part_size_for(uint64_t size, size_t wanted) {
   uint64_t least = (size + kMaxParts - 1) / kMaxParts;
@@ -87,10 +91,10 @@ long env_number(const char* name, long low, long high, long fallback) {
 
 TransferOptions TransferOptions::from_environment() {
   TransferOptions options;
-  options.threads = static_cast<int>(env_number("TRAINRUN_S3_CONCURRENCY", 1, 256, options.threads));
-  options.part_size = static_cast<size_t>(
-                          env_number("TRAINRUN_S3_PART_MB", 5, 5120,
-                                     static_cast<long>(options.part_size >> 20)))
+  options.threads =
+      static_cast<int>(env_number("TRAINRUN_S3_CONCURRENCY", 1, 256, options.threads));
+  options.part_size = static_cast<size_t>(env_number("TRAINRUN_S3_PART_MB", 5, 5120,
+                                                     static_cast<long>(options.part_size >> 20)))
                       << 20;
   return options;
 }
@@ -158,16 +162,18 @@ std::string upload_file(const Config& config, const std::string& bucket,
     }
   };
   std::vector<std::thread> senders;
-  for (int i = 0; i < threads; ++i) senders.emplace_back(send);
   try {
+    for (int i = 0; i < threads; ++i) senders.emplace_back(send);
     for (uint64_t part = 0; part < parts; ++part) {
       size_t index;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        changed.wait(lock, [&] {
+        // Polled: the caller's stop flag has no one to notify us.
+        while (!changed.wait_for(lock, kStopPoll, [&] {
           return !free_buffers.empty() || failure.failed() ||
                  (options.client.stop != nullptr && options.client.stop->load());
-        });
+        })) {
+        }
         if (failure.failed()) break;
         if (options.client.stop != nullptr && options.client.stop->load()) {
           throw S3Error("upload of " + control.url(key) + " stopped", 0, "");
@@ -190,14 +196,32 @@ std::string upload_file(const Config& config, const std::string& bucket,
     failure.set(std::current_exception());
   }
   {
-    std::lock_guard<std::mutex> lock(mutex);
+    std::unique_lock<std::mutex> lock(mutex);
     reading_done = true;
+    changed.notify_all();
+    // The parts still in flight stop at the caller's stop flag too.
+    while (!changed.wait_for(lock, kStopPoll, [&] {
+      return (ready.empty() && free_buffers.size() == buffers.size()) || failure.failed();
+    })) {
+      if (options.client.stop != nullptr && options.client.stop->load()) {
+        lock.unlock();
+        failure.set(
+            std::make_exception_ptr(S3Error("upload of " + control.url(key) + " stopped", 0, "")));
+        lock.lock();
+      }
+    }
   }
   changed.notify_all();
   for (auto& sender : senders) sender.join();
   try {
     failure.rethrow();
-    control.complete_multipart(key, upload_id, etags);
+    try {
+      control.complete_multipart(key, upload_id, etags);
+    } catch (const S3Error& e) {
+      // A retry of a completion whose answer was lost finds no upload: the
+      // object is there if the first one joined it.
+      if (e.code() != "NoSuchUpload" || control.head(key) != std::optional<uint64_t>(size)) throw;
+    }
   } catch (...) {
     try {
       Client(config, bucket, options.client.stop == nullptr ? options.client : ClientOptions{})
@@ -244,11 +268,13 @@ std::vector<std::string> download_files(const Config& config, const std::string&
     fds.push_back(std::move(fd));
     first_part.push_back(parts.size());
     for (uint64_t offset = 0; offset < file.size; offset += part_size) {
-      parts.push_back({i, offset, static_cast<size_t>(std::min<uint64_t>(part_size, file.size - offset))});
+      parts.push_back(
+          {i, offset, static_cast<size_t>(std::min<uint64_t>(part_size, file.size - offset))});
     }
   }
   first_part.push_back(parts.size());
-  const int threads = static_cast<int>(std::clamp<uint64_t>(options.threads, 1, std::max<size_t>(1, parts.size())));
+  const int threads =
+      static_cast<int>(std::clamp<uint64_t>(options.threads, 1, std::max<size_t>(1, parts.size())));
   Failure failure;
   std::mutex mutex;
   std::condition_variable changed;
@@ -280,11 +306,11 @@ std::vector<std::string> download_files(const Config& config, const std::string&
     }
   };
   std::vector<std::thread> fetchers;
-  for (int i = 0; i < threads && !parts.empty(); ++i) fetchers.emplace_back(fetch);
   // Hash in order, behind the fetchers, from the page cache.
   std::vector<std::string> digests;
   std::vector<char> buffer;
   try {
+    for (int i = 0; i < threads && !parts.empty(); ++i) fetchers.emplace_back(fetch);
     for (size_t i = 0; i < files.size() && !failure.failed(); ++i) {
       Sha256 hash;
       for (size_t index = first_part[i]; index < first_part[i + 1]; ++index) {

@@ -6,8 +6,12 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
@@ -49,6 +53,21 @@ void remove_unused(const std::filesystem::path& root, const std::string& keep) {
   }
 }
 
+// This boot of the host: /proc's boot_id, empty where there is none.
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text);
+  return text;
+}
+
 }  // namespace
 
 ObjectCheckpoint::ObjectCheckpoint(const std::string& url, const std::filesystem::path& cache_dir) {
@@ -82,7 +101,20 @@ ObjectCheckpoint::ObjectCheckpoint(const std::string& url, const std::filesystem
   auto download_path = root / (name + ".lock");
   Fd download = open_lock(download_path);
   lock(download, LOCK_EX, download_path);
-  if (!std::filesystem::exists(dir_ / kComplete)) {
+  // A copy completed since the host booted is whole; one from before a reboot
+  // is checked again (its files were not fsynced), then trusted anew.
+  const std::string boot = boot_id();
+  bool whole = read_text(dir_ / kComplete) == boot && !boot.empty();
+  if (!whole && std::filesystem::exists(dir_ / kComplete)) {
+    whole = std::all_of(manifest.files.begin(), manifest.files.end(), [&](const auto& file) {
+      std::error_code size_ec;
+      return std::filesystem::file_size(dir_ / file.path, size_ec) == file.size && !size_ec &&
+             sha256_file(dir_ / file.path) == file.sha256;
+    });
+    if (whole) write_file_atomic(dir_ / kComplete, boot);
+  }
+  if (!whole) {
+    auto started = std::chrono::steady_clock::now();
     std::filesystem::remove_all(dir_, ec);
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw IoError("cannot create " + dir_.string() + ": " + ec.message());
@@ -101,8 +133,23 @@ ObjectCheckpoint::ObjectCheckpoint(const std::string& url, const std::filesystem
                       " arrived corrupt (its sha256 differs from the manifest)");
       }
     }
+    // Read-only: the ranks of this host share the copy.
+    for (const auto& file : manifest.files) {
+      std::filesystem::permissions(dir_ / file.path,
+                                   std::filesystem::perms::owner_read |
+                                       std::filesystem::perms::group_read |
+                                       std::filesystem::perms::others_read,
+                                   ec);
+    }
     write_file_atomic(dir_ / run_directory::kManifestFile, *text);
-    write_file_atomic(dir_ / kComplete, "");
+    write_file_atomic(dir_ / kComplete, boot);
+    uint64_t bytes = 0;
+    for (const auto& file : manifest.files) bytes += file.size;
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    // One line per host and checkpoint: the other local ranks use this copy.
+    std::fprintf(stderr, "trainrun: downloaded %s for this host: %.1f MiB in %.2f s\n", url.c_str(),
+                 static_cast<double>(bytes) / (1 << 20), seconds);
   }
   download.reset();
   remove_unused(root, name);
