@@ -542,18 +542,18 @@ Result Trainer::fit() {
                                                                : RunStatus::kFailed;
   const std::string results_at = objects ? objects->url() : storage.dir().string();
   try {
-    // run.json last: in object storage a status of finished comes with
-    // everything else already stored.
+    storage.write_run_info(info, /*push=*/false);
+    if (run.error) storage.write_error(run.error);
     page.write(/*live=*/false);
-    // A run in object storage: the logs and the page too, once.
+    // A run in object storage: the logs and the page too, once, and run.json
+    // last, so that a stored status of finished comes with everything else.
     std::vector<std::string> also = {"report.html"};
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(storage.logs_dir(), ec)) {
       also.push_back(std::string(run_directory::kLogsDir) + "/" + entry.path().filename().string());
     }
+    also.push_back(run_directory::kRunInfoFile);
     storage.flush(also);
-    if (run.error) storage.write_error(run.error);
-    storage.write_run_info(info);
   } catch (const IoError& e) {  // the store went away: its earlier state stays
     log.error("cannot save the run's final state to {}: {} (a copy is in {})", results_at, e.what(),
               storage.dir().string());

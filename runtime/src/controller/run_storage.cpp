@@ -82,9 +82,9 @@ bool RunStorage::add_columns(const ReportRecord& record) {
   return added;
 }
 
-void RunStorage::write_run_info(const run_directory::RunInfo& info) {
+void RunStorage::write_run_info(const run_directory::RunInfo& info, bool push) {
   run_directory::write_run_info(dir_, info);
-  if (objects_ != nullptr) objects_->push(dir_, run_directory::kRunInfoFile);
+  if (push && objects_ != nullptr) objects_->push(dir_, run_directory::kRunInfoFile);
 }
 
 void RunStorage::push_results(bool now) {

@@ -39,8 +39,9 @@ class RunStorage {
   const std::filesystem::path& dir() const { return dir_; }
   std::filesystem::path logs_dir() const { return dir_ / run_directory::kLogsDir; }
 
-  /// Writes run.json (atomic replace).
-  void write_run_info(const run_directory::RunInfo& info);
+  /// Writes run.json (atomic replace); in object storage puts it too, unless
+  /// `push` is false (flush() puts it later).
+  void write_run_info(const run_directory::RunInfo& info, bool push = true);
 
   /// Appends one report: a line of result.jsonl and a row of progress.csv.
   void append_result(const ReportRecord& record);

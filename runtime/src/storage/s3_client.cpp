@@ -53,6 +53,18 @@ std::pair<std::string, std::string> error_of(const std::string& body) {
   return {error.child_value("Code"), error.child_value("Message")};
 }
 
+// A request's XML body, without indentation.
+std::string xml_text(const pugi::xml_document& doc) {
+  struct Writer : pugi::xml_writer {
+    std::string text;
+    void write(const void* data, size_t size) override {
+      text.append(static_cast<const char*>(data), size);
+    }
+  } writer;
+  doc.save(writer, "", pugi::format_raw);
+  return writer.text;
+}
+
 pugi::xml_node parse_root(pugi::xml_document& doc, const std::string& body, const char* root,
                           const std::string& what) {
   if (!doc.load_buffer(body.data(), body.size()) || !doc.child(root)) {
@@ -442,24 +454,17 @@ void Client::remove_many(const std::vector<std::string>& keys) {
     for (size_t i = start; i < std::min(keys.size(), start + 1000); ++i) {
       root.append_child("Object").append_child("Key").text().set(keys[i].c_str());
     }
-    struct Writer : pugi::xml_writer {
-      std::string text;
-      void write(const void* data, size_t size) override {
-        text.append(static_cast<const char*>(data), size);
-      }
-    } writer;
-    doc.save(writer, "", pugi::format_raw);
+    const std::string body = xml_text(doc);
     unsigned char md5[EVP_MAX_MD_SIZE];
     unsigned int md5_size = 0;
-    if (EVP_Digest(writer.text.data(), writer.text.size(), md5, &md5_size, EVP_md5(), nullptr) !=
-        1) {
+    if (EVP_Digest(body.data(), body.size(), md5, &md5_size, EVP_md5(), nullptr) != 1) {
       throw S3Error("cannot hash a DeleteObjects request", 0, "");
     }
     unsigned char encoded[64];
     EVP_EncodeBlock(encoded, md5, static_cast<int>(md5_size));
     Request request{"POST", "", {{"delete", ""}}};
-    request.body = writer.text.data();
-    request.body_size = writer.text.size();
+    request.body = body.data();
+    request.body_size = body.size();
     request.headers.push_back(std::string("Content-MD5: ") + reinterpret_cast<char*>(encoded));
     request.what = "delete " + std::to_string(std::min<size_t>(keys.size() - start, 1000)) +
                    " objects under " + url(keys[start]);
@@ -510,16 +515,10 @@ void Client::complete_multipart(const std::string& key, const std::string& uploa
     part.append_child("PartNumber").text().set(static_cast<unsigned>(i + 1));
     part.append_child("ETag").text().set(etags[i].c_str());
   }
-  struct Writer : pugi::xml_writer {
-    std::string text;
-    void write(const void* data, size_t size) override {
-      text.append(static_cast<const char*>(data), size);
-    }
-  } writer;
-  doc.save(writer, "", pugi::format_raw);
+  const std::string body = xml_text(doc);
   Request request{"POST", key, {{"uploadId", upload_id}}};
-  request.body = writer.text.data();
-  request.body_size = writer.text.size();
+  request.body = body.data();
+  request.body_size = body.size();
   request.what = "complete the multipart upload of " + url(key);
   auto response = call(request);
   // S3 may answer 200 with an error in the body.
