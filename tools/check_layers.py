@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Checks the runtime's layering: which directory of runtime/src may include
-which (runtime/CMakeLists.txt draws the layers), that the public headers in
-runtime/include/trainrun include nothing internal, and that no files include
-each other in a loop. Prints each violation; exits 1 if there is any.
+"""Checks the layering of the runtime and of the SDK: which directory of
+runtime/src (runtime/CMakeLists.txt draws the layers) and of sdk/src may
+include which, that the public headers in runtime/include/trainrun and
+sdk/include/train include nothing internal, and that no files include each
+other in a loop. Prints each violation; exits 1 if there is any.
 
     tools/check_layers.py [PROJECT_ROOT]
 """
@@ -27,22 +28,34 @@ ALLOWED = {
 # The worker executable's main is the one file of cli/ that reaches the worker
 # and the agent.
 ALLOWED_FILES = {"cli/worker_main.cpp": CORE | {"worker", "agent"}}
+# The SDK: core/ is the plugin's side of the host table (context, config,
+# report, checkpoints, the run's small collectives); DDP, data, mixed
+# precision and optimizers build on it and not on each other; the trainer
+# builds on all of them.
+SDK_ALLOWED = {
+    "core": set(),
+    "ddp": {"core"},
+    "data": {"core"},
+    "amp": {"core"},
+    "optim": {"core"},
+    "trainer": {"core", "ddp", "data", "amp", "optim"},
+}
+# report() checks the prepared models' replicas before its barrier.
+SDK_ALLOWED_FILES = {"core/report.cpp": {"ddp"}}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
-def main():
-    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
-    src = root / "runtime" / "src"
-    public = root / "runtime" / "include" / "trainrun"
-    problems = []
+def check_tree(src, public, prefix, allowed_dirs, allowed_files, problems):
+    """Adds the include graph of one tree (src/ and its public headers) to a
+    new graph, noting each include its layers do not allow."""
     graph = {}
     for path in sorted(src.rglob("*.[ch]*")) + sorted(public.glob("*.h")):
         text = path.read_text()
         rel = path.relative_to(src) if src in path.parents else None
-        node = str(rel) if rel else "trainrun/" + path.name
+        node = str(rel) if rel else prefix + path.name
         graph[node] = []
         for quote, target in INCLUDE.findall(text):
-            if quote == "<" and target.startswith("trainrun/"):
+            if quote == "<" and target.startswith(prefix):
                 graph[node].append(target)
                 continue
             if quote != '"':
@@ -52,11 +65,14 @@ def main():
                 continue
             layer, _, _ = target.partition("/")
             own = rel.parts[0]
-            allowed = ALLOWED_FILES.get(str(rel), ALLOWED.get(own, set()))
+            allowed = allowed_files.get(str(rel), allowed_dirs.get(own, set()))
             if (src / target).exists():
                 graph[node].append(target)
-                if layer != own and layer not in allowed:
-                    problems.append(f"runtime/src/{rel}: {own}/ may not include \"{target}\"")
+                if own not in allowed_dirs:
+                    problems.append(f"{src.relative_to(src.parents[1])}/{rel}: {own}/ is in no layer")
+                elif layer != own and layer not in allowed:
+                    problems.append(
+                        f"{src.relative_to(src.parents[1])}/{rel}: {own}/ may not include \"{target}\"")
     # Loops: a depth-first search over the include graph.
     state = {}
 
@@ -73,6 +89,16 @@ def main():
     for node in graph:
         if node not in state:
             visit(node, [node])
+    return graph
+
+
+def main():
+    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+    problems = []
+    graph = check_tree(root / "runtime" / "src", root / "runtime" / "include" / "trainrun",
+                       "trainrun/", ALLOWED, ALLOWED_FILES, problems)
+    graph.update(check_tree(root / "sdk" / "src", root / "sdk" / "include" / "train", "train/",
+                            SDK_ALLOWED, SDK_ALLOWED_FILES, problems))
     for p in problems:
         print(p)
     print(f"{len(graph)} files checked, {len(problems)} layering problems")

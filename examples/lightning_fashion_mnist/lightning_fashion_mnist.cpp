@@ -30,7 +30,7 @@ struct ImageClassifier : train::LightningModule {
   }
 
   train::OptimizerConfig configure_optimizers() override {
-    return {std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3))};
+    return {std::make_shared<train::optim::Adam>(parameters(), train::optim::AdamOptions(1e-3))};
   }
 };
 
@@ -52,9 +52,13 @@ void train_func(const train::Config& config) {
                              .train_loader(train::LoaderOptions().batch_size(batch_size))
                              .val_loader(train::LoaderOptions().batch_size(batch_size)),
                          callbacks);
-  trainer.fit(std::make_shared<ImageClassifier>(),
-              fashion_mnist::FashionMNIST(data_dir, fashion_mnist::Split::kTrain),
-              fashion_mnist::FashionMNIST(data_dir, fashion_mnist::Split::kTest));
+  // Normalised once, then gathered a batch at a time.
+  auto tensors = [&](fashion_mnist::Split split) {
+    fashion_mnist::FashionMNIST raw(data_dir, split);
+    return train::TensorDataset(raw.normalized_images(), raw.labels());
+  };
+  trainer.fit(std::make_shared<ImageClassifier>(), tensors(fashion_mnist::Split::kTrain),
+              tensors(fashion_mnist::Split::kTest));
 }
 
 TRAIN_FUNC(train_func);

@@ -19,7 +19,7 @@ void quickstart(const train::Config& config) {
             << ", " << steps << " steps" << std::endl;
 
   auto model = train::prepare_model(torch::nn::Linear(4, 1));  // rank 0's weights everywhere
-  torch::optim::SGD optimizer(model->parameters(), lr);
+  train::optim::SGD optimizer(model->parameters(), lr);
   torch::manual_seed(1000 + ctx.world_rank());  // a different data shard per rank
   const auto true_weight = torch::tensor({{1.0f, -2.0f, 3.0f, 0.5f}}).to(ctx.device());
   auto group = train::process_group();

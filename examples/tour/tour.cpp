@@ -18,7 +18,7 @@ void train_func(const train::Config& config) {
     ++first_step;
   }
   auto model = train::prepare_model(net);              // to the device, rank 0's weights everywhere
-  torch::optim::SGD optimizer(model->parameters(), config.get<double>("lr", 0.05));
+  train::optim::SGD optimizer(model->parameters(), config.get<double>("lr", 0.05));
   auto ctx = train::get_context();                     // ranks, world size, device
   for (int step = first_step; step < config.get<int>("steps", 100); ++step) {
     auto x = torch::randn({64, 4}).to(ctx.device());

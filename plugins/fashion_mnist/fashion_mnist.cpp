@@ -1,13 +1,16 @@
 // FashionMNIST with ResNet-18, data-parallel: the recipe of the seeds. Adam
-// (lr 1e-3), cross-entropy, batch 128 per worker, test accuracy after each epoch
-// evaluated across ranks, report({loss, accuracy, epoch}) with a checkpoint
-// (model, optimizer, epoch), from which a rerun of the same name resumes.
+// (lr 1e-3, train::optim's multi-tensor or fused kernels), cross-entropy, batch 128 per worker,
+// test accuracy after each epoch evaluated across ranks, report({loss, accuracy, epoch}) with a
+// checkpoint (model, optimizer, epoch), from which a rerun of the same name resumes.
 //
 // Config: epochs (10), batch_size (128), lr (1e-3), data_dir, max_steps (per
 // epoch, 0 = all), eval (true), eval_steps (test batches per rank, 0 = all), warmup_steps (5: steps
 // before the throughput clock starts), seed (0), log_every (50), bucket_cap_mb (25),
 // broadcast_buffers (true), compression ("none", "fp16" or "bf16"),
-// checkpoint_upload ("sync", or "async": report returns before the upload).
+// checkpoint_upload ("sync", or "async": report returns before the upload),
+// kernels (the optimizer's path: "auto", "per-tensor" (torch::optim's), "foreach"
+// or "fused"), data ("tensors": normalised once and gathered a batch at a time;
+// "samples": normalised per image and stacked, as LibTorch's own datasets do).
 
 #include <train/train.h>
 
@@ -51,9 +54,9 @@ double peak_rss_mb() {
 }
 
 // Test-set accuracy and loss, each rank evaluating its own share.
-std::pair<double, double> evaluate(fashion_mnist::ResNet18& model,
-                                   const fashion_mnist::FashionMNIST& test_set, size_t batch_size,
-                                   int max_batches) {
+template <typename TestSet>
+std::pair<double, double> evaluate(fashion_mnist::ResNet18& model, const TestSet& test_set,
+                                   size_t batch_size, int max_batches) {
   torch::NoGradGuard no_grad;
   model->eval();
   auto loader = train::prepare_data_loader(
@@ -83,30 +86,119 @@ train::Compression compression_of(const std::string& name) {
   throw std::invalid_argument("config compression must be none, fp16 or bf16, got '" + name + "'");
 }
 
+train::optim::Kernels kernels_of(const std::string& name) {
+  for (auto kernels : {train::optim::Kernels::kAuto, train::optim::Kernels::kPerTensor,
+                       train::optim::Kernels::kForeach, train::optim::Kernels::kFused}) {
+    if (name == train::optim::to_string(kernels)) return kernels;
+  }
+  throw std::invalid_argument("config kernels must be auto, per-tensor, foreach or fused, got '" +
+                              name + "'");
+}
+
 train::CheckpointUploadMode upload_mode_of(const std::string& name) {
   if (name == "sync") return train::CheckpointUploadMode::kSync;
   if (name == "async") return train::CheckpointUploadMode::kAsync;
   throw std::invalid_argument("config checkpoint_upload must be sync or async, got '" + name + "'");
 }
 
+// What the epochs need besides the data, set up once.
+struct Run {
+  train::Context ctx;
+  int first_epoch, epochs, max_steps, eval_steps, warmup_steps, log_every;
+  size_t batch_size;
+  bool eval;
+  train::CheckpointUploadMode upload_mode;
+  fashion_mnist::ResNet18 model;
+  train::optim::Adam& optimizer;
+};
+
+// The epochs from run.first_epoch on, with a report and checkpoint after each.
+template <typename TrainSet, typename TestSet>
+void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
+  const auto& ctx = run.ctx;
+  auto& model = run.model;
+  auto& optimizer = run.optimizer;
+  const size_t batch_size = run.batch_size;
+  const size_t train_size = train_set.size().value();
+  auto loader = train::prepare_data_loader(
+      std::move(train_set), train::LoaderOptions().batch_size(batch_size).shuffle(true));
+  const size_t steps_per_epoch = loader.size();
+  if (ctx.world_rank() == 0) {
+    std::cout << "FashionMNIST: " << train_size << " training images, " << ctx.world_size()
+              << " workers x batch " << batch_size << " = global batch "
+              << batch_size * ctx.world_size() << ", " << steps_per_epoch << " steps per epoch, on "
+              << ctx.device() << ", Adam " << train::optim::to_string(optimizer.kernels())
+              << std::endl;
+  }
+  for (int epoch = run.first_epoch; epoch < run.epochs; ++epoch) {
+    loader.set_epoch(static_cast<size_t>(epoch));
+    double loss_sum = 0, loss_count = 0, timed_samples = 0;
+    int step = 0;
+    Clock::time_point timed_start;
+    for (auto& batch : loader) {
+      if (run.max_steps > 0 && step >= run.max_steps) break;
+      if (step == run.warmup_steps) timed_start = Clock::now();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      optimizer.zero_grad();
+      loss.backward();
+      optimizer.step();
+      loss_sum += loss.item<double>();
+      loss_count += 1;
+      ++step;
+      if (step > run.warmup_steps) timed_samples += static_cast<double>(batch.data.size(0));
+      if (ctx.world_rank() == 0 && run.log_every > 0 && step % run.log_every == 0) {
+        std::cout << "epoch " << epoch << " step " << step << "/" << steps_per_epoch << " loss "
+                  << loss.item<double>() << std::endl;
+      }
+    }
+    double seconds = step > run.warmup_steps
+                         ? std::chrono::duration<double>(Clock::now() - timed_start).count()
+                         : 0;
+    auto totals = sum_across_ranks({loss_sum, loss_count, timed_samples});
+    train::Metrics metrics{{"epoch", epoch},
+                           {"loss", totals[0] / totals[1]},
+                           {"steps", step},
+                           {"peak_rss_mb", max_across_ranks(peak_rss_mb())}};
+    if (seconds > 0) metrics.emplace("samples_per_s", totals[2] / seconds);
+    if (run.eval) {
+      auto [accuracy, test_loss] = evaluate(model, test_set, batch_size, run.eval_steps);
+      metrics.emplace("accuracy", accuracy);
+      metrics.emplace("test_loss", test_loss);
+    }
+    // The replicas are identical: rank 0 saves the checkpoint for all.
+    if (ctx.world_rank() == 0) {
+      train::TempDir dir;
+      torch::save(model, (dir.path() / "model.pt").string());
+      torch::save(optimizer, (dir.path() / "optimizer.pt").string());
+      std::ofstream(dir.path() / "epoch.txt") << epoch << "\n";
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()), run.upload_mode);
+    } else {
+      train::report(metrics);
+    }
+  }
+}
+
 }  // namespace
 
 void fashion_mnist_train(const train::Config& config) {
   auto ctx = train::get_context();
-  const int epochs = config.get<int>("epochs", 10);
-  const auto batch_size = static_cast<size_t>(config.get<int>("batch_size", 128));
   const double lr = config.get<double>("lr", 1e-3);
   const auto data_dir = config.get("data_dir", fashion_mnist::kDefaultDataDir);
-  const int max_steps = config.get<int>("max_steps", 0);
-  const bool eval = config.get<bool>("eval", true);
-  const int eval_steps = config.get<int>("eval_steps", 0);
-  const int warmup_steps = config.get<int>("warmup_steps", 5);
-  const int log_every = config.get<int>("log_every", 50);
-  const auto upload_mode = upload_mode_of(config.get("checkpoint_upload", "sync"));
   torch::manual_seed(config.get<int>("seed", 0));
 
-  fashion_mnist::FashionMNIST train_set(data_dir, fashion_mnist::Split::kTrain);
-  fashion_mnist::FashionMNIST test_set(data_dir, fashion_mnist::Split::kTest);
+  const auto kernels = kernels_of(config.get("kernels", "auto"));
+  const auto data = config.get("data", "tensors");
+  if (data != "tensors" && data != "samples") {
+    throw std::invalid_argument("config data must be tensors or samples, got '" + data + "'");
+  }
+  auto images = [&](fashion_mnist::Split split) {
+    return fashion_mnist::FashionMNIST(data_dir, split);
+  };
+  // Normalised once, then gathered a batch at a time; the bytes are let go.
+  auto tensors = [&](fashion_mnist::Split split) {
+    auto raw = images(split);
+    return train::TensorDataset(raw.normalized_images(), raw.labels());
+  };
   // Resume: model, optimizer and epoch from the latest committed checkpoint.
   auto checkpoint = train::get_checkpoint();
   int first_epoch = 0;
@@ -127,65 +219,26 @@ void fashion_mnist_train(const train::Config& config) {
                .bucket_cap_mb(config.get<double>("bucket_cap_mb", 25))
                .broadcast_buffers(config.get<bool>("broadcast_buffers", true))
                .compression(compression_of(config.get("compression", "none"))));
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lr));
+  train::optim::Adam optimizer(model->parameters(), train::optim::AdamOptions(lr), kernels);
   if (checkpoint) {  // its state onto the parameters' device
     torch::load(optimizer, (checkpoint->path() / "optimizer.pt").string(), ctx.device());
   }
-  auto loader = train::prepare_data_loader(
-      train_set, train::LoaderOptions().batch_size(batch_size).shuffle(true));
-  const size_t steps_per_epoch = loader.size();
-  if (ctx.world_rank() == 0) {
-    std::cout << "FashionMNIST: " << train_set.size().value() << " training images, "
-              << ctx.world_size() << " workers x batch " << batch_size << " = global batch "
-              << batch_size * ctx.world_size() << ", " << steps_per_epoch << " steps per epoch, on "
-              << ctx.device()
-              << std::endl;
-  }
-
-  for (int epoch = first_epoch; epoch < epochs; ++epoch) {
-    loader.set_epoch(static_cast<size_t>(epoch));
-    double loss_sum = 0, loss_count = 0, timed_samples = 0;
-    int step = 0;
-    Clock::time_point timed_start;
-    for (auto& batch : loader) {
-      if (max_steps > 0 && step >= max_steps) break;
-      if (step == warmup_steps) timed_start = Clock::now();
-      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
-      optimizer.zero_grad();
-      loss.backward();
-      optimizer.step();
-      loss_sum += loss.item<double>();
-      loss_count += 1;
-      ++step;
-      if (step > warmup_steps) timed_samples += static_cast<double>(batch.data.size(0));
-      if (ctx.world_rank() == 0 && log_every > 0 && step % log_every == 0) {
-        std::cout << "epoch " << epoch << " step " << step << "/" << steps_per_epoch << " loss "
-                  << loss.item<double>() << std::endl;
-      }
-    }
-    double seconds =
-        step > warmup_steps ? std::chrono::duration<double>(Clock::now() - timed_start).count() : 0;
-    auto totals = sum_across_ranks({loss_sum, loss_count, timed_samples});
-    train::Metrics metrics{{"epoch", epoch},
-                           {"loss", totals[0] / totals[1]},
-                           {"steps", step},
-                           {"peak_rss_mb", max_across_ranks(peak_rss_mb())}};
-    if (seconds > 0) metrics.emplace("samples_per_s", totals[2] / seconds);
-    if (eval) {
-      auto [accuracy, test_loss] = evaluate(model, test_set, batch_size, eval_steps);
-      metrics.emplace("accuracy", accuracy);
-      metrics.emplace("test_loss", test_loss);
-    }
-    // The replicas are identical: rank 0 saves the checkpoint for all.
-    if (ctx.world_rank() == 0) {
-      train::TempDir dir;
-      torch::save(model, (dir.path() / "model.pt").string());
-      torch::save(optimizer, (dir.path() / "optimizer.pt").string());
-      std::ofstream(dir.path() / "epoch.txt") << epoch << "\n";
-      train::report(metrics, train::Checkpoint::from_directory(dir.path()), upload_mode);
-    } else {
-      train::report(metrics);
-    }
+  Run run{ctx,
+          first_epoch,
+          config.get<int>("epochs", 10),
+          config.get<int>("max_steps", 0),
+          config.get<int>("eval_steps", 0),
+          config.get<int>("warmup_steps", 5),
+          config.get<int>("log_every", 50),
+          static_cast<size_t>(config.get<int>("batch_size", 128)),
+          config.get<bool>("eval", true),
+          upload_mode_of(config.get("checkpoint_upload", "sync")),
+          model,
+          optimizer};
+  if (data == "tensors") {
+    train_epochs(run, tensors(fashion_mnist::Split::kTrain), tensors(fashion_mnist::Split::kTest));
+  } else {
+    train_epochs(run, images(fashion_mnist::Split::kTrain), images(fashion_mnist::Split::kTest));
   }
 }
 

@@ -69,4 +69,11 @@ torch::data::Example<> FashionMNIST::get(size_t index) {
   return {image.unsqueeze(0), labels_[static_cast<int64_t>(index)]};
 }
 
+torch::Tensor FashionMNIST::normalized_images() const {
+  // The operations of get(), in its order, on the whole set.
+  auto images = images_.to(torch::kFloat32).div_(255.0);
+  images.sub_(kMean).div_(kStd);
+  return images.unsqueeze(1);
+}
+
 }  // namespace fashion_mnist

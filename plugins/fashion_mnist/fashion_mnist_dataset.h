@@ -30,6 +30,8 @@ class FashionMNIST : public torch::data::datasets::Dataset<FashionMNIST> {
   c10::optional<size_t> size() const override { return static_cast<size_t>(labels_.size(0)); }
 
   const torch::Tensor& images() const { return images_; }  // N x 28 x 28, uint8
+  /// Every image as get() makes it, at once: N x 1 x 28 x 28, float, normalised.
+  torch::Tensor normalized_images() const;
   const torch::Tensor& labels() const { return labels_; }  // N, int64
 
  private:

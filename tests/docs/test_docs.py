@@ -138,7 +138,7 @@ def anchors(markdown):
 
 
 def expand(path):
-    """sdk/src/reducer.{h,cpp}: each of the paths it names."""
+    """sdk/src/ddp/reducer.{h,cpp}: each of the paths it names."""
     braces = re.search(r"\{([^}]*)\}", path)
     if not braces:
         return [path.rstrip("/.")]

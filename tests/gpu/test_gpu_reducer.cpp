@@ -9,8 +9,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
 #ifdef USE_C10D_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -18,10 +18,10 @@
 #include <memory>
 #include <vector>
 
+#include "ddp/reducer.h"
 #include "doctest_torch.h"
 #include "gpu_skip.h"
 #include "process_ranks.h"
-#include "reducer.h"
 
 namespace {
 
@@ -114,13 +114,14 @@ double largest_gap(const torch::Tensor& a, const torch::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("2 ranks sharing one GPU over Gloo, on side streams, end where 1 rank on the whole "
-          "batch does") {
+TEST_CASE(
+    "2 ranks sharing one GPU over Gloo, on side streams, end where 1 rank on the whole "
+    "batch does") {
   skip_unless_gpus(1);
   const auto alone = train_alone();
   // A bucket per parameter: collectives launch mid-backward, from the hooks.
-  auto finals = train_data_parallel(
-      2, train::ModelOptions().bucket_cap_mb(1e-6).first_bucket_cap_mb(1e-6));
+  auto finals =
+      train_data_parallel(2, train::ModelOptions().bucket_cap_mb(1e-6).first_bucket_cap_mb(1e-6));
   CHECK(largest_gap(finals[0], finals[1]) == 0.0);  // the replicas stay identical
   CHECK(largest_gap(finals[0], alone) < 1e-5);
   // One bucket for everything: the collective launches from the last hook.
@@ -184,8 +185,8 @@ TEST_CASE("fp16 and bf16 compression on NCCL round each gradient through the hal
         auto grad = params[i].grad().cpu();
         rows.push_back(torch::tensor(
             {static_cast<int64_t>(torch::equal(grad, grad.to(type).to(torch::kFloat))),
-             static_cast<int64_t>(torch::allclose(grad, expected[i].grad().cpu(), tolerance,
-                                                  1e-6))}));
+             static_cast<int64_t>(
+                 torch::allclose(grad, expected[i].grad().cpu(), tolerance, 1e-6))}));
       }
     }
     return torch::stack(rows);
@@ -193,7 +194,7 @@ TEST_CASE("fp16 and bf16 compression on NCCL round each gradient through the hal
   const int64_t per_kind = checks.size(0) / static_cast<int64_t>(kinds.size());
   for (int64_t row = 0; row < checks.size(0); ++row) {
     CAPTURE(static_cast<int>(kinds[row / per_kind].first));
-    CAPTURE(row % per_kind);  // the parameter
+    CAPTURE(row % per_kind);                     // the parameter
     CHECK(checks[row][0].item<int64_t>() == 1);  // it went as the half type
     CHECK(checks[row][1].item<int64_t>() == 1);  // close to the uncompressed gradient
   }

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "bucket_assignment.h"
+#include "ddp/bucket_assignment.h"
 
 using train::detail::assign_buckets;
 using train::detail::BucketInput;

@@ -78,3 +78,13 @@ TEST_CASE("FashionMNIST: the real dataset, when installed") {
   double mean = train.images().to(torch::kFloat64).mean().item<double>() / 255.0;
   CHECK(mean == doctest::Approx(fashion_mnist::kMean).epsilon(0.001));
 }
+
+TEST_CASE("FashionMNIST: normalized_images is every get() at once") {
+  if (!std::filesystem::exists(fashion_mnist::kDefaultDataDir)) return;
+  FashionMNIST test(fashion_mnist::kDefaultDataDir, Split::kTest);
+  auto all = test.normalized_images();
+  CHECK(all.sizes() == torch::IntArrayRef{10000, 1, 28, 28});
+  for (size_t i : {size_t{0}, size_t{1234}, size_t{9999}}) {
+    CHECK(torch::equal(all[static_cast<int64_t>(i)], test.get(i).data));
+  }
+}

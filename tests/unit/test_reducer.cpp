@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/reducer.h"
 #include "doctest_torch.h"
-#include "reducer.h"
 #include "temp_dir.h"
 #include "thread_ranks.h"
 

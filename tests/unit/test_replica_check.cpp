@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "ddp/reducer.h"
+#include "ddp/replica_check.h"
 #include "doctest_torch.h"
-#include "reducer.h"
-#include "replica_check.h"
 #include "thread_ranks.h"
 
 // That every rank holds the same model: the same parameters at prepare_model
@@ -72,8 +72,7 @@ TEST_CASE("a model's description lists its options, parameters and buffers, and 
   auto model = torch::nn::Sequential(torch::nn::Linear(kIn, 2), torch::nn::BatchNorm1d(2));
   model[0]->as<torch::nn::Linear>()->bias.set_requires_grad(false);
   auto entries = train::detail::describe_model(
-      *model,
-      train::ModelOptions().bucket_cap_mb(0.5).compression(train::Compression::kFP16));
+      *model, train::ModelOptions().bucket_cap_mb(0.5).compression(train::Compression::kFP16));
   auto text = train::detail::encode_entries(entries);
   CHECK((train::detail::decode_entries(text) == entries));  // not printable
   CHECK(text.find("ModelOptions' bucket_cap_mb\t=0.5\n") != std::string::npos);

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <set>
+#include <utility>
 #include <vector>
 
 // train::DistributedSampler on its own: rank contexts made by hand, no workers.
@@ -76,4 +77,77 @@ TEST_CASE("sampler: a saved position survives load and the loader's reset at the
   CHECK(drain(restored) == std::vector<size_t>(whole.begin() + 8, whole.end()));
   restored.reset();  // the next epoch starts from the first
   CHECK(drain(restored) == whole);
+}
+
+namespace {
+
+// A per-sample dataset over the same tensors as a TensorDataset: what the
+// loader made before TensorDataset existed.
+struct PerSample : torch::data::datasets::Dataset<PerSample> {
+  PerSample(torch::Tensor data, torch::Tensor target)
+      : data(std::move(data)), target(std::move(target)) {}
+  torch::Tensor data, target;
+  torch::data::Example<> get(size_t i) override {
+    return {data[static_cast<int64_t>(i)], target[static_cast<int64_t>(i)]};
+  }
+  c10::optional<size_t> size() const override { return static_cast<size_t>(data.size(0)); }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "TensorDataset: the loader gathers the batches a per-sample dataset gives, by the same "
+    "indices") {
+  auto data = torch::randn({103, 2, 3});
+  auto target = torch::arange(103);
+  for (size_t workers : {0, 2}) {
+    for (int rank = 0; rank < 3; ++rank) {
+      CAPTURE(workers);
+      CAPTURE(rank);
+      const auto options = train::LoaderOptions().batch_size(8).workers(workers).progress(false);
+      auto sampler = [&] {
+        return train::DistributedSampler(103, rank_of(rank, 3), true, true, 5);
+      };
+      train::DataLoader<train::TensorDataset> gathered(train::TensorDataset(data, target),
+                                                       sampler(), options, torch::kCPU);
+      train::DataLoader<PerSample> stacked(PerSample(data, target), sampler(), options,
+                                           torch::kCPU);
+      CHECK(gathered.workers() == workers);
+      for (size_t epoch : {0, 1}) {
+        gathered.set_epoch(epoch);
+        stacked.set_epoch(epoch);
+        std::vector<torch::data::Example<>> expected;
+        for (auto& batch : stacked) expected.push_back(batch);
+        size_t i = 0;
+        for (auto& batch : gathered) {
+          REQUIRE(i < expected.size());
+          CHECK(torch::equal(batch.data, expected[i].data));
+          CHECK(torch::equal(batch.target, expected[i].target));
+          ++i;
+        }
+        CHECK(i == expected.size());
+        CHECK(i == gathered.size());
+      }
+    }
+  }
+}
+
+TEST_CASE("TensorDataset: mismatched tensors and an index past the end are refused") {
+  CHECK_THROWS_AS(train::TensorDataset(torch::zeros({3, 2}), torch::zeros({4})),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(train::TensorDataset(torch::zeros({}), torch::zeros({})), std::invalid_argument);
+  CHECK_THROWS_AS(train::TensorDataset(torch::Tensor(), torch::zeros({3})), std::invalid_argument);
+  train::TensorDataset dataset(torch::zeros({3, 2}), torch::zeros({3}));
+  const std::vector<size_t> past{1, 3};
+  CHECK_THROWS_AS(dataset.get_batch(past), std::out_of_range);
+  const std::vector<size_t> fine{2, 0};
+  CHECK(dataset.get_batch(fine).data.sizes() == torch::IntArrayRef{2, 2});
+}
+
+TEST_CASE("loader threads: none by default on the CPU") {
+  train::DataLoader<train::TensorDataset> loader(
+      train::TensorDataset(torch::zeros({4, 1}), torch::zeros({4})),
+      train::DistributedSampler(4, rank_of(0, 1), false, true), train::LoaderOptions(),
+      torch::kCPU);
+  CHECK(loader.workers() == 0);
 }

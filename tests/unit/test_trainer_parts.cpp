@@ -14,8 +14,8 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "metric_log.h"
 #include "thread_ranks.h"
+#include "trainer/metric_log.h"
 
 namespace {
 

@@ -9,7 +9,10 @@ and prints steady-state samples/s (after warm-up), the ratios and peak RSS per
 worker. Targets: trainrun >= 1.05x torchrun, >= 0.90 of the ceiling. With
 --compression fp16 (or bf16) each round also runs trainrun with that gradient compression
 (ModelOptions::compression) and prints its ratio to uncompressed trainrun;
---skip-torchrun leaves the torchrun baseline out (no PyTorch needed). --torchrun PATH
+--skip-torchrun leaves the torchrun baseline out (no PyTorch needed). --per-tensor
+also runs trainrun with the optimizer and data path that came before train::optim and
+train::TensorDataset (torch::optim's per-tensor Adam, images normalised per sample and
+stacked: config kernels=per-tensor data=samples) and prints the ratio to it. --torchrun PATH
 (repeatable) names the torchrun of each PyTorch to compare against, in the same
 rounds: Debian's 1.13 (`torchrun`, the default) and pip's 2.x
 (`/opt/trainrun-torch/bin/torchrun`, tools/setup_torch2.sh), say.
@@ -18,7 +21,7 @@ rounds: Debian's 1.13 (`torchrun`, the default) and pip's 2.x
 runs it on a GPU machine. --data-dir names the FashionMNIST folder for both.
 
   tools/bench/ddp_throughput.py [--build build] [--rounds 2] [--steps 30] [--warmup 5]
-                                [--compression fp16|bf16] [--skip-torchrun]
+                                [--compression fp16|bf16] [--skip-torchrun] [--per-tensor]
                                 [--torchrun PATH]... [--gpu] [--data-dir DIR]
 """
 import argparse
@@ -39,7 +42,7 @@ def run(cmd, env):
     return result.stdout.decode()
 
 
-def trainrun(args, tmp, env, workers, name, compression="none"):
+def trainrun(args, tmp, env, workers, name, compression="none", extra=()):
     results = os.path.join(tmp, "results")
     placement = ["--use-gpu"] if args.gpu else ["--cpus-per-worker", "1"]
     data = ["--config", f"data_dir={args.data_dir}"] if args.data_dir else []
@@ -49,7 +52,7 @@ def trainrun(args, tmp, env, workers, name, compression="none"):
          "--name", name, "--config", "epochs=1", "--config", "eval=false",
          "--config", "log_every=0", "--config", f"warmup_steps={args.warmup}",
          "--config", f"max_steps={args.warmup + args.steps}",
-         "--config", f"compression={compression}"], env)
+         "--config", f"compression={compression}", *extra], env)
     with open(os.path.join(results, name, "result.jsonl")) as f:
         metrics = json.loads(f.readlines()[-1])["metrics"]
     return metrics["samples_per_s"], metrics["peak_rss_mb"]
@@ -86,6 +89,8 @@ def main():
     parser.add_argument("--data-dir", help="the FashionMNIST folder (the Debian package's)")
     parser.add_argument("--compression", choices=["fp16", "bf16"])
     parser.add_argument("--skip-torchrun", action="store_true")
+    parser.add_argument("--per-tensor", action="store_true",
+                        help="also run trainrun with per-tensor Adam and per-sample data")
     parser.add_argument("--torchrun", action="append", metavar="PATH",
                         help="a torchrun to compare against (repeatable; default: torchrun)")
     args = parser.parse_args()
@@ -96,7 +101,7 @@ def main():
     env = dict(os.environ) if args.gpu else dict(os.environ, OMP_NUM_THREADS="1")
     if args.data_dir:
         env["FASHION_MNIST_DIR"] = args.data_dir
-    ours, ceiling, compressed = [], [], []
+    ours, ceiling, compressed, before = [], [], [], []
     theirs = {t: [] for t in torchruns}
     with tempfile.TemporaryDirectory() as tmp:
         env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
@@ -108,6 +113,11 @@ def main():
                 compressed.append(trainrun(args, tmp, env, workers, f"{args.compression}{r}",
                                            args.compression))
                 line += f"  {args.compression} {compressed[-1][0]:.1f}"
+            if args.per_tensor:
+                before.append(trainrun(args, tmp, env, workers, f"before{r}",
+                                       extra=("--config", "kernels=per-tensor",
+                                              "--config", "data=samples")))
+                line += f"  per-tensor {before[-1][0]:.1f}"
             for i, t in enumerate(torchruns):
                 theirs[t].append(torchrun(args, tmp, env, f"torchrun{i}-{r}", t))
                 line += f"  {labels[t]} {theirs[t][-1][0]:.1f}"
@@ -128,6 +138,10 @@ def main():
         name = f"... with {args.compression} gradients"
         print(f"  {name:<{width}} {med(compressed, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(compressed, 1):6.0f} MB")
+    if before:
+        name = "... per-tensor Adam, samples"
+        print(f"  {name:<{width}} {med(before, 0):7.1f} samples/s   "
+              f"peak RSS/worker {med(before, 1):6.0f} MB")
     for name, rows in theirs.items():
         print(f"  {labels[name]:<{width}} {med(rows, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(rows, 1):6.0f} MB")
@@ -140,6 +154,9 @@ def main():
         print(f"  trainrun / {labels[name]} = {t / med(rows, 0):.3f}  (target >= {target})")
     if ceiling:
         print(f"  trainrun / ceiling  = {t / c:.3f}  (target >= 0.90)")
+    if before:
+        print(f"  trainrun / per-tensor Adam, samples = {t / med(before, 0):.3f}"
+              "  (target >= 1.0)")
     if compressed:
         print(f"  {args.compression} / uncompressed = {med(compressed, 0) / t:.3f}")
 

@@ -8,9 +8,10 @@
 //
 //   divergence_bench [--ranks 2] [--rounds 50]
 
+#include <train/torch_compat.h>
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <train/torch_compat.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -22,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "reducer.h"
+#include "ddp/reducer.h"
 
 namespace {
 

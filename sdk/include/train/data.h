@@ -26,8 +26,11 @@ struct LoaderOptions {
   /// The shuffle's seed: epoch e is shuffled with seed + e, the same on every
   /// rank (DistributedSampler's seed).
   TORCH_ARG(uint64_t, seed) = 0;
-  /// Background threads that load batches (LibTorch's DataLoader workers).
-  TORCH_ARG(size_t, workers) = 0;
+  /// Background threads that make batches ahead of the train loop (LibTorch's
+  /// DataLoader workers, each with batches in flight). None given: 2 on a CUDA
+  /// device, where the next batches are gathered while the GPU computes; 0 on
+  /// the CPU, where loader threads would take cores from the step itself.
+  TORCH_ARG(c10::optional<size_t>, workers) = c10::nullopt;
   /// Pad with repeated samples so every rank gets as many batches as the others
   /// (every rank must run the same number of backward passes); false gives each
   /// sample to at most one rank, for evaluation: when the world size does not
@@ -131,6 +134,41 @@ void check_same_dataset_size(size_t size, const char* caller);
 template <typename Dataset>
 inline constexpr bool is_stacked_v =
     std::is_same_v<typename Dataset::BatchType, torch::data::Example<>>;
+
+/// A dataset of whole tensors, as PyTorch's TensorDataset: sample i is
+/// data[i] with target[i]. The loader asks it for a batch at once, and it
+/// gathers the batch with one index_select per tensor, straight into
+/// page-locked memory when the loader feeds a CUDA device: no per-sample
+/// tensors, no stacking, no second copy to pin. Prepare the data once (decode,
+/// normalise) and hand the result here, rather than doing it in a get() per
+/// sample. The tensors may live on a CUDA device already (the whole dataset
+/// resident in GPU memory, for data that fits): batches are then gathered
+/// there. Copies share the tensors; get_batch may be called from several
+/// loader threads at once.
+class TensorDataset
+    : public torch::data::datasets::BatchDataset<TensorDataset, torch::data::Example<>,
+                                                 c10::ArrayRef<size_t>> {
+ public:
+  /// `data` and `target` hold one sample per row of their first dimension.
+  /// Throws std::invalid_argument when they are undefined, scalars, of
+  /// different lengths, or on different devices.
+  TensorDataset(torch::Tensor data, torch::Tensor target);
+
+  /// The samples at `indices`, gathered (one index_select each). Throws
+  /// std::out_of_range for an index past the end.
+  torch::data::Example<> get_batch(c10::ArrayRef<size_t> indices) override;
+  c10::optional<size_t> size() const override { return static_cast<size_t>(data_.size(0)); }
+
+  /// Whether batches of host tensors are gathered into page-locked memory; the
+  /// loader sets it when it feeds a CUDA device.
+  void pin_memory(bool pin) { pin_ = pin; }
+  const torch::Tensor& data() const { return data_; }
+  const torch::Tensor& target() const { return target_; }
+
+ private:
+  torch::Tensor data_, target_;
+  bool pin_ = false;
+};
 
 namespace detail {
 
@@ -258,13 +296,14 @@ class DataLoader {
 
   /// Starts an epoch (in the order set by set_epoch).
   Iterator begin() {
+    if constexpr (has_pin_memory<Dataset>::value) dataset_.pin_memory(device_.is_cuda());
     // Built directly: LibTorch 1.13's map() cannot chain onto a stacked dataset.
     inner_ =
         std::make_unique<Inner>(Pinned(stacked(), detail::PinMemory(device_.is_cuda())), sampler_,
                                 torch::data::DataLoaderOptions()
                                     .batch_size(options_.batch_size())
                                     .drop_last(options_.drop_last())
-                                    .workers(options_.workers()));
+                                    .workers(workers()));
     detail::LoaderProgress* shown = progress_ && progress_->claim() ? progress_.get() : nullptr;
     if (shown != nullptr) {
       // Counted once, and only where a sampler can be counted without running it.
@@ -277,7 +316,14 @@ class DataLoader {
   }
   Iterator end() { return Iterator(inner_->end(), device_); }
 
+  /// The loader threads in use (LoaderOptions::workers, or its default for the device).
+  size_t workers() const {
+    return options_.workers().value_or(device_.is_cuda() ? kDefaultCudaWorkers : 0);
+  }
+
  private:
+  static constexpr size_t kDefaultCudaWorkers = 2;
+
   Stacked stacked() {
     if constexpr (is_stacked_v<Dataset>) {
       return dataset_;
@@ -295,6 +341,11 @@ class DataLoader {
   struct has_resume : std::false_type {};
   template <typename S>
   struct has_resume<S, std::void_t<decltype(std::declval<S&>().resume(size_t{0}, size_t{0}))>>
+      : std::true_type {};
+  template <typename D, typename = void>
+  struct has_pin_memory : std::false_type {};
+  template <typename D>
+  struct has_pin_memory<D, std::void_t<decltype(std::declval<D&>().pin_memory(true))>>
       : std::true_type {};
   template <typename S, typename = void>
   struct has_set_epoch : std::false_type {};

@@ -19,6 +19,8 @@
 #include <train/distributed.h>
 #include <train/metric.h>
 #include <train/model.h>
+#include <train/op_counter.h>
+#include <train/optim.h>
 #include <train/plugin.h>
 #include <train/report.h>
 #include <train/trainer.h>

@@ -14,7 +14,7 @@
 ///       return loss;
 ///     }
 ///     train::OptimizerConfig configure_optimizers() override {
-///       return {std::make_shared<torch::optim::Adam>(parameters())};
+///       return {std::make_shared<train::optim::Adam>(parameters())};
 ///     }
 ///   };
 ///   train::Trainer(train::TrainerOptions().max_epochs(2)).fit(std::make_shared<Net>(), data);

@@ -1,4 +1,4 @@
-#include "reducer.h"
+#include "ddp/reducer.h"
 
 #include <train/context.h>
 #include <train/distributed.h>
@@ -16,9 +16,9 @@
 #include <optional>
 #include <stdexcept>
 
-#include "bucket_assignment.h"
-#include "host.h"
-#include "replica_check.h"
+#include "core/host.h"
+#include "ddp/bucket_assignment.h"
+#include "ddp/replica_check.h"
 
 namespace train::detail {
 namespace {

@@ -1,6 +1,6 @@
 #include <train/context.h>
 
-#include "host.h"
+#include "core/host.h"
 
 namespace train {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "collectives.h"
+#include "core/collectives.h"
 
 namespace train {
 
@@ -85,6 +85,45 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   state_->position = std::min(position, state_->indices.size());
   // The loader resets the sampler as the epoch begins: the position holds then too.
   state_->resume = std::make_pair(state_->epoch, position);
+}
+
+TensorDataset::TensorDataset(torch::Tensor data, torch::Tensor target)
+    : data_(std::move(data)), target_(std::move(target)) {
+  if (!data_.defined() || !target_.defined() || data_.dim() == 0 || target_.dim() == 0) {
+    throw std::invalid_argument(
+        "train::TensorDataset: data and target must be tensors with a first dimension of samples");
+  }
+  if (data_.size(0) != target_.size(0)) {
+    throw std::invalid_argument("train::TensorDataset: data has " + std::to_string(data_.size(0)) +
+                                " samples but target has " + std::to_string(target_.size(0)));
+  }
+  if (data_.device() != target_.device()) {
+    throw std::invalid_argument("train::TensorDataset: data is on " + data_.device().str() +
+                                " but target on " + target_.device().str());
+  }
+}
+
+torch::data::Example<> TensorDataset::get_batch(c10::ArrayRef<size_t> indices) {
+  const auto n = static_cast<int64_t>(indices.size());
+  auto index = torch::empty({n}, torch::kLong);
+  auto* out = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (indices[static_cast<size_t>(i)] >= static_cast<size_t>(data_.size(0))) {
+      throw std::out_of_range("train::TensorDataset: index " +
+                              std::to_string(indices[static_cast<size_t>(i)]) + " of " +
+                              std::to_string(data_.size(0)) + " samples");
+    }
+    out[i] = static_cast<int64_t>(indices[static_cast<size_t>(i)]);
+  }
+  auto gather = [&](const torch::Tensor& from) {
+    if (!from.is_cpu()) return from.index_select(0, index.to(from.device(), /*non_blocking=*/true));
+    auto sizes = from.sizes().vec();
+    sizes[0] = n;
+    auto batch = torch::empty(sizes, from.options().pinned_memory(pin_));
+    torch::index_select_out(batch, from, 0, index);
+    return batch;
+  };
+  return {gather(data_), gather(target_)};
 }
 
 namespace detail {

@@ -5,8 +5,8 @@
 
 #include <stdexcept>
 
-#include "collectives.h"
-#include "host.h"
+#include "core/collectives.h"
+#include "core/host.h"
 
 namespace train {
 namespace {

@@ -1,4 +1,4 @@
-#include "metric_log.h"
+#include "trainer/metric_log.h"
 
 #include <torch/torch.h>
 
@@ -7,7 +7,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "collectives.h"
+#include "core/collectives.h"
 
 namespace train::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "bucket_assignment.h"
+#include "ddp/bucket_assignment.h"
 
 #include <map>
 

@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "metric_log.h"
+#include "trainer/metric_log.h"
 
 namespace train {
 

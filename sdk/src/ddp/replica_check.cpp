@@ -1,4 +1,4 @@
-#include "replica_check.h"
+#include "ddp/replica_check.h"
 
 #include <torch/torch.h>
 
@@ -9,7 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "collectives.h"
+#include "core/collectives.h"
 
 namespace train::detail {
 namespace {

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "host.h"
+#include "core/host.h"
 
 namespace train {
 

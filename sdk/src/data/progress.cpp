@@ -1,6 +1,6 @@
 #include <train/data.h>
 
-#include "host.h"
+#include "core/host.h"
 
 namespace train::detail {
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "host.h"
-#include "reducer.h"
+#include "core/host.h"
+#include "ddp/reducer.h"
 
 namespace train {
 

@@ -12,8 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "collectives.h"
-#include "trainer_fit.h"
+#include "core/collectives.h"
+#include "trainer/trainer_fit.h"
 
 namespace train {
 namespace {

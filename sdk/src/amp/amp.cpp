@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "collectives.h"
+#include "core/collectives.h"
 
 namespace train {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "host.h"
+#include "core/host.h"
 
 extern "C" {
 __attribute__((section(TRAIN_PLUGIN_INFO_SECTION), used))

@@ -1,6 +1,6 @@
 #include <train/distributed.h>
 
-#include "host.h"
+#include "core/host.h"
 
 namespace train {
 

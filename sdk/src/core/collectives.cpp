@@ -1,8 +1,8 @@
-#include "collectives.h"
+#include "core/collectives.h"
 
 #include <cstring>
 
-#include "host.h"
+#include "core/host.h"
 
 namespace train::detail {
 

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "trainer_fit.h"
+#include "trainer/trainer_fit.h"
 
 namespace train {
 namespace {

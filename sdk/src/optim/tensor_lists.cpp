@@ -1,0 +1,73 @@
+#include "optim/tensor_lists.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+
+namespace train::optim::detail {
+namespace {
+
+// The schema names of the fused kernels. LibTorch 1.13 has only Adam's (for
+// CUDA); AdamW's there is Adam's after a decoupled decay.
+const char* schema_of(Fused fused) {
+#if TORCH_VERSION_MAJOR >= 2
+  switch (fused) {
+    case Fused::kSGD: return "aten::_fused_sgd_";
+    case Fused::kAdam: return "aten::_fused_adam_";
+    case Fused::kAdamW: return "aten::_fused_adamw_";
+  }
+  return "";
+#else
+  return fused == Fused::kSGD ? "" : "aten::_fused_adam_";
+#endif
+}
+
+bool lookup(Fused fused, c10::DispatchKey key) {
+  const char* name = schema_of(fused);
+  if (*name == '\0') return false;
+  auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
+  return handle.has_value() && handle->hasKernelForDispatchKey(key);
+}
+
+}  // namespace
+
+TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param, int64_t step) {
+  for (auto& candidate : lists) {
+    if (candidate.device == param.device() && candidate.dtype == param.scalar_type() &&
+        candidate.step == step) {
+      return candidate;
+    }
+  }
+  lists.push_back(TensorLists{param.device(), param.scalar_type(), step, {}, {}, {}, true});
+  return lists.back();
+}
+
+bool has_fused(Fused fused, c10::DeviceType device_type) {
+  // Filled once: the dispatcher's tables do not change after LibTorch loads.
+  static const std::array<std::array<bool, 2>, 3> table = [] {
+    std::array<std::array<bool, 2>, 3> found{};
+    for (auto f : {Fused::kSGD, Fused::kAdam, Fused::kAdamW}) {
+      found[static_cast<int>(f)] = {lookup(f, c10::DispatchKey::CPU),
+                                    lookup(f, c10::DispatchKey::CUDA)};
+    }
+    return found;
+  }();
+  if (device_type == c10::DeviceType::CPU) return table[static_cast<int>(fused)][0];
+  if (device_type == c10::DeviceType::CUDA) return table[static_cast<int>(fused)][1];
+  return false;
+}
+
+Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists) {
+  if (asked == Kernels::kPerTensor || asked == Kernels::kForeach) return asked;
+  const bool floating = lists.dtype == torch::kFloat || lists.dtype == torch::kDouble ||
+                        lists.dtype == torch::kHalf || lists.dtype == torch::kBFloat16;
+  if (floating && lists.dense && has_fused(fused, lists.device.type())) return Kernels::kFused;
+  return Kernels::kForeach;
+}
+
+void check_dense(const torch::Tensor& grad, const char* optimizer) {
+  TORCH_CHECK(!grad.is_sparse(), optimizer, " does not support sparse gradients");
+}
+
+}  // namespace train::optim::detail

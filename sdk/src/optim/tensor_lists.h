@@ -1,0 +1,74 @@
+#pragma once
+
+// What the SDK's optimizers share: a parameter's key in Optimizer::state() on
+// either LibTorch line, the lists a multi-tensor kernel takes (one per device,
+// dtype and step count), and which fused kernels this LibTorch has. Stateless
+// but for a table of fused kernels filled once per process.
+
+#include <train/optim.h>
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace train::optim::detail {
+
+/// The key of `param` in Optimizer::state(): its TensorImpl's address, as
+/// text in LibTorch 1.13 (as c10::guts::to_string writes it) and as a pointer
+/// in 2.x.
+template <typename StateMap>
+typename StateMap::key_type state_key(const torch::Tensor& param) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << param.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+/// Tensors that one multi-tensor or fused call updates together: the same
+/// device, dtype and step count. `state` holds up to three lists of optimizer
+/// state (Adam: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer).
+struct TensorLists {
+  c10::Device device;
+  c10::ScalarType dtype;
+  int64_t step;
+  std::vector<torch::Tensor> params, grads;
+  std::vector<torch::Tensor> state[3];
+  /// Whether every tensor is dense and non-overlapping, as fused kernels need.
+  bool dense = true;
+};
+
+/// The lists for `param` among `lists`, added when there are none yet.
+TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param,
+                       int64_t step = 0);
+
+/// The fused kernels an optimizer may use.
+enum class Fused { kSGD, kAdam, kAdamW };
+
+/// Whether this LibTorch has `fused`'s kernel for tensors on `device_type`
+/// (looked up in the dispatcher once per process).
+bool has_fused(Fused fused, c10::DeviceType device_type);
+
+/// The path one set of lists takes when `asked` was asked for: the fused
+/// kernel for kAuto and kFused where there is one for their device and dtype
+/// and the tensors are dense, else the multi-tensor ops; kPerTensor as asked.
+Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists);
+
+/// Throws c10::Error, as torch::optim does, for a sparse gradient.
+void check_dense(const torch::Tensor& grad, const char* optimizer);
+
+/// The state of `param` in `state`, of type State, or null.
+template <typename State, typename StateMap>
+State* find_state(StateMap& state, const torch::Tensor& param) {
+  auto it = state.find(state_key<StateMap>(param));
+  return it == state.end() ? nullptr : static_cast<State*>(it->second.get());
+}
+
+}  // namespace train::optim::detail

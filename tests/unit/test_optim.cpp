@@ -1,0 +1,260 @@
+// train::optim's SGD, Adam and AdamW against torch::optim's on the CPU: the
+// same parameters after the same gradients on every kernel path, state saved
+// by one loaded by the other, and the operators a step dispatches.
+
+#include <train/op_counter.h>
+#include <train/optim.h>
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "doctest_torch.h"
+
+namespace {
+
+using train::optim::Kernels;
+
+// Parameters of two dtypes and several shapes, one of them without a gradient
+// every third step: their step counts then differ, and so do the lists a
+// multi-tensor step makes.
+std::vector<torch::Tensor> make_params() {
+  torch::manual_seed(7);
+  std::vector<torch::Tensor> params;
+  for (int i = 0; i < 5; ++i) params.push_back(torch::randn({3 + i, 4}));
+  params.push_back(torch::randn({6}, torch::kFloat64));
+  params.push_back(torch::randn({2, 3}, torch::kFloat64));
+  params.push_back(torch::randn({5}));
+  for (auto& p : params) p.set_requires_grad(true);
+  return params;
+}
+
+std::vector<torch::Tensor> clone_params(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> copies;
+  for (const auto& p : params) copies.push_back(p.detach().clone().set_requires_grad(true));
+  return copies;
+}
+
+// The same gradients on both sets at step `step`.
+void set_grads(std::vector<torch::Tensor>& params, int step) {
+  auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + step));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i == 3 && step % 3 == 1) {
+      params[i].mutable_grad() = torch::Tensor();
+      continue;
+    }
+    params[i].mutable_grad() =
+        torch::randn(params[i].sizes(), generator, params[i].options().requires_grad(false));
+  }
+}
+
+void check_close(const std::vector<torch::Tensor>& ours, const std::vector<torch::Tensor>& theirs,
+                 bool exact) {
+  for (size_t i = 0; i < ours.size(); ++i) {
+    INFO("parameter " << i);
+    if (exact) {
+      CHECK(torch::equal(ours[i], theirs[i]));
+    } else {
+      CHECK(torch::allclose(ours[i], theirs[i], /*rtol=*/1e-5, /*atol=*/1e-6));
+    }
+  }
+}
+
+template <typename Ours, typename Theirs, typename Options>
+void compare(const Options& options, Kernels kernels, int steps = 7) {
+  auto a = make_params();
+  auto b = clone_params(a);
+  Ours ours(a, options, kernels);
+  Theirs theirs(b, options);
+  for (int step = 0; step < steps; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    ours.step();
+    theirs.step();
+  }
+  // The per-tensor path is torch::optim's arithmetic in its order; the others
+  // reorder nothing on the CPU either, but a fused kernel computes in its own way.
+  check_close(a, b, kernels == Kernels::kPerTensor);
+  if (kernels != Kernels::kPerTensor) CHECK(ours.last_path() != Kernels::kPerTensor);
+}
+
+std::vector<Kernels> paths(const char* optimizer) {
+  std::vector<Kernels> all{Kernels::kPerTensor, Kernels::kForeach, Kernels::kAuto};
+  if (train::optim::has_fused_kernel(optimizer, torch::kCPU)) all.push_back(Kernels::kFused);
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("train::optim::SGD computes what torch::optim::SGD computes, on every path") {
+  for (auto kernels : paths("sgd")) {
+    CAPTURE(train::optim::to_string(kernels));
+    compare<train::optim::SGD, torch::optim::SGD>(torch::optim::SGDOptions(0.1), kernels);
+    compare<train::optim::SGD, torch::optim::SGD>(
+        torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01).dampening(0.1), kernels);
+    compare<train::optim::SGD, torch::optim::SGD>(
+        torch::optim::SGDOptions(0.05).momentum(0.8).nesterov(true), kernels);
+  }
+}
+
+TEST_CASE("train::optim::Adam computes what torch::optim::Adam computes, on every path") {
+  for (auto kernels : paths("adam")) {
+    CAPTURE(train::optim::to_string(kernels));
+    compare<train::optim::Adam, torch::optim::Adam>(torch::optim::AdamOptions(1e-2), kernels);
+    compare<train::optim::Adam, torch::optim::Adam>(
+        torch::optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(true).betas({0.8, 0.9}), kernels);
+  }
+}
+
+TEST_CASE("train::optim::AdamW computes what torch::optim::AdamW computes, on every path") {
+  for (auto kernels : paths("adamw")) {
+    CAPTURE(train::optim::to_string(kernels));
+    compare<train::optim::AdamW, torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2), kernels);
+    compare<train::optim::AdamW, torch::optim::AdamW>(
+        torch::optim::AdamWOptions(1e-2).weight_decay(0.3).amsgrad(true).eps(1e-6), kernels);
+  }
+}
+
+TEST_CASE("a state saved by train::optim loads into torch::optim, and the other way round") {
+  auto a = make_params();
+  auto b = clone_params(a);
+  const auto options = torch::optim::AdamOptions(1e-2).weight_decay(0.01);
+  train::optim::Adam ours(a, options, Kernels::kForeach);
+  for (int step = 0; step < 4; ++step) {
+    set_grads(a, step);
+    ours.step();
+  }
+  // Saved by ours, continued by LibTorch's on a copy of the parameters.
+  std::stringstream saved;
+  torch::save(ours, saved);
+  for (size_t i = 0; i < a.size(); ++i) {
+    torch::NoGradGuard no_grad;
+    b[i].copy_(a[i]);
+  }
+  torch::optim::Adam theirs(b, options);
+  torch::load(theirs, saved);
+  for (int step = 4; step < 8; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    ours.step();
+    theirs.step();
+  }
+  check_close(a, b, false);
+
+  // Saved by LibTorch's, continued by ours.
+  std::stringstream back;
+  torch::save(theirs, back);
+  auto c = clone_params(b);
+  train::optim::Adam again(c, options);
+  torch::load(again, back);
+  for (int step = 8; step < 11; ++step) {
+    set_grads(b, step);
+    set_grads(c, step);
+    theirs.step();
+    again.step();
+  }
+  check_close(c, b, false);
+
+  // SGD's momentum buffers cross over too.
+  auto d = make_params();
+  auto e = clone_params(d);
+  const auto sgd_options = torch::optim::SGDOptions(0.1).momentum(0.9);
+  train::optim::SGD sgd(d, sgd_options);
+  set_grads(d, 0);
+  sgd.step();
+  std::stringstream sgd_saved;
+  torch::save(sgd, sgd_saved);
+  for (size_t i = 0; i < d.size(); ++i) {
+    torch::NoGradGuard no_grad;
+    e[i].copy_(d[i]);
+  }
+  torch::optim::SGD sgd_theirs(e, sgd_options);
+  torch::load(sgd_theirs, sgd_saved);
+  set_grads(d, 2);
+  set_grads(e, 2);
+  sgd.step();
+  sgd_theirs.step();
+  check_close(d, e, false);
+}
+
+TEST_CASE("param groups keep their own options, and an LR scheduler reaches them") {
+  auto a = make_params();
+  auto b = clone_params(a);
+  auto groups = [](std::vector<torch::Tensor>& p) {
+    std::vector<torch::optim::OptimizerParamGroup> g;
+    g.emplace_back(std::vector<torch::Tensor>(p.begin(), p.begin() + 4));
+    g.emplace_back(std::vector<torch::Tensor>(p.begin() + 4, p.end()),
+                   std::make_unique<torch::optim::AdamWOptions>(0.5));
+    return g;
+  };
+  train::optim::AdamW ours(groups(a), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW theirs(groups(b), torch::optim::AdamWOptions(1e-2));
+  torch::optim::StepLR ours_lr(ours, 1, 0.5), theirs_lr(theirs, 1, 0.5);
+  for (int step = 0; step < 5; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    ours.step();
+    theirs.step();
+    ours_lr.step();
+    theirs_lr.step();
+  }
+  check_close(a, b, false);
+}
+
+TEST_CASE("a sparse gradient is refused, as torch::optim refuses it") {
+  auto w = torch::ones({4}, torch::requires_grad());
+  w.mutable_grad() = torch::ones({4}).to_sparse();
+  train::optim::Adam adam({w});
+  CHECK_THROWS_AS(adam.step(), c10::Error);
+  train::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_AS(sgd.step(), c10::Error);
+}
+
+TEST_CASE("a multi-tensor step dispatches a few operators, a per-tensor step several per tensor") {
+  // 40 parameters, as a small network has; ResNet-18 has 62.
+  std::vector<torch::Tensor> params;
+  for (int i = 0; i < 40; ++i) params.push_back(torch::randn({8, 8}, torch::requires_grad()));
+  auto count = [&](torch::optim::Optimizer& optimizer) {
+    for (auto& p : params) p.mutable_grad() = torch::randn({8, 8});
+    optimizer.step();  // the first step makes the state
+    train::OpCounter ops;
+    optimizer.step();
+    return ops.count();
+  };
+  const auto options = torch::optim::AdamOptions(1e-3).weight_decay(0.01);
+  train::optim::Adam per_tensor(params, options, Kernels::kPerTensor);
+  train::optim::Adam foreach (params, options, Kernels::kForeach);
+  train::optim::Adam automatic(params, options);
+  torch::optim::Adam libtorch(params, options);
+  const auto per_tensor_ops = count(per_tensor);
+  const auto foreach_ops = count(foreach);
+  const auto auto_ops = count(automatic);
+  const auto libtorch_ops = count(libtorch);
+  MESSAGE("operators per Adam step over 40 tensors: torch::optim "
+          << libtorch_ops << ", per-tensor " << per_tensor_ops << ", foreach " << foreach_ops
+          << ", auto (" << std::string(train::optim::to_string(automatic.last_path())) << ") "
+          << auto_ops);
+  CHECK(libtorch_ops >= 40 * 6);
+  CHECK(per_tensor_ops >= 40 * 6);
+  CHECK(foreach_ops <= 12);
+  CHECK(auto_ops <= 12);
+
+  train::optim::SGD sgd(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd_libtorch(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  CHECK(count(sgd) <= 6);
+  CHECK(count(sgd_libtorch) >= 40 * 3);
+}
+
+TEST_CASE("one OpCounter at a time, and it counts only top-level operators") {
+  train::OpCounter ops;
+  CHECK_THROWS_AS(train::OpCounter(), std::logic_error);
+  auto x = torch::randn({16, 16});
+  ops.reset();
+  auto y = torch::nn::functional::linear(x, x);  // one call, several operators inside
+  CHECK(ops.count() >= 1);
+  CHECK(ops.count() <= 3);
+  CHECK(ops.by_name().size() >= 1);
+}
