@@ -30,15 +30,16 @@ ALLOWED = {
 ALLOWED_FILES = {"cli/worker_main.cpp": CORE | {"worker", "agent"}}
 # The SDK: core/ is the plugin's side of the host table (context, config,
 # report, checkpoints, the run's small collectives); DDP, data, mixed
-# precision and optimizers build on it and not on each other; the trainer
-# builds on all of them.
+# precision, optimizers and the captured step build on it and not on each
+# other; the trainer builds on all of them.
 SDK_ALLOWED = {
     "core": set(),
     "ddp": {"core"},
     "data": {"core"},
     "amp": {"core"},
     "optim": {"core"},
-    "trainer": {"core", "ddp", "data", "amp", "optim"},
+    "capture": {"core"},
+    "trainer": {"core", "ddp", "data", "amp", "optim", "capture"},
 }
 # report() checks the prepared models' replicas before its barrier.
 SDK_ALLOWED_FILES = {"core/report.cpp": {"ddp"}}

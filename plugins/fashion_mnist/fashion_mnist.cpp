@@ -10,7 +10,11 @@
 // checkpoint_upload ("sync", or "async": report returns before the upload),
 // kernels (the optimizer's path: "auto", "per-tensor" (torch::optim's), "foreach"
 // or "fused"), data ("tensors": normalised once and gathered a batch at a time;
-// "samples": normalised per image and stacked, as LibTorch's own datasets do).
+// "samples": normalised per image and stacked, as LibTorch's own datasets do),
+// resident (false; true with data=tensors: the training set in the device's
+// memory, train::TensorDataset::to), count_ops (false; true: the ATen operators of the step after
+// the warm-up, by phase, in the first epoch's report: ops_data, ops_forward_backward (with the
+// reducer's), ops_optimizer; train::OpCounter, the CPU's stand-in for launches).
 
 #include <train/train.h>
 
@@ -21,8 +25,10 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "fashion_mnist_dataset.h"
 #include "resnet.h"
@@ -64,9 +70,9 @@ std::pair<double, double> evaluate(fashion_mnist::ResNet18& model, const TestSet
       train::LoaderOptions().batch_size(batch_size).shuffle(false).allow_duplicates(false));
   double correct = 0, loss = 0, count = 0;
   int batches = 0;
-  for (auto& batch : loader) {
+  for (torch::data::Example<>& batch : loader) {
     if (max_batches > 0 && batches++ >= max_batches) break;
-    auto output = model->forward(batch.data);
+    torch::Tensor output = model->forward(batch.data);
     loss += torch::nn::functional::cross_entropy(
                 output, batch.target,
                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
@@ -106,7 +112,7 @@ struct Run {
   train::Context ctx;
   int first_epoch, epochs, max_steps, eval_steps, warmup_steps, log_every;
   size_t batch_size;
-  bool eval;
+  bool eval, count_ops;
   train::CheckpointUploadMode upload_mode;
   fashion_mnist::ResNet18 model;
   train::optim::Adam& optimizer;
@@ -135,13 +141,26 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
     double loss_sum = 0, loss_count = 0, timed_samples = 0;
     int step = 0;
     Clock::time_point timed_start;
-    for (auto& batch : loader) {
+    std::unique_ptr<train::OpCounter> ops;  // from the warm-up's end to the next step's end
+    train::Metrics op_counts;
+    auto phase = [&](const char* name) {
+      op_counts.emplace(name, ops->count());
+      ops->reset();
+    };
+    for (torch::data::Example<>& batch : loader) {
       if (run.max_steps > 0 && step >= run.max_steps) break;
       if (step == run.warmup_steps) timed_start = Clock::now();
-      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      if (ops) phase("ops_data");
+      torch::Tensor loss =
+          torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
       optimizer.zero_grad();
       loss.backward();
+      if (ops) phase("ops_forward_backward");
       optimizer.step();
+      if (ops) {
+        phase("ops_optimizer");
+        ops.reset();
+      }
       loss_sum += loss.item<double>();
       loss_count += 1;
       ++step;
@@ -149,6 +168,9 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
       if (ctx.world_rank() == 0 && run.log_every > 0 && step % run.log_every == 0) {
         std::cout << "epoch " << epoch << " step " << step << "/" << steps_per_epoch << " loss "
                   << loss.item<double>() << std::endl;
+      }
+      if (run.count_ops && epoch == run.first_epoch && step == run.warmup_steps) {
+        ops = std::make_unique<train::OpCounter>();
       }
     }
     double seconds = step > run.warmup_steps
@@ -160,6 +182,7 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
                            {"steps", step},
                            {"peak_rss_mb", max_across_ranks(peak_rss_mb())}};
     if (seconds > 0) metrics.emplace("samples_per_s", totals[2] / seconds);
+    metrics.insert(op_counts.begin(), op_counts.end());
     if (run.eval) {
       auto [accuracy, test_loss] = evaluate(model, test_set, batch_size, run.eval_steps);
       metrics.emplace("accuracy", accuracy);
@@ -195,9 +218,11 @@ void fashion_mnist_train(const train::Config& config) {
     return fashion_mnist::FashionMNIST(data_dir, split);
   };
   // Normalised once, then gathered a batch at a time; the bytes are let go.
+  const bool resident = config.get<bool>("resident", false);
   auto tensors = [&](fashion_mnist::Split split) {
     auto raw = images(split);
-    return train::TensorDataset(raw.normalized_images(), raw.labels());
+    train::TensorDataset dataset(raw.normalized_images(), raw.labels());
+    return resident && split == fashion_mnist::Split::kTrain ? dataset.to(ctx.device()) : dataset;
   };
   // Resume: model, optimizer and epoch from the latest committed checkpoint.
   auto checkpoint = train::get_checkpoint();
@@ -232,13 +257,17 @@ void fashion_mnist_train(const train::Config& config) {
           config.get<int>("log_every", 50),
           static_cast<size_t>(config.get<int>("batch_size", 128)),
           config.get<bool>("eval", true),
+          config.get<bool>("count_ops", false),
           upload_mode_of(config.get("checkpoint_upload", "sync")),
           model,
           optimizer};
+  // The training set first, so that a missing folder names its files.
   if (data == "tensors") {
-    train_epochs(run, tensors(fashion_mnist::Split::kTrain), tensors(fashion_mnist::Split::kTest));
+    auto train_set = tensors(fashion_mnist::Split::kTrain);
+    train_epochs(run, std::move(train_set), tensors(fashion_mnist::Split::kTest));
   } else {
-    train_epochs(run, images(fashion_mnist::Split::kTrain), images(fashion_mnist::Split::kTest));
+    auto train_set = images(fashion_mnist::Split::kTrain);
+    train_epochs(run, std::move(train_set), images(fashion_mnist::Split::kTest));
   }
 }
 

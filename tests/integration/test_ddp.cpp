@@ -61,6 +61,31 @@ TEST_CASE("DDP equivalence: 2 workers on half batches end where 1 worker on the 
   CHECK(last_metrics(box, "two")["replica_spread"] == 0.0);  // replicas stayed identical
 }
 
+TEST_CASE("the FashionMNIST step dispatches a few operators for its data and its optimizer") {
+  Sandbox box;
+  auto counts = [&](const std::string& name, const std::string& extra) {
+    auto run = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN + "' -n 2 --name " + name +
+                       " --config epochs=1 --config max_steps=3 --config eval=false"
+                       " --config batch_size=16 --config warmup_steps=1 --config count_ops=true" +
+                       extra);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    return read_jsonl(box.run_dir(name) / "result.jsonl").at(0)["metrics"];
+  };
+  auto now = counts("now", "");
+  // Before train::optim and train::TensorDataset: torch::optim's loop over
+  // ResNet-18's 62 tensors, and each image normalised as it is read.
+  auto before = counts("before", " --config kernels=per-tensor --config data=samples");
+  MESSAGE("operators of one step (data, forward and backward, optimizer): now "
+          << now["ops_data"] << ", " << now["ops_forward_backward"] << ", " << now["ops_optimizer"]
+          << "; per-tensor Adam and per-sample data " << before["ops_data"] << ", "
+          << before["ops_forward_backward"] << ", " << before["ops_optimizer"]);
+  CHECK(now["ops_optimizer"].get<int64_t>() <= 12);
+  CHECK(before["ops_optimizer"].get<int64_t>() >= 62 * 6);
+  CHECK(now["ops_data"].get<int64_t>() <= 12);
+  CHECK(before["ops_data"].get<int64_t>() >= 16 * 3);
+}
+
 TEST_CASE("the FashionMNIST plugin trains, evaluates across ranks and reports") {
   Sandbox box;
   auto run = box.run(std::string("--plugin '") + FASHION_MNIST_PLUGIN +

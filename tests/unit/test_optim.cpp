@@ -2,17 +2,20 @@
 // same parameters after the same gradients on every kernel path, state saved
 // by one loaded by the other, and the operators a step dispatches.
 
+#include <train/amp.h>
 #include <train/op_counter.h>
 #include <train/optim.h>
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "doctest_torch.h"
+#include "optim/tensor_lists.h"
 
 namespace {
 
@@ -257,4 +260,77 @@ TEST_CASE("one OpCounter at a time, and it counts only top-level operators") {
   CHECK(ops.count() >= 1);
   CHECK(ops.count() <= 3);
   CHECK(ops.by_name().size() >= 1);
+}
+
+namespace {
+
+// One float16-style training step through a GradScaler: the scaled loss of
+// sum(p * x) for each parameter p, where x holds an inf at `bad_step`.
+void scaled_step(train::GradScaler& scaler, torch::optim::Optimizer& optimizer,
+                 std::vector<torch::Tensor>& params, int step, int bad_step, bool unscale_first) {
+  optimizer.zero_grad();
+  auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(500 + step));
+  torch::Tensor loss = torch::zeros({}, torch::kFloat64);
+  for (auto& p : params) {
+    auto x = torch::randn(p.sizes(), generator, p.options().requires_grad(false));
+    if (step == bad_step && p.scalar_type() == torch::kFloat) {
+      x.view(-1)[0] = std::numeric_limits<float>::infinity();
+    }
+    loss = loss + (p * x).sum().to(torch::kFloat64);
+  }
+  scaler.scale(loss).backward();
+  if (unscale_first) scaler.unscale_(optimizer);
+  scaler.step(optimizer);
+  scaler.update();
+}
+
+}  // namespace
+
+TEST_CASE("GradScaler with train::optim: the steps, skips and scale of torch::optim's") {
+  for (bool unscale_first : {false, true}) {
+    CAPTURE(unscale_first);
+    auto a = make_params();
+    auto b = clone_params(a);
+    const auto options = torch::optim::AdamOptions(1e-2).weight_decay(0.01);
+    train::optim::Adam ours(a, options);
+    torch::optim::Adam theirs(b, options);
+    const auto scaler_options = train::GradScalerOptions().init_scale(1024).growth_interval(2);
+    train::GradScaler ours_scaler(scaler_options), theirs_scaler(scaler_options);
+    for (int step = 0; step < 6; ++step) {
+      scaled_step(ours_scaler, ours, a, step, /*bad_step=*/2, unscale_first);
+      scaled_step(theirs_scaler, theirs, b, step, /*bad_step=*/2, unscale_first);
+    }
+    check_close(a, b, false);
+    CHECK(ours_scaler.get_scale() == theirs_scaler.get_scale());
+    CHECK(ours_scaler.growth_tracker() == theirs_scaler.growth_tracker());
+    // The skipped step was not counted: the saved step counts agree.
+    std::stringstream saved;
+    torch::save(ours, saved);
+    auto c = clone_params(a);
+    torch::optim::Adam loaded(c, options);
+    torch::load(loaded, saved);
+    using StateMap = std::decay_t<decltype(loaded.state())>;
+    for (const auto& p : c) {
+      const auto& state = loaded.state().at(train::optim::detail::state_key<StateMap>(p));
+      CHECK(static_cast<torch::optim::AdamParamState&>(*state).step() == 5);
+    }
+    if (ours_scaler.on_device()) CHECK(ours.last_path() == Kernels::kFused);
+  }
+}
+
+TEST_CASE("GradScaler with train::optim on fused kernels: no host synchronisation in a step") {
+  auto a = make_params();
+  train::optim::Adam adam(a, torch::optim::AdamOptions(1e-2));
+  train::GradScaler scaler(train::GradScalerOptions().init_scale(256));
+  scaled_step(scaler, adam, a, 0, -1, false);  // the first step places the scale
+  if (!scaler.on_device() || !train::optim::has_fused_kernel("adam", torch::kCPU)) {
+    MESSAGE("this LibTorch has no AMP kernels for the CPU: the scale stays on the host");
+    return;
+  }
+  train::OpCounter ops;
+  for (int step = 1; step < 4; ++step) scaled_step(scaler, adam, a, step, /*bad_step=*/2, false);
+  const auto names = ops.by_name();
+  CHECK(names.count("aten::item") == 0);
+  CHECK(names.count("aten::_local_scalar_dense") == 0);
+  CHECK(adam.last_path() == Kernels::kFused);
 }

@@ -126,9 +126,11 @@ for stage in "${stages[@]}"; do
       stage_start bench
       torchrun_script=$(dirname "$(command -v "$python")")/torchrun
       [[ -x $torchrun_script ]] || torchrun_script=torchrun
-      "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds "${TRAINRUN_GPU_BENCH_ROUNDS:-3}" \
-        --data-dir "$data" --torchrun "$torchrun_script" 2>&1 | tee "$out/bench.log" \
-        || failed+=(bench)
+      # trainrun, torchrun + DDP and plain PyTorch (a DataLoader, resident data,
+      # a CUDA graph), interleaved, at batch 128 and 512.
+      "$python" tools/bench/gpu_step.py --build "$build" --rounds "${TRAINRUN_GPU_BENCH_ROUNDS:-5}" \
+        --data-dir "$data" --torchrun "$torchrun_script" --python "$python" 2>&1 \
+        | tee "$out/bench.log" || failed+=(bench)
       "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 2 \
         --compression bf16 --skip-torchrun --data-dir "$data" 2>&1 | tee -a "$out/bench.log" \
         || failed+=(bench-bf16)

@@ -102,20 +102,29 @@ class GradScaler {
   /// the parameters in float32: Autocast casts for the forward pass).
   void unscale_(torch::optim::Optimizer& optimizer);
   /// Steps `optimizer` unless its gradients held inf or NaN on some rank;
-  /// returns whether it stepped. Once per optimizer between two update()s
-  /// (std::logic_error otherwise).
+  /// returns false when it did not. With train::optim's SGD, Adam or AdamW on
+  /// fused kernels (train::optim::AmpStep), and the scale on the device, the
+  /// device decides without the host waiting for it: the kernel skips the
+  /// update, and step() returns true having queued it. Once per optimizer
+  /// between two update()s (std::logic_error otherwise).
   bool step(torch::optim::Optimizer& optimizer);
   /// Adjusts the scale after the step(s) of one iteration: backs off when any
   /// was skipped, grows after `growth_interval` good iterations in a row.
   /// Throws std::logic_error when no step() or unscale_() came since the last.
   void update();
 
-  /// The current scale (1 when disabled).
-  double get_scale() const { return options_.enabled() ? scale_ : 1.0; }
+  /// The current scale (1 when disabled). Waits for the device when the
+  /// scale lives there.
+  double get_scale() const;
   /// Whether it scales at all (GradScalerOptions::enabled).
   bool is_enabled() const { return options_.enabled(); }
   /// Iterations in a row without inf or NaN, since the scale last changed.
-  int64_t growth_tracker() const { return growth_tracker_; }
+  /// Waits for the device when the scale lives there.
+  int64_t growth_tracker() const;
+  /// Whether the scale lives on a device and is updated there: from the first
+  /// scale() or unscale_() on a device whose LibTorch has the AMP kernels
+  /// (CUDA; the CPU too from LibTorch 2.3), as Python's GradScaler keeps it.
+  bool on_device() const { return scale_tensor_.defined(); }
 
   /// Writes the scale and growth tracker, for a checkpoint.
   void save(torch::serialize::OutputArchive& archive) const;
@@ -126,12 +135,24 @@ class GradScaler {
   enum class Stage { kReady, kUnscaled, kStepped };  // per optimizer, within an iteration
   struct OptimizerState {
     Stage stage = Stage::kReady;
-    bool found_inf = false;
+    bool found_inf = false;  // on the host
+    torch::Tensor found;     // on the device: one float, nonzero for inf or NaN
   };
 
+  // Decides, once, where the scale lives, from the first device it meets.
+  void place(torch::Device device);
+  // Every rank's inf or NaN in `optimizer`'s gradients, multiplied first by
+  // `inverse` (one float on the scale's device; 1 only checks), on the device.
+  torch::Tensor find_inf(torch::optim::Optimizer& optimizer, const torch::Tensor& inverse);
+  void check_gradients(torch::optim::Optimizer& optimizer) const;
+  void agree(torch::Tensor& found) const;
+
   GradScalerOptions options_;
-  double scale_;
+  double scale_;  // on the host, until place() moves it
   int64_t growth_tracker_ = 0;
+  bool placed_ = false;
+  torch::Tensor scale_tensor_;    // float32 {1}, once on a device
+  torch::Tensor tracker_tensor_;  // int32 {1}, beside it
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
 };
 

@@ -159,6 +159,16 @@ class TensorDataset
   torch::data::Example<> get_batch(c10::ArrayRef<size_t> indices) override;
   c10::optional<size_t> size() const override { return static_cast<size_t>(data_.size(0)); }
 
+  /// A copy of the dataset on `device`: on a GPU, the whole dataset resident in
+  /// its memory, each batch gathered there with no copy from the host (the
+  /// loader's copy to the device is then a no-op). For data that fits: throws
+  /// std::runtime_error, naming the sizes, when the tensors would take more
+  /// than `max_fraction` of the device's free memory (cudaMemGetInfo), or when
+  /// that cannot be told.
+  TensorDataset to(torch::Device device, double max_fraction = 0.5) const;
+  /// The bytes of both tensors.
+  size_t nbytes() const;
+
   /// Whether batches of host tensors are gathered into page-locked memory; the
   /// loader sets it when it feeds a CUDA device.
   void pin_memory(bool pin) { pin_ = pin; }

@@ -28,6 +28,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 namespace train::optim {
@@ -64,9 +65,35 @@ const char* to_string(Kernels kernels);
 /// "adamw") for tensors on `device_type`.
 bool has_fused_kernel(const char* optimizer, c10::DeviceType device_type);
 
+namespace detail {
+/// Adam's and AdamW's step counts on the device, by parameter (its
+/// TensorImpl): the fused kernels read them there, and a step the device may
+/// skip, or a step replayed from a CUDA graph, counts them there.
+struct DeviceSteps {
+  std::unordered_map<void*, torch::Tensor> counts;  // float, one element
+  bool ahead = false;  // whether they ran ahead of the counts in state()
+};
+}  // namespace detail
+
+/// What train::GradScaler asks of an optimizer so that a float16 step needs no
+/// host synchronisation: the decision to skip a step whose gradients held inf
+/// or NaN is taken on the device, by the fused kernel (PyTorch's optimizers
+/// with `_step_supports_amp_scaling`). SGD, Adam and AdamW here have it.
+class AmpStep {
+ public:
+  virtual ~AmpStep() = default;
+  /// Updates every parameter that has a gradient unless `found_inf` (one
+  /// float on the parameters' device) is nonzero, decided on the device;
+  /// `grad_scale`, when defined, first divides the gradients, which were not
+  /// unscaled. Returns false, having changed nothing, where some parameter's
+  /// path has no fused kernel that can skip (the caller then decides on the
+  /// host and calls step()).
+  virtual bool step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) = 0;
+};
+
 /// SGD with momentum, dampening, Nesterov and weight decay, as torch::optim::SGD
 /// computes it.
-class SGD : public torch::optim::SGD {
+class SGD : public torch::optim::SGD, public AmpStep {
  public:
   /// Throws c10::Error for an invalid option, as torch::optim::SGD does.
   explicit SGD(std::vector<torch::optim::OptimizerParamGroup> param_groups, SGDOptions defaults,
@@ -77,6 +104,7 @@ class SGD : public torch::optim::SGD {
   /// One update of every parameter that has a gradient. Throws c10::Error for
   /// a sparse gradient.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  bool step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) override;
   /// The path asked for at construction.
   Kernels kernels() const { return kernels_; }
   /// The path the last step took for most parameters (kForeach or kFused, or
@@ -89,7 +117,7 @@ class SGD : public torch::optim::SGD {
 };
 
 /// Adam (with amsgrad and L2 weight decay), as torch::optim::Adam computes it.
-class Adam : public torch::optim::Adam {
+class Adam : public torch::optim::Adam, public AmpStep {
  public:
   /// Throws c10::Error for an invalid option, as torch::optim::Adam does.
   explicit Adam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -100,16 +128,26 @@ class Adam : public torch::optim::Adam {
   /// One update of every parameter that has a gradient. Throws c10::Error for
   /// a sparse gradient.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// A step of train::GradScaler (AmpStep).
+  bool step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) override;
+  /// Fused steps count each parameter's steps on the device (so that a step
+  /// reads nothing from the host and can be captured in a CUDA graph); this
+  /// writes those counts into state() (one host synchronisation). save() does
+  /// it first.
+  void sync_steps();
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
   Kernels kernels() const { return kernels_; }
   Kernels last_path() const { return last_path_; }
 
  private:
   Kernels kernels_;
   Kernels last_path_ = Kernels::kAuto;
+  detail::DeviceSteps device_steps_;
 };
 
 /// AdamW (decoupled weight decay), as torch::optim::AdamW computes it.
-class AdamW : public torch::optim::AdamW {
+class AdamW : public torch::optim::AdamW, public AmpStep {
  public:
   /// Throws c10::Error for an invalid option, as torch::optim::AdamW does.
   explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -120,12 +158,22 @@ class AdamW : public torch::optim::AdamW {
   /// One update of every parameter that has a gradient. Throws c10::Error for
   /// a sparse gradient.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// A step of train::GradScaler (AmpStep).
+  bool step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) override;
+  /// Fused steps count each parameter's steps on the device (so that a step
+  /// reads nothing from the host and can be captured in a CUDA graph); this
+  /// writes those counts into state() (one host synchronisation). save() does
+  /// it first.
+  void sync_steps();
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
   Kernels kernels() const { return kernels_; }
   Kernels last_path() const { return last_path_; }
 
  private:
   Kernels kernels_;
   Kernels last_path_ = Kernels::kAuto;
+  detail::DeviceSteps device_steps_;
 };
 
 }  // namespace train::optim

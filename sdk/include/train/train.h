@@ -12,6 +12,7 @@
 
 #include <train/amp.h>
 #include <train/callbacks.h>
+#include <train/capture.h>
 #include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/context.h>

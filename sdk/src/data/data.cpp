@@ -2,6 +2,9 @@
 #include <train/distributed.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -124,6 +127,35 @@ torch::data::Example<> TensorDataset::get_batch(c10::ArrayRef<size_t> indices) {
     return batch;
   };
   return {gather(data_), gather(target_)};
+}
+
+size_t TensorDataset::nbytes() const { return data_.nbytes() + target_.nbytes(); }
+
+TensorDataset TensorDataset::to(torch::Device device, double max_fraction) const {
+  if (device.is_cuda()) {
+    // cudaMemGetInfo from the CUDA runtime LibTorch has loaded; the SDK links
+    // no CUDA library of its own (it builds against CPU-only LibTorch too).
+    using MemGetInfo = int (*)(size_t*, size_t*);
+    auto mem_get_info = reinterpret_cast<MemGetInfo>(::dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
+    size_t free = 0, total = 0;
+    {
+      c10::DeviceGuard guard(device);
+      if (mem_get_info == nullptr || mem_get_info(&free, &total) != 0) {
+        throw std::runtime_error("train::TensorDataset::to: cannot tell the free memory of " +
+                                 device.str() +
+                                 " (no CUDA runtime loaded), so the dataset is not moved there");
+      }
+    }
+    const auto needed = static_cast<double>(nbytes());
+    if (needed > max_fraction * static_cast<double>(free)) {
+      throw std::runtime_error("train::TensorDataset::to: the dataset takes " +
+                               std::to_string(nbytes() >> 20) + " MiB, more than " +
+                               std::to_string(max_fraction) + " of the " +
+                               std::to_string(free >> 20) + " MiB free on " + device.str() +
+                               "; keep it in host memory (the loader pins and copies batches)");
+    }
+  }
+  return TensorDataset(data_.to(device), target_.to(device));
 }
 
 namespace detail {

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <tuple>
@@ -17,9 +18,14 @@
 
 #include "optim/tensor_lists.h"
 
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
 namespace train::optim {
 namespace {
 
+using detail::DeviceSteps;
 using detail::TensorLists;
 
 // What Adam and AdamW share of their options; they differ only in how weight
@@ -31,15 +37,16 @@ struct Hyper {
 
 template <typename Options>
 Hyper hyper_of(const Options& options, bool decoupled) {
-  return {options.lr(),     std::get<0>(options.betas()), std::get<1>(options.betas()),
-          options.eps(),    options.weight_decay(),       options.amsgrad(),
+  return {options.lr(),  std::get<0>(options.betas()), std::get<1>(options.betas()),
+          options.eps(), options.weight_decay(),       options.amsgrad(),
           decoupled};
 }
 
-void per_tensor(const TensorLists& lists, const Hyper& h) {
-  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(lists.step));
-  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(lists.step));
+// `counts`: each tensor's step count, this step included.
+void per_tensor(const TensorLists& lists, const Hyper& h, const std::vector<int64_t>& counts) {
   for (size_t i = 0; i < lists.params.size(); ++i) {
+    const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(counts[i]));
+    const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(counts[i]));
     auto p = lists.params[i];
     auto grad = lists.grads[i];
     auto exp_avg = lists.state[0][i];
@@ -65,9 +72,15 @@ void per_tensor(const TensorLists& lists, const Hyper& h) {
   }
 }
 
-void foreach(const TensorLists& lists, const Hyper& h) {
-  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(lists.step));
-  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(lists.step));
+void foreach (const TensorLists& lists, const Hyper& h, const std::vector<int64_t>& counts) {
+  // Each tensor's bias corrections: the counts differ where a tensor had no
+  // gradient in some steps.
+  std::vector<c10::Scalar> root_correction2, step_size;
+  for (const auto count : counts) {
+    const auto c = static_cast<double>(count);
+    root_correction2.emplace_back(std::sqrt(1 - std::pow(h.beta2, c)));
+    step_size.emplace_back(-(h.lr / (1 - std::pow(h.beta1, c))));
+  }
   const auto& params = lists.params;
   auto& exp_avgs = lists.state[0];
   auto& exp_avg_sqs = lists.state[1];
@@ -85,93 +98,218 @@ void foreach(const TensorLists& lists, const Hyper& h) {
   at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - h.beta2);
   if (h.amsgrad) at::_foreach_maximum_(lists.state[2], exp_avg_sqs);
   auto denom = at::_foreach_sqrt(h.amsgrad ? lists.state[2] : exp_avg_sqs);
-  at::_foreach_div_(denom, std::sqrt(bias_correction2));
+  at::_foreach_div_(denom, root_correction2);
   at::_foreach_add_(denom, h.eps);
-  at::_foreach_addcdiv_(params, exp_avgs, denom, -(h.lr / bias_correction1));
+  at::_foreach_addcdiv_(params, exp_avgs, denom, step_size);
 }
 
-void fused(const TensorLists& lists, const Hyper& h) {
-  // The kernel reads each tensor's step count from a tensor on its device.
-  auto step = torch::full({}, static_cast<double>(lists.step),
-                          torch::TensorOptions().dtype(torch::kFloat).device(lists.device));
-  const std::vector<torch::Tensor> steps(lists.params.size(), step);
+// `steps`: the step count of each tensor, on the device, as the kernel reads
+// it; `grad_scale` and `found_inf`, when defined, GradScaler's (the kernel
+// then unscales, and skips everything when found_inf is nonzero).
+void fused(const TensorLists& lists, const Hyper& h, const std::vector<torch::Tensor>& steps,
+           const c10::optional<torch::Tensor>& grad_scale = c10::nullopt,
+           const c10::optional<torch::Tensor>& found_inf = c10::nullopt) {
   const std::vector<torch::Tensor> none;
   const auto& max_exp_avg_sqs = h.amsgrad ? lists.state[2] : none;
 #if TORCH_VERSION_MAJOR >= 2
   if (h.decoupled) {
     at::_fused_adamw_(lists.params, lists.grads, lists.state[0], lists.state[1], max_exp_avg_sqs,
                       steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad,
-                      /*maximize=*/false);
+                      /*maximize=*/false, grad_scale, found_inf);
     return;
   }
 #else
-  // 1.13 has Adam's kernel only: AdamW's decay first, then Adam without decay.
+  // 1.13 has Adam's kernel only: AdamW's decay first, then Adam without decay
+  // (so a step the device may skip cannot take this path: amp_fusable).
   if (h.decoupled) {
     if (h.weight_decay != 0) at::_foreach_mul_(lists.params, 1 - h.lr * h.weight_decay);
     at::_fused_adam_(lists.params, lists.grads, lists.state[0], lists.state[1], max_exp_avg_sqs,
                      steps, h.lr, h.beta1, h.beta2, /*weight_decay=*/0, h.eps, h.amsgrad,
-                     /*maximize=*/false);
+                     /*maximize=*/false, grad_scale, found_inf);
     return;
   }
 #endif
   at::_fused_adam_(lists.params, lists.grads, lists.state[0], lists.state[1], max_exp_avg_sqs,
                    steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad,
-                   /*maximize=*/false);
+                   /*maximize=*/false, grad_scale, found_inf);
+}
+
+// Whether a step the device may skip can take the fused kernel for every list.
+bool amp_fusable(const std::vector<TensorLists>& all, const Hyper& h, detail::Fused kind,
+                 Kernels asked) {
+#if TORCH_VERSION_MAJOR < 2
+  if (h.decoupled && h.weight_decay != 0) return false;
+#endif
+  for (const auto& lists : all) {
+    if (detail::path_for(asked, kind, lists) != Kernels::kFused) return false;
+  }
+  return true;
+}
+
+template <typename State, typename StateMap>
+State& state_of(StateMap& state, const torch::Tensor& p, bool amsgrad) {
+  auto* s = detail::find_state<State>(state, p);
+  if (s == nullptr) {
+    auto fresh = std::make_unique<State>();
+    fresh->step(0);
+    fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    s = fresh.get();
+    state[detail::state_key<StateMap>(p)] = std::move(fresh);
+  }
+  if (amsgrad && !s->max_exp_avg_sq().defined()) {
+    s->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  }
+  return *s;
+}
+
+// A group's lists: the tensors with gradients and their state (made where
+// missing), by device and dtype.
+template <typename State, typename StateMap>
+std::vector<TensorLists> lists_of(torch::optim::OptimizerParamGroup& group, StateMap& state,
+                                  const Hyper& h, const char* name) {
+  std::vector<TensorLists> all;
+  for (auto& p : group.params()) {
+    if (!p.grad().defined()) continue;
+    detail::check_dense(p.grad(), name);
+    auto& s = state_of<State>(state, p, h.amsgrad);
+    auto& lists = detail::lists_for(all, p);
+    lists.params.push_back(p);
+    lists.grads.push_back(p.grad());
+    lists.state[0].push_back(s.exp_avg());
+    lists.state[1].push_back(s.exp_avg_sq());
+    if (h.amsgrad) lists.state[2].push_back(s.max_exp_avg_sq());
+    lists.dense = lists.dense && p.is_non_overlapping_and_dense() &&
+                  p.grad().is_non_overlapping_and_dense() &&
+                  s.exp_avg().is_non_overlapping_and_dense() &&
+                  s.exp_avg_sq().is_non_overlapping_and_dense();
+  }
+  return all;
+}
+
+// The step counts of a fused list, on the device, where they stay from one
+// step to the next (made from the host's counts where missing): a fused step
+// then reads no count from the host, and so can be captured in a CUDA graph.
+template <typename State, typename Optimizer>
+void device_steps_of(TensorLists& lists, Optimizer& optimizer, DeviceSteps& device_steps) {
+  lists.steps.clear();
+  for (const auto& p : lists.params) {
+    auto& step = device_steps.counts[p.unsafeGetTensorImpl()];
+    if (!step.defined()) {
+      const auto& s = *detail::find_state<State>(optimizer.state(), p);
+      step = torch::full({}, static_cast<double>(s.step()),
+                         torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+    }
+    lists.steps.push_back(step);
+  }
+}
+
+// Writes the step counts the device ran ahead with into the state (one wait
+// for all of them); they stay on the device for the next fused step.
+template <typename State, typename Optimizer>
+void sync_device_steps(Optimizer& optimizer, DeviceSteps& device_steps) {
+  if (!device_steps.ahead) return;
+  device_steps.ahead = false;
+  std::vector<torch::Tensor> values;
+  std::vector<const torch::Tensor*> params;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      auto it = device_steps.counts.find(p.unsafeGetTensorImpl());
+      if (it == device_steps.counts.end()) continue;
+      if (detail::find_state<State>(optimizer.state(), p) == nullptr) continue;
+      values.push_back(it->second.to(torch::kCPU, torch::kDouble).reshape({1}));
+      params.push_back(&p);
+    }
+  }
+  if (values.empty()) return;
+  auto host = torch::cat(values);
+  const auto* counts = host.data_ptr<double>();
+  for (size_t i = 0; i < params.size(); ++i) {
+    detail::find_state<State>(optimizer.state(), *params[i])->step(static_cast<int64_t>(counts[i]));
+  }
 }
 
 // One step of every param group of an Adam or AdamW; returns the path most
 // tensors took.
 template <typename Options, typename State, typename Optimizer>
-Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled) {
+Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled, DeviceSteps& device_steps) {
   const char* name = decoupled ? "AdamW" : "Adam";
   const auto fused_kind = decoupled ? detail::Fused::kAdamW : detail::Fused::kAdam;
-  auto& state = optimizer.state();
   size_t fused_tensors = 0, other_tensors = 0;
   for (auto& group : optimizer.param_groups()) {
-    const auto& options = static_cast<const Options&>(group.options());
-    const Hyper h = hyper_of(options, decoupled);
-    std::vector<TensorLists> all;
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      detail::check_dense(p.grad(), name);
-      auto* s = detail::find_state<State>(state, p);
-      if (s == nullptr) {
-        auto fresh = std::make_unique<State>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        s = fresh.get();
-        state[detail::state_key<std::decay_t<decltype(state)>>(p)] = std::move(fresh);
+    const Hyper h = hyper_of(static_cast<const Options&>(group.options()), decoupled);
+    for (auto& lists : lists_of<State>(group, optimizer.state(), h, name)) {
+      const auto path = detail::path_for(asked, fused_kind, lists);
+      if (path == Kernels::kFused) {
+        device_steps_of<State>(lists, optimizer, device_steps);
+        at::_foreach_add_(lists.steps, 1);
+        fused(lists, h, lists.steps);
+        device_steps.ahead = true;
+        fused_tensors += lists.params.size();
+        continue;
       }
-      if (h.amsgrad && !s->max_exp_avg_sq().defined()) {
-        s->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+#ifdef USE_C10D_NCCL
+      // Captured, host counts would be replayed as they were at the capture.
+      TORCH_CHECK(!lists.device.is_cuda() || c10::cuda::currentStreamCaptureStatusMayInitCtx() ==
+                                                 c10::cuda::CaptureStatus::None,
+                  "train::optim::", name, ": a step captured in a CUDA graph needs the fused ",
+                  "kernel, which counts steps on the device; the ", to_string(path),
+                  " path counts them on the host");
+#endif
+      // The host's counts, brought up to date first where the device's ran ahead.
+      sync_device_steps<State>(optimizer, device_steps);
+      std::vector<int64_t> counts;
+      for (const auto& p : lists.params) {
+        auto& s = *detail::find_state<State>(optimizer.state(), p);
+        s.step(s.step() + 1);
+        counts.push_back(s.step());
+        device_steps.counts.erase(p.unsafeGetTensorImpl());  // the host's is the count now
       }
-      s->step(s->step() + 1);
-      auto& lists = detail::lists_for(all, p, s->step());
-      lists.params.push_back(p);
-      lists.grads.push_back(p.grad());
-      lists.state[0].push_back(s->exp_avg());
-      lists.state[1].push_back(s->exp_avg_sq());
-      if (h.amsgrad) lists.state[2].push_back(s->max_exp_avg_sq());
-      lists.dense = lists.dense && p.is_non_overlapping_and_dense() &&
-                    p.grad().is_non_overlapping_and_dense() &&
-                    s->exp_avg().is_non_overlapping_and_dense() &&
-                    s->exp_avg_sq().is_non_overlapping_and_dense();
-    }
-    for (const auto& lists : all) {
-      switch (detail::path_for(asked, fused_kind, lists)) {
-        case Kernels::kPerTensor: per_tensor(lists, h); break;
-        case Kernels::kFused:
-          fused(lists, h);
-          fused_tensors += lists.params.size();
-          continue;
-        default: foreach(lists, h); break;
+      if (path == Kernels::kPerTensor) {
+        per_tensor(lists, h, counts);
+      } else {
+        foreach (lists, h, counts)
+          ;
       }
       other_tensors += lists.params.size();
     }
   }
   if (asked == Kernels::kPerTensor) return asked;
   return fused_tensors > other_tensors ? Kernels::kFused : Kernels::kForeach;
+}
+
+// GradScaler's step: every list fused, the step counts on the device, raised
+// by one unless found_inf. Returns false, having stepped nothing, when some
+// list cannot take it.
+template <typename Options, typename State, typename Optimizer>
+bool adam_step_unless_inf(Optimizer& optimizer, Kernels asked, bool decoupled,
+                          DeviceSteps& device_steps, const torch::Tensor& grad_scale,
+                          const torch::Tensor& found_inf) {
+  const char* name = decoupled ? "AdamW" : "Adam";
+  const auto fused_kind = decoupled ? detail::Fused::kAdamW : detail::Fused::kAdam;
+  std::vector<std::pair<Hyper, std::vector<TensorLists>>> groups;
+  for (auto& group : optimizer.param_groups()) {
+    const Hyper h = hyper_of(static_cast<const Options&>(group.options()), decoupled);
+    auto all = lists_of<State>(group, optimizer.state(), h, name);
+    if (!amp_fusable(all, h, fused_kind, asked)) return false;
+    groups.emplace_back(h, std::move(all));
+  }
+  for (auto& [h, all] : groups) {
+    for (auto& lists : all) {
+      device_steps_of<State>(lists, optimizer, device_steps);
+      const auto found = found_inf.to(lists.device);
+      c10::optional<torch::Tensor> scale;
+      if (grad_scale.defined()) scale = grad_scale.to(lists.device);
+      // As PyTorch's _fused_adam: the counts go up, the kernel skips on inf,
+      // and the counts of a skipped step come back down.
+      at::_foreach_add_(lists.steps, 1);
+      fused(lists, h, lists.steps, scale, found);
+      at::_foreach_sub_(lists.steps,
+                        std::vector<torch::Tensor>(lists.steps.size(), found.reshape({})));
+    }
+  }
+  device_steps.ahead = true;
+  return true;
 }
 
 template <typename Closure>
@@ -193,7 +331,8 @@ Adam::Adam(std::vector<torch::Tensor> params, AdamOptions defaults, Kernels kern
 torch::Tensor Adam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   auto loss = run_closure(closure);
-  last_path_ = adam_step<AdamOptions, AdamParamState>(*this, kernels_, /*decoupled=*/false);
+  last_path_ =
+      adam_step<AdamOptions, AdamParamState>(*this, kernels_, /*decoupled=*/false, device_steps_);
   return loss;
 }
 
@@ -207,8 +346,55 @@ AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions defaults, Kernels k
 torch::Tensor AdamW::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   auto loss = run_closure(closure);
-  last_path_ = adam_step<AdamWOptions, AdamWParamState>(*this, kernels_, /*decoupled=*/true);
+  last_path_ =
+      adam_step<AdamWOptions, AdamWParamState>(*this, kernels_, /*decoupled=*/true, device_steps_);
   return loss;
+}
+
+bool Adam::step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) {
+  torch::NoGradGuard no_grad;
+  if (!adam_step_unless_inf<AdamOptions, AdamParamState>(*this, kernels_, /*decoupled=*/false,
+                                                         device_steps_, grad_scale, found_inf)) {
+    return false;
+  }
+  last_path_ = Kernels::kFused;
+  return true;
+}
+
+void Adam::sync_steps() { sync_device_steps<AdamParamState>(*this, device_steps_); }
+
+void Adam::save(torch::serialize::OutputArchive& archive) const {
+  // The saved counts are the host's: the device's first (a const save of a
+  // state that is, logically, already this).
+  const_cast<Adam*>(this)->sync_steps();
+  torch::optim::Adam::save(archive);
+}
+
+void Adam::load(torch::serialize::InputArchive& archive) {
+  torch::optim::Adam::load(archive);
+  device_steps_ = {};
+}
+
+bool AdamW::step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) {
+  torch::NoGradGuard no_grad;
+  if (!adam_step_unless_inf<AdamWOptions, AdamWParamState>(*this, kernels_, /*decoupled=*/true,
+                                                           device_steps_, grad_scale, found_inf)) {
+    return false;
+  }
+  last_path_ = Kernels::kFused;
+  return true;
+}
+
+void AdamW::sync_steps() { sync_device_steps<AdamWParamState>(*this, device_steps_); }
+
+void AdamW::save(torch::serialize::OutputArchive& archive) const {
+  const_cast<AdamW*>(this)->sync_steps();
+  torch::optim::AdamW::save(archive);
+}
+
+void AdamW::load(torch::serialize::InputArchive& archive) {
+  torch::optim::AdamW::load(archive);
+  device_steps_ = {};
 }
 
 }  // namespace train::optim

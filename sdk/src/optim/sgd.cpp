@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -38,7 +39,7 @@ void per_tensor(TensorLists& lists, const SGDOptions& o) {
   }
 }
 
-void foreach(TensorLists& lists, const SGDOptions& o) {
+void foreach (TensorLists& lists, const SGDOptions& o) {
   std::vector<torch::Tensor> d_p = lists.grads;
   if (o.weight_decay() != 0) d_p = at::_foreach_add(d_p, lists.params, o.weight_decay());
   if (o.momentum() != 0) {
@@ -65,6 +66,25 @@ void foreach(TensorLists& lists, const SGDOptions& o) {
   at::_foreach_add_(lists.params, d_p, -1 * o.lr());
 }
 
+// A group's lists: the tensors with gradients and their momentum buffers
+// (undefined where there is none yet).
+template <typename StateMap>
+std::vector<TensorLists> lists_of(torch::optim::OptimizerParamGroup& group, StateMap& states) {
+  std::vector<TensorLists> all;
+  for (auto& p : group.params()) {
+    if (!p.grad().defined()) continue;
+    detail::check_dense(p.grad(), "SGD");
+    auto& lists = detail::lists_for(all, p);
+    lists.params.push_back(p);
+    lists.grads.push_back(p.grad());
+    auto* s = detail::find_state<SGDParamState>(states, p);
+    lists.state[0].push_back(s != nullptr ? s->momentum_buffer() : torch::Tensor());
+    lists.dense =
+        lists.dense && p.is_non_overlapping_and_dense() && p.grad().is_non_overlapping_and_dense();
+  }
+  return all;
+}
+
 // Whether the fused kernel can take these lists: with momentum, every buffer
 // is new (its first step) or every one exists.
 bool fusable(const TensorLists& lists, const SGDOptions& o) {
@@ -74,7 +94,9 @@ bool fusable(const TensorLists& lists, const SGDOptions& o) {
   return defined == 0 || defined == lists.state[0].size();
 }
 
-void fused([[maybe_unused]] TensorLists& lists, [[maybe_unused]] const SGDOptions& o) {
+void fused([[maybe_unused]] TensorLists& lists, [[maybe_unused]] const SGDOptions& o,
+           [[maybe_unused]] const c10::optional<torch::Tensor>& grad_scale = c10::nullopt,
+           [[maybe_unused]] const c10::optional<torch::Tensor>& found_inf = c10::nullopt) {
 #if TORCH_VERSION_MAJOR >= 2
   const std::vector<torch::Tensor> none;
   bool first_step = false;
@@ -89,7 +111,7 @@ void fused([[maybe_unused]] TensorLists& lists, [[maybe_unused]] const SGDOption
   }
   at::_fused_sgd_(lists.params, lists.grads, o.momentum() != 0 ? lists.state[0] : none,
                   o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
-                  /*maximize=*/false, first_step);
+                  /*maximize=*/false, first_step, grad_scale, found_inf);
 #else
   TORCH_CHECK(false, "train::optim::SGD: this LibTorch has no fused SGD kernel");
 #endif
@@ -116,25 +138,16 @@ torch::Tensor SGD::step(LossClosure closure) {
   size_t fused_tensors = 0, other_tensors = 0;
   for (auto& group : param_groups()) {
     const auto& options = static_cast<const SGDOptions&>(group.options());
-    std::vector<TensorLists> all;
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      detail::check_dense(p.grad(), "SGD");
-      auto& lists = detail::lists_for(all, p);
-      lists.params.push_back(p);
-      lists.grads.push_back(p.grad());
-      auto* s = detail::find_state<SGDParamState>(states, p);
-      lists.state[0].push_back(s != nullptr ? s->momentum_buffer() : torch::Tensor());
-      lists.dense = lists.dense && p.is_non_overlapping_and_dense() &&
-                    p.grad().is_non_overlapping_and_dense();
-    }
-    for (auto& lists : all) {
+    for (auto& lists : lists_of(group, states)) {
       auto path = detail::path_for(kernels_, detail::Fused::kSGD, lists);
       if (path == Kernels::kFused && !fusable(lists, options)) path = Kernels::kForeach;
       switch (path) {
         case Kernels::kPerTensor: per_tensor(lists, options); break;
         case Kernels::kFused: fused(lists, options); break;
-        default: foreach(lists, options); break;
+        default:
+          foreach (lists, options)
+            ;
+          break;
       }
       (path == Kernels::kFused ? fused_tensors : other_tensors) += lists.params.size();
       if (options.momentum() == 0) continue;
@@ -154,6 +167,36 @@ torch::Tensor SGD::step(LossClosure closure) {
     last_path_ = fused_tensors > other_tensors ? Kernels::kFused : Kernels::kForeach;
   }
   return loss;
+}
+
+bool SGD::step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<const SGDOptions*, std::vector<TensorLists>>> groups;
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const SGDOptions&>(group.options());
+    auto all = lists_of(group, state());
+    for (const auto& lists : all) {
+      // A first step with momentum makes the buffers from the gradients: a
+      // step the device may skip would leave them unmade, so it is the host's.
+      const bool new_buffers = options.momentum() != 0 &&
+                               std::any_of(lists.state[0].begin(), lists.state[0].end(),
+                                           [](const torch::Tensor& buf) { return !buf.defined(); });
+      if (new_buffers ||
+          detail::path_for(kernels_, detail::Fused::kSGD, lists) != Kernels::kFused) {
+        return false;
+      }
+    }
+    groups.emplace_back(&options, std::move(all));
+  }
+  for (auto& [options, all] : groups) {
+    for (auto& lists : all) {
+      c10::optional<torch::Tensor> scale;
+      if (grad_scale.defined()) scale = grad_scale.to(lists.device);
+      fused(lists, *options, scale, found_inf.to(lists.device));
+    }
+  }
+  last_path_ = Kernels::kFused;
+  return true;
 }
 
 const char* to_string(Kernels kernels) {

@@ -39,7 +39,7 @@ TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& par
       return candidate;
     }
   }
-  lists.push_back(TensorLists{param.device(), param.scalar_type(), step, {}, {}, {}, true});
+  lists.push_back(TensorLists{param.device(), param.scalar_type(), step, {}, {}, {}, {}, true});
   return lists.back();
 }
 

@@ -41,6 +41,8 @@ struct TensorLists {
   int64_t step;
   std::vector<torch::Tensor> params, grads;
   std::vector<torch::Tensor> state[3];
+  /// Each tensor's step count on the device, where a fused kernel reads it from there.
+  std::vector<torch::Tensor> steps;
   /// Whether every tensor is dense and non-overlapping, as fused kernels need.
   bool dense = true;
 };

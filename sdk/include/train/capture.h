@@ -1,0 +1,77 @@
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace train {
+
+/// Options of CapturedStep.
+struct CaptureOptions {
+  /// Whether to capture at all; false runs every step eagerly (one code path
+  /// for both).
+  TORCH_ARG(bool, enabled) = true;
+  /// Eager steps before the capture: they make the gradients, the optimizer's
+  /// state and the reducer's buckets, which the graph then reuses.
+  TORCH_ARG(int, warmup_steps) = 3;
+};
+
+/// One training step (forward, backward with the reducer's collectives, the
+/// optimizer's step) captured once as a CUDA graph and replayed, so that a
+/// step costs one launch from the host instead of hundreds: what
+/// torch.cuda.graph does for a whole-network capture in Python.
+///
+///   train::optim::Adam optimizer(model->parameters());
+///   train::CapturedStep step([&](const torch::Tensor& data, const torch::Tensor& target) {
+///     auto loss = torch::nn::functional::cross_entropy(model->forward(data), target);
+///     optimizer.zero_grad();
+///     loss.backward();
+///     optimizer.step();
+///     return loss;
+///   });
+///   for (auto& batch : loader) total += step(batch.data, batch.target).item<double>();
+///
+/// What the step may do: operations on the GPU only, on tensors of the same
+/// shapes every step (LoaderOptions::drop_last), with a train::optim
+/// optimizer (its fused step reads no count from the host; LibTorch's
+/// optimizers bake their step count into the graph). A host
+/// synchronisation inside (`item()`, printing a tensor), a learning rate that
+/// changes (call reset() after the scheduler's step), or Python-side state
+/// cannot be replayed. The step runs eagerly, saying why in one line on
+/// stderr, where capture is impossible: on the CPU, a LibTorch without CUDA
+/// graphs, a world of several ranks on Gloo (capture needs NCCL or one
+/// worker), a batch whose shapes differ from the captured ones (that step
+/// only), or a capture that failed (from then on). Not thread-safe: one per
+/// training loop, called from the thread that trains.
+class CapturedStep {
+ public:
+  /// `step` takes a batch's data and target and returns the loss.
+  using Step = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+
+  explicit CapturedStep(Step step, CaptureOptions options = {});
+  ~CapturedStep();
+  CapturedStep(const CapturedStep&) = delete;
+  CapturedStep& operator=(const CapturedStep&) = delete;
+
+  /// Runs one step on this batch and returns its loss. Replayed, the loss is
+  /// the graph's own tensor, overwritten by the next step: clone() it to keep
+  /// it. Rethrows what the step throws when it runs eagerly.
+  torch::Tensor operator()(const torch::Tensor& data, const torch::Tensor& target);
+
+  /// Whether the steps are now replayed from a graph.
+  bool captured() const;
+  /// Why the steps run eagerly ("" while capturing is still possible).
+  const std::string& eager_reason() const;
+  /// Drops the graph: the next steps warm up and capture again (after a
+  /// learning rate changed, say).
+  void reset();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace train

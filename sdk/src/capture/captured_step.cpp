@@ -1,0 +1,192 @@
+// train::CapturedStep: warm-up steps run eagerly, then one capture on a side
+// stream (what torch.cuda.graph does), then replays with the batch copied into
+// the graph's static inputs. Everything CUDA is compiled only against a
+// LibTorch built with CUDA and NCCL (USE_C10D_NCCL, which its CMake package
+// defines); elsewhere every step runs eagerly and says why.
+
+#include <train/capture.h>
+
+#include <c10/core/Event.h>
+
+#include <iostream>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/collectives.h"
+
+#ifdef USE_C10D_NCCL
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace train {
+#ifdef USE_C10D_NCCL
+namespace {
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string shape_of(const torch::Tensor& t) { return c10::str(t.sizes()); }
+
+}  // namespace
+#endif
+
+struct CapturedStep::Impl {
+  Step step;
+  CaptureOptions options;
+  bool decided = false;
+  std::string reason;  // why every step runs eagerly; "" while capture is possible
+  int eager_steps = 0;
+  std::set<std::string> told;  // the lines already said
+  torch::Tensor static_data, static_target, static_loss;
+#ifdef USE_C10D_NCCL
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+
+  void tell(const std::string& line) {
+    if (told.insert(line).second) std::cerr << "train::CapturedStep: " << line << std::endl;
+  }
+
+  // Whether this run can capture at all, from the first batch's device.
+  void decide(const torch::Tensor& data) {
+    decided = true;
+    reason = why_eager(data);
+    if (!reason.empty() && options.enabled()) tell("steps run eagerly: " + reason);
+  }
+
+  std::string why_eager(const torch::Tensor& data) const {
+    if (!options.enabled()) return "capture is off (CaptureOptions::enabled)";
+    if (!data.is_cuda()) {
+      return "the batch is on " + data.device().str() + ": a CUDA graph captures GPU work";
+    }
+#ifndef USE_C10D_NCCL
+    return "this LibTorch was built without CUDA graphs";
+#else
+    auto group = detail::run_group_or_null();
+    if (!group || group->getSize() == 1) return "";
+    std::string backend;
+    try {
+      backend = group->getBackendName();
+    } catch (const c10::Error&) {
+    }
+    if (backend == "nccl") return "";
+    return "the process group is " + (backend.empty() ? std::string("not NCCL") : backend) +
+           " across " + std::to_string(group->getSize()) +
+           " ranks: a captured step needs NCCL or one worker";
+#endif
+  }
+
+  torch::Tensor capture(const torch::Tensor& data, const torch::Tensor& target);
+};
+
+#ifdef USE_C10D_NCCL
+torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch::Tensor& target) {
+  static_data = data.clone();
+  static_target = target.clone();
+  auto fresh = std::make_unique<at::cuda::CUDAGraph>();
+  const auto device = data.device();
+  auto current = c10::cuda::getCurrentCUDAStream(device.index());
+  auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  // The side stream starts after what is queued, and the loop's stream after
+  // the capture, as torch.cuda.graph orders them.
+  c10::Event queued(c10::DeviceType::CUDA);
+  queued.record(current);
+  queued.block(side);
+  torch::Tensor loss;
+  try {
+    c10::cuda::CUDAStreamGuard guard(side);
+    fresh->capture_begin();
+    try {
+      loss = step(static_data, static_target);
+    } catch (...) {
+      try {
+        fresh->capture_end();
+      } catch (const std::exception&) {
+        // the capture was invalid already; what the step threw says why
+      }
+      throw;
+    }
+    fresh->capture_end();
+  } catch (const std::exception& e) {
+    reason = "the capture failed (" + first_line(e.what()) + ")";
+    tell("steps run eagerly: " + reason);
+    static_data = static_target = torch::Tensor();
+    return step(data, target);  // this batch, eagerly
+  }
+  c10::Event captured(c10::DeviceType::CUDA);
+  captured.record(side);
+  captured.block(current);
+  graph = std::move(fresh);
+  static_loss = loss;
+  tell("captured the step (batch " + shape_of(data) + ") after " + std::to_string(eager_steps) +
+       " eager steps");
+  graph->replay();  // the capture ran nothing: this batch's step
+  return static_loss;
+}
+#else
+torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch::Tensor& target) {
+  return step(data, target);  // not reached: decide() gave a reason
+}
+#endif
+
+CapturedStep::CapturedStep(Step step, CaptureOptions options) : impl_(std::make_unique<Impl>()) {
+  if (!step) throw std::invalid_argument("train::CapturedStep: the step function is empty");
+  if (options.warmup_steps() < 1) {
+    throw std::invalid_argument("train::CapturedStep: warmup_steps must be at least 1, got " +
+                                std::to_string(options.warmup_steps()));
+  }
+  impl_->step = std::move(step);
+  impl_->options = options;
+}
+
+CapturedStep::~CapturedStep() = default;
+
+torch::Tensor CapturedStep::operator()(const torch::Tensor& data, const torch::Tensor& target) {
+  auto& impl = *impl_;
+  if (!impl.decided) impl.decide(data);
+  if (!impl.reason.empty()) return impl.step(data, target);
+#ifdef USE_C10D_NCCL
+  if (impl.graph) {
+    if (data.sizes() != impl.static_data.sizes() || target.sizes() != impl.static_target.sizes() ||
+        data.scalar_type() != impl.static_data.scalar_type() ||
+        target.scalar_type() != impl.static_target.scalar_type()) {
+      impl.tell("a batch of shape " + shape_of(data) + " (captured: " + shape_of(impl.static_data) +
+                ") runs eagerly, as do any others of another shape (LoaderOptions::drop_last "
+                "keeps every batch whole)");
+      return impl.step(data, target);
+    }
+    impl.static_data.copy_(data, /*non_blocking=*/true);
+    impl.static_target.copy_(target, /*non_blocking=*/true);
+    impl.graph->replay();
+    return impl.static_loss;
+  }
+#endif
+  if (impl.eager_steps < impl.options.warmup_steps()) {
+    ++impl.eager_steps;
+    return impl.step(data, target);
+  }
+  return impl.capture(data, target);
+}
+
+bool CapturedStep::captured() const {
+#ifdef USE_C10D_NCCL
+  return impl_->graph != nullptr;
+#else
+  return false;
+#endif
+}
+
+const std::string& CapturedStep::eager_reason() const { return impl_->reason; }
+
+void CapturedStep::reset() {
+#ifdef USE_C10D_NCCL
+  impl_->graph.reset();
+#endif
+  impl_->static_data = impl_->static_target = impl_->static_loss = torch::Tensor();
+  impl_->eager_steps = 0;
+}
+
+}  // namespace train

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""The FashionMNIST ResNet-18 step on one GPU: trainrun against Python, interleaved.
+
+Each round runs, one after the other, at each batch size (128 and 512 by default):
+  trainrun     trainrun -n 1 --use-gpu, the fashion_mnist plugin (train::optim's Adam,
+               train::TensorDataset, prepare_model and prepare_data_loader)
+  resident_tr  the same with the training set in GPU memory (config resident=true)
+  torchrun     torchrun --nproc_per_node 1 ddp_torchrun.py: DDP on NCCL, a DataLoader
+  loader       plain PyTorch, a DataLoader, no DDP        (plain_step.py --mode loader)
+  resident     plain PyTorch, the dataset on the GPU       (plain_step.py --mode resident)
+  graph        the same step captured as a CUDA graph      (plain_step.py --mode graph)
+and prints min / median / max samples/s of each over the rounds, then the ratios of
+the medians against the targets. GPU rounds move by +-15%: only medians of
+interleaved rounds of one invocation mean anything. With --skip NAME (repeatable)
+a side is left out; --device cpu runs the eager sides on the CPU with few steps, to
+check the script itself.
+
+  tools/bench/gpu_step.py [--build build] [--rounds 5] [--batch 128 --batch 512]
+                          [--torchrun PATH] [--data-dir DIR] [--skip graph]...
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIDES = ["trainrun", "resident_tr", "torchrun", "loader", "resident", "graph"]
+# The ratios of medians the GPU work is held to, at a batch size: (numerator,
+# denominator, batch, target).
+TARGETS = [("trainrun", "torchrun", 128, 1.3), ("trainrun", "resident", 128, 1.0),
+           ("resident_tr", "resident", 128, 1.0), ("trainrun", "loader", 512, 1.3)]
+
+
+def run(cmd, env):
+    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout.decode()[-3000:]}")
+    return result.stdout.decode()
+
+
+def json_line(out):
+    line = next(l for l in reversed(out.splitlines()) if "samples_per_s" in l)
+    return json.loads(line[line.index("{"):])["samples_per_s"]
+
+
+def steps_for(args, batch):
+    """Warm-up and timed steps within one epoch of 60000 images."""
+    if args.device == "cpu":
+        return 1, 3
+    warmup, steps = args.warmup, args.steps
+    while (warmup + steps) * batch > 60000:
+        steps //= 2
+    return warmup, steps
+
+
+def side(args, name, batch, tmp, env, serial):
+    warmup, steps = steps_for(args, batch)
+    if name in ("trainrun", "resident_tr"):
+        run_name = f"tr{batch}-{serial}"
+        results = os.path.join(tmp, "results")
+        placement = ["--use-gpu"] if args.device == "cuda" else ["--cpus-per-worker", "1"]
+        data = ["--config", f"data_dir={args.data_dir}"] if args.data_dir else []
+        run([os.path.join(args.build, "trainrun"), "--plugin",
+             os.path.join(args.build, "plugins", "fashion_mnist", "libfashion_mnist.so"),
+             "-n", "1", *placement, *data, "-q", "--storage-path", results, "--name", run_name,
+             "--config", "epochs=1", "--config", "eval=false", "--config", "log_every=0",
+             "--config", f"batch_size={batch}", "--config", f"warmup_steps={warmup}",
+             "--config", f"max_steps={warmup + steps}",
+             "--config", f"resident={'true' if name == 'resident_tr' else 'false'}"], env)
+        with open(os.path.join(results, run_name, "result.jsonl")) as f:
+            return json.loads(f.readlines()[-1])["metrics"]["samples_per_s"]
+    if name == "torchrun":
+        return json_line(run([args.torchrun, "--nproc_per_node", "1", "--redirects", "2",
+                              "--tee", "1", "--log_dir", os.path.join(tmp, f"log{batch}-{serial}"),
+                              os.path.join(HERE, "ddp_torchrun.py"), "--warmup", str(warmup),
+                              "--steps", str(steps), "--batch", str(batch),
+                              "--device", args.device], env))
+    return json_line(run([args.python, os.path.join(HERE, "plain_step.py"), "--mode", name,
+                          "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps),
+                          "--device", args.device], env))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, action="append", help="128 and 512 by default")
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--torchrun", default="torchrun")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--data-dir", help="the FashionMNIST folder (the Debian package's)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--skip", action="append", default=[], choices=SIDES)
+    args = parser.parse_args()
+    batches = args.batch or [128, 512]
+    gpu_only = {"graph", "resident_tr"}
+    sides = [s for s in SIDES if s not in args.skip and not (s in gpu_only and args.device == "cpu")]
+    env = dict(os.environ)
+    if args.data_dir:
+        env["FASHION_MNIST_DIR"] = args.data_dir
+    if args.device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+    rows = {(s, b): [] for s in sides for b in batches}
+    with tempfile.TemporaryDirectory() as tmp:
+        env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
+        for r in range(args.rounds):
+            for b in batches:
+                line = []
+                for s in sides:
+                    rows[(s, b)].append(side(args, s, b, tmp, env, r))
+                    line.append(f"{s} {rows[(s, b)][-1]:.0f}")
+                print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
+    print(f"FashionMNIST ResNet-18, 1 process on {args.device}, samples/s over {args.rounds} "
+          "interleaved rounds (min / median / max):")
+    median = {}
+    for b in batches:
+        for s in sides:
+            values = rows[(s, b)]
+            median[(s, b)] = statistics.median(values)
+            print(f"  batch {b:4d}  {s:<9} {min(values):9.0f} {median[(s, b)]:9.0f} "
+                  f"{max(values):9.0f}")
+    for top, bottom, b, target in TARGETS:
+        if (top, b) in median and (bottom, b) in median:
+            print(f"  batch {b}: {top} / {bottom} = {median[(top, b)] / median[(bottom, b)]:.3f}"
+                  f"  (target >= {target})")
+    for b in batches:
+        if ("graph", b) in median and ("resident", b) in median:
+            print(f"  batch {b}: graph / resident = "
+                  f"{median[('graph', b)] / median[('resident', b)]:.3f}  (what capture buys Python)")
+
+
+if __name__ == "__main__":
+    main()
