@@ -12,9 +12,11 @@
 // or "fused"), data ("tensors": normalised once and gathered a batch at a time;
 // "samples": normalised per image and stacked, as LibTorch's own datasets do),
 // resident (false; true with data=tensors: the training set in the device's
-// memory, train::TensorDataset::to), count_ops (false; true: the ATen operators of the step after
-// the warm-up, by phase, in the first epoch's report: ops_data, ops_forward_backward (with the
-// reducer's), ops_optimizer; train::OpCounter, the CPU's stand-in for launches).
+// memory, train::TensorDataset::to), capture (false; true: each step captured
+// as a CUDA graph and replayed, train::CapturedStep, with drop_last), count_ops (false; true: the
+// ATen operators of the step after the warm-up, by phase, in the first epoch's report: ops_data,
+// ops_forward_backward (with the reducer's), ops_optimizer; train::OpCounter, the CPU's stand-in
+// for launches).
 
 #include <train/train.h>
 
@@ -112,7 +114,7 @@ struct Run {
   train::Context ctx;
   int first_epoch, epochs, max_steps, eval_steps, warmup_steps, log_every;
   size_t batch_size;
-  bool eval, count_ops;
+  bool eval, count_ops, capture;
   train::CheckpointUploadMode upload_mode;
   fashion_mnist::ResNet18 model;
   train::optim::Adam& optimizer;
@@ -127,7 +129,8 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
   const size_t batch_size = run.batch_size;
   const size_t train_size = train_set.size().value();
   auto loader = train::prepare_data_loader(
-      std::move(train_set), train::LoaderOptions().batch_size(batch_size).shuffle(true));
+      std::move(train_set),
+      train::LoaderOptions().batch_size(batch_size).shuffle(true).drop_last(run.capture));
   const size_t steps_per_epoch = loader.size();
   if (ctx.world_rank() == 0) {
     std::cout << "FashionMNIST: " << train_size << " training images, " << ctx.world_size()
@@ -144,23 +147,27 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
     std::unique_ptr<train::OpCounter> ops;  // from the warm-up's end to the next step's end
     train::Metrics op_counts;
     auto phase = [&](const char* name) {
+      if (!ops) return;
       op_counts.emplace(name, ops->count());
       ops->reset();
     };
+    train::CapturedStep train_step(
+        [&](const torch::Tensor& data, const torch::Tensor& target) {
+          torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(data), target);
+          optimizer.zero_grad();
+          loss.backward();
+          phase("ops_forward_backward");
+          optimizer.step();
+          phase("ops_optimizer");
+          return loss;
+        },
+        train::CaptureOptions().enabled(run.capture));
     for (torch::data::Example<>& batch : loader) {
       if (run.max_steps > 0 && step >= run.max_steps) break;
       if (step == run.warmup_steps) timed_start = Clock::now();
-      if (ops) phase("ops_data");
-      torch::Tensor loss =
-          torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
-      optimizer.zero_grad();
-      loss.backward();
-      if (ops) phase("ops_forward_backward");
-      optimizer.step();
-      if (ops) {
-        phase("ops_optimizer");
-        ops.reset();
-      }
+      phase("ops_data");
+      torch::Tensor loss = train_step(batch.data, batch.target);
+      ops.reset();
       loss_sum += loss.item<double>();
       loss_count += 1;
       ++step;
@@ -258,6 +265,7 @@ void fashion_mnist_train(const train::Config& config) {
           static_cast<size_t>(config.get<int>("batch_size", 128)),
           config.get<bool>("eval", true),
           config.get<bool>("count_ops", false),
+          config.get<bool>("capture", false),
           upload_mode_of(config.get("checkpoint_upload", "sync")),
           model,
           optimizer};

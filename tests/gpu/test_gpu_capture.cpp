@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <sstream>
 #include <string>
 
 #include "gpu_skip.h"
@@ -43,6 +44,15 @@ torch::Tensor train_steps(bool capture, bool sync_inside) {
     losses[i] = step(x, y).item<double>();
   }
   losses[10] = step.captured() ? 1.0 : 0.0;
+  // The step counts the replays kept on the device reach the saved state.
+  std::stringstream saved;
+  torch::save(optimizer, saved);
+  torch::optim::Adam loaded(net->parameters(), train::optim::AdamOptions(1e-2));
+  torch::load(loaded, saved);
+  for (const auto& [key, state] : loaded.state()) {
+    (void)key;
+    if (static_cast<torch::optim::AdamParamState&>(*state).step() != 10) losses[10] = -1.0;
+  }
   return losses;
 }
 
@@ -57,13 +67,14 @@ TEST_CASE("a step captured as a CUDA graph trains as the eager steps do") {
     return torch::stack({eager, captured, fallback});
   })[0];
   auto eager = results[0], captured = results[1], fallback = results[2];
+  CHECK(eager[10].item<double>() == 0.0);  // not captured, and every step counted
   CHECK(captured[10].item<double>() == 1.0);
   CHECK(fallback[10].item<double>() == 0.0);
   CHECK(torch::allclose(captured.slice(0, 0, 10), eager.slice(0, 0, 10), 1e-4, 1e-5));
   CHECK(torch::allclose(fallback.slice(0, 0, 10), eager.slice(0, 0, 10), 1e-4, 1e-5));
 }
 
-TEST_CASE("train::optim on CUDA: every path ends where torch::optim does") {
+TEST_CASE("train::optim on CUDA: AdamW and SGD on every path end where torch::optim does") {
   skip_unless_gpus(1);
   auto gaps = process_ranks::run(1, [](int, const std::filesystem::path&) {
     const torch::Device gpu(torch::kCUDA, 0);
@@ -78,18 +89,34 @@ TEST_CASE("train::optim on CUDA: every path ends where torch::optim does") {
       const auto options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
       train::optim::AdamW ours(a, options, kernels);
       torch::optim::AdamW theirs(b, options);
+      std::vector<torch::Tensor> c, d;
+      for (const auto& p : a) {
+        c.push_back(p.detach().clone().requires_grad_());
+        d.push_back(p.detach().clone().requires_grad_());
+      }
+      const auto sgd_options = torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true);
+      train::optim::SGD sgd(c, sgd_options, kernels);
+      torch::optim::SGD sgd_theirs(d, sgd_options);
       for (int step = 0; step < 5; ++step) {
         for (size_t i = 0; i < a.size(); ++i) {
           auto g = torch::randn(a[i].sizes(), gpu);
           a[i].mutable_grad() = g;
           b[i].mutable_grad() = g.clone();
         }
+        for (size_t i = 0; i < c.size(); ++i) {
+          auto g = torch::randn(c[i].sizes(), gpu);
+          c[i].mutable_grad() = g;
+          d[i].mutable_grad() = g.clone();
+        }
         ours.step();
         theirs.step();
+        sgd.step();
+        sgd_theirs.step();
       }
       double worst = 0;
       for (size_t i = 0; i < a.size(); ++i) {
         worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+        worst = std::max(worst, (c[i] - d[i]).abs().max().item<double>());
       }
       gap.push_back(worst);
     }

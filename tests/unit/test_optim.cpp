@@ -7,6 +7,7 @@
 #include <train/optim.h>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <limits>
 #include <memory>
@@ -207,13 +208,56 @@ TEST_CASE("param groups keep their own options, and an LR scheduler reaches them
   check_close(a, b, false);
 }
 
-TEST_CASE("a sparse gradient is refused, as torch::optim refuses it") {
+TEST_CASE("sparse gradients: Adam refuses them as torch::optim does, SGD takes them as it does") {
   auto w = torch::ones({4}, torch::requires_grad());
   w.mutable_grad() = torch::ones({4}).to_sparse();
   train::optim::Adam adam({w});
   CHECK_THROWS_AS(adam.step(), c10::Error);
+  auto v = torch::ones({4}, torch::requires_grad());
+  v.mutable_grad() = torch::ones({4}).to_sparse();
   train::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1));
-  CHECK_THROWS_AS(sgd.step(), c10::Error);
+  torch::optim::SGD theirs({v}, torch::optim::SGDOptions(0.1));
+  sgd.step();
+  theirs.step();
+  CHECK(torch::equal(w, v));
+}
+
+TEST_CASE("the fused kernels this LibTorch has on the CPU") {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // LibTorch 2.4 added CPU kernels for all three.
+  CHECK(train::optim::has_fused_kernel("sgd", torch::kCPU));
+  CHECK(train::optim::has_fused_kernel("adam", torch::kCPU));
+  CHECK(train::optim::has_fused_kernel("adamw", torch::kCPU));
+#else
+  CHECK_FALSE(train::optim::has_fused_kernel("sgd", torch::kCPU));
+  CHECK_FALSE(train::optim::has_fused_kernel("adam", torch::kCPU));
+#endif
+  CHECK_FALSE(train::optim::has_fused_kernel("rmsprop", torch::kCPU));
+}
+
+TEST_CASE("every save writes the step counts a fused Adam keeps on its device") {
+  auto a = make_params();
+  train::optim::Adam adam(a, torch::optim::AdamOptions(1e-2));
+  using StateMap = std::decay_t<decltype(adam.state())>;
+  auto saved_steps = [&] {
+    std::stringstream bytes;
+    torch::save(adam, bytes);
+    auto c = clone_params(a);
+    torch::optim::Adam loaded(c, torch::optim::AdamOptions(1e-2));
+    torch::load(loaded, bytes);
+    const auto& state = loaded.state().at(train::optim::detail::state_key<StateMap>(c[0]));
+    return static_cast<torch::optim::AdamParamState&>(*state).step();
+  };
+  for (int step = 0; step < 3; ++step) {
+    set_grads(a, step);
+    adam.step();
+  }
+  CHECK(saved_steps() == 3);
+  for (int step = 3; step < 5; ++step) {
+    set_grads(a, step);
+    adam.step();
+  }
+  CHECK(saved_steps() == 5);
 }
 
 TEST_CASE("a multi-tensor step dispatches a few operators, a per-tensor step several per tensor") {

@@ -5,6 +5,7 @@ Each round runs, one after the other, at each batch size (128 and 512 by default
   trainrun     trainrun -n 1 --use-gpu, the fashion_mnist plugin (train::optim's Adam,
                train::TensorDataset, prepare_model and prepare_data_loader)
   resident_tr  the same with the training set in GPU memory (config resident=true)
+  captured_tr  the same with each step captured as a CUDA graph (config capture=true)
   torchrun     torchrun --nproc_per_node 1 ddp_torchrun.py: DDP on NCCL, a DataLoader
   loader       plain PyTorch, a DataLoader, no DDP        (plain_step.py --mode loader)
   resident     plain PyTorch, the dataset on the GPU       (plain_step.py --mode resident)
@@ -27,11 +28,12 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SIDES = ["trainrun", "resident_tr", "torchrun", "loader", "resident", "graph"]
+SIDES = ["trainrun", "resident_tr", "captured_tr", "torchrun", "loader", "resident", "graph"]
 # The ratios of medians the GPU work is held to, at a batch size: (numerator,
 # denominator, batch, target).
 TARGETS = [("trainrun", "torchrun", 128, 1.3), ("trainrun", "resident", 128, 1.0),
-           ("resident_tr", "resident", 128, 1.0), ("trainrun", "loader", 512, 1.3)]
+           ("resident_tr", "resident", 128, 1.0), ("captured_tr", "graph", 128, 0.7),
+           ("trainrun", "loader", 512, 1.3)]
 
 
 def run(cmd, env):
@@ -58,7 +60,7 @@ def steps_for(args, batch):
 
 def side(args, name, batch, tmp, env, serial):
     warmup, steps = steps_for(args, batch)
-    if name in ("trainrun", "resident_tr"):
+    if name in ("trainrun", "resident_tr", "captured_tr"):
         run_name = f"tr{batch}-{serial}"
         results = os.path.join(tmp, "results")
         placement = ["--use-gpu"] if args.device == "cuda" else ["--cpus-per-worker", "1"]
@@ -69,7 +71,8 @@ def side(args, name, batch, tmp, env, serial):
              "--config", "epochs=1", "--config", "eval=false", "--config", "log_every=0",
              "--config", f"batch_size={batch}", "--config", f"warmup_steps={warmup}",
              "--config", f"max_steps={warmup + steps}",
-             "--config", f"resident={'true' if name == 'resident_tr' else 'false'}"], env)
+             "--config", f"resident={'true' if name == 'resident_tr' else 'false'}",
+             "--config", f"capture={'true' if name == 'captured_tr' else 'false'}"], env)
         with open(os.path.join(results, run_name, "result.jsonl")) as f:
             return json.loads(f.readlines()[-1])["metrics"]["samples_per_s"]
     if name == "torchrun":
@@ -97,7 +100,7 @@ def main():
     parser.add_argument("--skip", action="append", default=[], choices=SIDES)
     args = parser.parse_args()
     batches = args.batch or [128, 512]
-    gpu_only = {"graph", "resident_tr"}
+    gpu_only = {"graph", "resident_tr", "captured_tr"}
     sides = [s for s in SIDES if s not in args.skip and not (s in gpu_only and args.device == "cpu")]
     env = dict(os.environ)
     if args.data_dir:

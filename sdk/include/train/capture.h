@@ -44,8 +44,10 @@ struct CaptureOptions {
 /// stderr, where capture is impossible: on the CPU, a LibTorch without CUDA
 /// graphs, a world of several ranks on Gloo (capture needs NCCL or one
 /// worker), a batch whose shapes differ from the captured ones (that step
-/// only), or a capture that failed (from then on). Not thread-safe: one per
-/// training loop, called from the thread that trains.
+/// only), or a capture that failed (from then on, until reset()). A capture
+/// that fails has run the step's host code once: the step must be safe to
+/// run again on the same batch (zero_grad, backward and step are). Not
+/// thread-safe: one per training loop, called from the thread that trains.
 class CapturedStep {
  public:
   /// `step` takes a batch's data and target and returns the loss.
@@ -65,8 +67,9 @@ class CapturedStep {
   bool captured() const;
   /// Why the steps run eagerly ("" while capturing is still possible).
   const std::string& eager_reason() const;
-  /// Drops the graph: the next steps warm up and capture again (after a
-  /// learning rate changed, say).
+  /// Drops the graph: the next steps warm up and capture again. Call it after
+  /// a learning rate changed, or after torch::load into the model or the
+  /// optimizer (the graph updates the tensors it captured, not new ones).
   void reset();
 
  private:

@@ -27,9 +27,11 @@ struct LoaderOptions {
   /// rank (DistributedSampler's seed).
   TORCH_ARG(uint64_t, seed) = 0;
   /// Background threads that make batches ahead of the train loop (LibTorch's
-  /// DataLoader workers, each with batches in flight). None given: 2 on a CUDA
-  /// device, where the next batches are gathered while the GPU computes; 0 on
-  /// the CPU, where loader threads would take cores from the step itself.
+  /// DataLoader workers, each with batches in flight); they call the
+  /// dataset's get() at the same time. None given: 2 for a TensorDataset on a
+  /// CUDA device, where the next batches are gathered while the GPU computes;
+  /// 0 otherwise (a get() of your own need not be thread-safe, and on the CPU
+  /// loader threads would take cores from the step itself).
   TORCH_ARG(c10::optional<size_t>, workers) = c10::nullopt;
   /// Pad with repeated samples so every rank gets as many batches as the others
   /// (every rank must run the same number of backward passes); false gives each
@@ -328,7 +330,8 @@ class DataLoader {
 
   /// The loader threads in use (LoaderOptions::workers, or its default for the device).
   size_t workers() const {
-    return options_.workers().value_or(device_.is_cuda() ? kDefaultCudaWorkers : 0);
+    if (options_.workers()) return *options_.workers();
+    return device_.is_cuda() && std::is_same_v<Dataset, TensorDataset> ? kDefaultCudaWorkers : 0;
   }
 
  private:

@@ -71,7 +71,6 @@ namespace detail {
 /// skip, or a step replayed from a CUDA graph, counts them there.
 struct DeviceSteps {
   std::unordered_map<void*, torch::Tensor> counts;  // float, one element
-  bool ahead = false;  // whether they ran ahead of the counts in state()
 };
 }  // namespace detail
 
@@ -83,7 +82,7 @@ class AmpStep {
  public:
   virtual ~AmpStep() = default;
   /// Updates every parameter that has a gradient unless `found_inf` (one
-  /// float on the parameters' device) is nonzero, decided on the device;
+  /// float on the parameters' device, 0 or 1) is 1, decided on the device;
   /// `grad_scale`, when defined, first divides the gradients, which were not
   /// unscaled. Returns false, having changed nothing, where some parameter's
   /// path has no fused kernel that can skip (the caller then decides on the
@@ -116,64 +115,60 @@ class SGD : public torch::optim::SGD, public AmpStep {
   Kernels last_path_ = Kernels::kAuto;
 };
 
-/// Adam (with amsgrad and L2 weight decay), as torch::optim::Adam computes it.
-class Adam : public torch::optim::Adam, public AmpStep {
+namespace detail {
+
+/// Adam and AdamW, which differ only in how weight decay applies (added to the
+/// gradient, or `kDecoupled`: the parameter shrinks). Use train::optim::Adam
+/// and train::optim::AdamW.
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+class AdamFamily : public LibTorchAdam, public AmpStep {
  public:
-  /// Throws c10::Error for an invalid option, as torch::optim::Adam does.
-  explicit Adam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                AdamOptions defaults = {}, Kernels kernels = Kernels::kAuto);
-  explicit Adam(std::vector<torch::Tensor> params, AdamOptions defaults = {},
-                Kernels kernels = Kernels::kAuto);
+  /// Throws c10::Error for an invalid option, as LibTorch's does.
+  explicit AdamFamily(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                      Options defaults = {}, Kernels kernels = Kernels::kAuto);
+  explicit AdamFamily(std::vector<torch::Tensor> params, Options defaults = {},
+                      Kernels kernels = Kernels::kAuto);
 
   /// One update of every parameter that has a gradient. Throws c10::Error for
   /// a sparse gradient.
-  torch::Tensor step(LossClosure closure = nullptr) override;
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
   /// A step of train::GradScaler (AmpStep).
   bool step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) override;
   /// Fused steps count each parameter's steps on the device (so that a step
   /// reads nothing from the host and can be captured in a CUDA graph); this
   /// writes those counts into state() (one host synchronisation). save() does
-  /// it first.
+  /// it first. The counts are float32 there, exact up to 2^24 steps, as
+  /// PyTorch's fused optimizers keep them.
   void sync_steps();
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// The path asked for at construction.
   Kernels kernels() const { return kernels_; }
+  /// The path the last step took for most parameters (kForeach or kFused, or
+  /// kPerTensor when asked), kAuto before the first step.
   Kernels last_path() const { return last_path_; }
 
  private:
   Kernels kernels_;
   Kernels last_path_ = Kernels::kAuto;
-  detail::DeviceSteps device_steps_;
+  DeviceSteps device_steps_;
+};
+
+extern template class AdamFamily<torch::optim::Adam, AdamOptions, AdamParamState, false>;
+extern template class AdamFamily<torch::optim::AdamW, AdamWOptions, AdamWParamState, true>;
+
+}  // namespace detail
+
+/// Adam (with amsgrad and L2 weight decay), as torch::optim::Adam computes it.
+class Adam : public detail::AdamFamily<torch::optim::Adam, AdamOptions, AdamParamState, false> {
+ public:
+  using AdamFamily::AdamFamily;
 };
 
 /// AdamW (decoupled weight decay), as torch::optim::AdamW computes it.
-class AdamW : public torch::optim::AdamW, public AmpStep {
+class AdamW : public detail::AdamFamily<torch::optim::AdamW, AdamWOptions, AdamWParamState, true> {
  public:
-  /// Throws c10::Error for an invalid option, as torch::optim::AdamW does.
-  explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                 AdamWOptions defaults = {}, Kernels kernels = Kernels::kAuto);
-  explicit AdamW(std::vector<torch::Tensor> params, AdamWOptions defaults = {},
-                 Kernels kernels = Kernels::kAuto);
-
-  /// One update of every parameter that has a gradient. Throws c10::Error for
-  /// a sparse gradient.
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  /// A step of train::GradScaler (AmpStep).
-  bool step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) override;
-  /// Fused steps count each parameter's steps on the device (so that a step
-  /// reads nothing from the host and can be captured in a CUDA graph); this
-  /// writes those counts into state() (one host synchronisation). save() does
-  /// it first.
-  void sync_steps();
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-  Kernels kernels() const { return kernels_; }
-  Kernels last_path() const { return last_path_; }
-
- private:
-  Kernels kernels_;
-  Kernels last_path_ = Kernels::kAuto;
-  detail::DeviceSteps device_steps_;
+  using AdamFamily::AdamFamily;
 };
 
 }  // namespace train::optim

@@ -222,8 +222,10 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     // The optimizer cannot skip on the device: the host decides, below.
   }
   if (state.stage == Stage::kReady) unscale_(optimizer);
-  state.stage = Stage::kStepped;
   const bool found_inf = on_device() ? state.found.item<float>() > 0 : state.found_inf;
+  // Only once decided: a read the device refused (inside a CUDA graph's
+  // capture) leaves the stage as it was.
+  state.stage = Stage::kStepped;
   if (found_inf) return false;
   optimizer.step();
   return true;

@@ -44,6 +44,7 @@ struct CapturedStep::Impl {
   torch::Tensor static_data, static_target, static_loss;
 #ifdef USE_C10D_NCCL
   std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::unique_ptr<at::cuda::CUDAGraph> failed;  // a capture that threw
 #endif
 
   void tell(const std::string& line) {
@@ -98,7 +99,10 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
   torch::Tensor loss;
   try {
     c10::cuda::CUDAStreamGuard guard(side);
-    fresh->capture_begin();
+    // Thread-local: the loader's threads may allocate (pinned memory) while
+    // this thread captures; the backward pass runs on autograd's thread but
+    // on the captured stream, which is what is captured.
+    fresh->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     try {
       loss = step(static_data, static_target);
     } catch (...) {
@@ -114,7 +118,13 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     reason = "the capture failed (" + first_line(e.what()) + ")";
     tell("steps run eagerly: " + reason);
     static_data = static_target = torch::Tensor();
-    return step(data, target);  // this batch, eagerly
+    // Kept, not destroyed: a capture that ended in an error may leave the
+    // caching allocator pointing at its memory pool.
+    failed = std::move(fresh);
+    // This batch, eagerly. The failed capture ran the step's host code once
+    // already (gradients set to none, a counter in the user's code): the step
+    // must be safe to run again, which LibTorch's and the SDK's are.
+    return step(data, target);
   }
   c10::Event captured(c10::DeviceType::CUDA);
   captured.record(side);
@@ -187,6 +197,9 @@ void CapturedStep::reset() {
 #endif
   impl_->static_data = impl_->static_target = impl_->static_loss = torch::Tensor();
   impl_->eager_steps = 0;
+  // Decided again at the next batch: a failed capture may succeed now.
+  impl_->decided = false;
+  impl_->reason.clear();
 }
 
 }  // namespace train

@@ -204,28 +204,32 @@ void device_steps_of(TensorLists& lists, Optimizer& optimizer, DeviceSteps& devi
   }
 }
 
-// Writes the step counts the device ran ahead with into the state (one wait
-// for all of them); they stay on the device for the next fused step.
+// Writes the step counts kept on the device into the state: one copy to the
+// host per device. They stay on the device for the next fused step. Always
+// copied, never trusted to be unchanged: a CUDA graph's replays count there
+// without any host code running.
 template <typename State, typename Optimizer>
-void sync_device_steps(Optimizer& optimizer, DeviceSteps& device_steps) {
-  if (!device_steps.ahead) return;
-  device_steps.ahead = false;
-  std::vector<torch::Tensor> values;
-  std::vector<const torch::Tensor*> params;
+void sync_device_steps(Optimizer& optimizer, const DeviceSteps& device_steps) {
+  if (device_steps.counts.empty()) return;
+  std::unordered_map<torch::Device, std::vector<torch::Tensor>> values;
+  std::unordered_map<torch::Device, std::vector<State*>> states;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
       auto it = device_steps.counts.find(p.unsafeGetTensorImpl());
       if (it == device_steps.counts.end()) continue;
-      if (detail::find_state<State>(optimizer.state(), p) == nullptr) continue;
-      values.push_back(it->second.to(torch::kCPU, torch::kDouble).reshape({1}));
-      params.push_back(&p);
+      auto* s = detail::find_state<State>(optimizer.state(), p);
+      if (s == nullptr) continue;
+      values[it->second.device()].push_back(it->second);
+      states[it->second.device()].push_back(s);
     }
   }
-  if (values.empty()) return;
-  auto host = torch::cat(values);
-  const auto* counts = host.data_ptr<double>();
-  for (size_t i = 0; i < params.size(); ++i) {
-    detail::find_state<State>(optimizer.state(), *params[i])->step(static_cast<int64_t>(counts[i]));
+  for (auto& [device, list] : values) {
+    torch::Tensor host = torch::stack(list).to(torch::kCPU, torch::kDouble);
+    const auto* counts = host.data_ptr<double>();
+    auto& targets = states[device];
+    for (size_t i = 0; i < targets.size(); ++i) {
+      targets[i]->step(static_cast<int64_t>(counts[i]));
+    }
   }
 }
 
@@ -244,7 +248,6 @@ Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled, DeviceSte
         device_steps_of<State>(lists, optimizer, device_steps);
         at::_foreach_add_(lists.steps, 1);
         fused(lists, h, lists.steps);
-        device_steps.ahead = true;
         fused_tensors += lists.params.size();
         continue;
       }
@@ -256,8 +259,12 @@ Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled, DeviceSte
                   "kernel, which counts steps on the device; the ", to_string(path),
                   " path counts them on the host");
 #endif
-      // The host's counts, brought up to date first where the device's ran ahead.
-      sync_device_steps<State>(optimizer, device_steps);
+      // The host's counts, brought up to date first where the device kept them.
+      if (std::any_of(lists.params.begin(), lists.params.end(), [&](const torch::Tensor& p) {
+            return device_steps.counts.count(p.unsafeGetTensorImpl()) > 0;
+          })) {
+        sync_device_steps<State>(optimizer, device_steps);
+      }
       std::vector<int64_t> counts;
       for (const auto& p : lists.params) {
         auto& s = *detail::find_state<State>(optimizer.state(), p);
@@ -308,7 +315,6 @@ bool adam_step_unless_inf(Optimizer& optimizer, Kernels asked, bool decoupled,
                         std::vector<torch::Tensor>(lists.steps.size(), found.reshape({})));
     }
   }
-  device_steps.ahead = true;
   return true;
 }
 
@@ -321,80 +327,62 @@ torch::Tensor run_closure(const Closure& closure) {
 
 }  // namespace
 
-Adam::Adam(std::vector<torch::optim::OptimizerParamGroup> param_groups, AdamOptions defaults,
-           Kernels kernels)
-    : torch::optim::Adam(std::move(param_groups), defaults), kernels_(kernels) {}
+namespace detail {
 
-Adam::Adam(std::vector<torch::Tensor> params, AdamOptions defaults, Kernels kernels)
-    : torch::optim::Adam(std::move(params), defaults), kernels_(kernels) {}
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+AdamFamily<LibTorchAdam, Options, State, kDecoupled>::AdamFamily(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults, Kernels kernels)
+    : LibTorchAdam(std::move(param_groups), defaults), kernels_(kernels) {}
 
-torch::Tensor Adam::step(LossClosure closure) {
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+AdamFamily<LibTorchAdam, Options, State, kDecoupled>::AdamFamily(std::vector<torch::Tensor> params,
+                                                                 Options defaults, Kernels kernels)
+    : LibTorchAdam(std::move(params), defaults), kernels_(kernels) {}
+
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+torch::Tensor AdamFamily<LibTorchAdam, Options, State, kDecoupled>::step(
+    torch::optim::Optimizer::LossClosure closure) {
   torch::NoGradGuard no_grad;
   auto loss = run_closure(closure);
-  last_path_ =
-      adam_step<AdamOptions, AdamParamState>(*this, kernels_, /*decoupled=*/false, device_steps_);
+  last_path_ = adam_step<Options, State>(*this, kernels_, kDecoupled, device_steps_);
   return loss;
 }
 
-AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups, AdamWOptions defaults,
-             Kernels kernels)
-    : torch::optim::AdamW(std::move(param_groups), defaults), kernels_(kernels) {}
-
-AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions defaults, Kernels kernels)
-    : torch::optim::AdamW(std::move(params), defaults), kernels_(kernels) {}
-
-torch::Tensor AdamW::step(LossClosure closure) {
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+bool AdamFamily<LibTorchAdam, Options, State, kDecoupled>::step_unless_inf(
+    const torch::Tensor& grad_scale, const torch::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
-  auto loss = run_closure(closure);
-  last_path_ =
-      adam_step<AdamWOptions, AdamWParamState>(*this, kernels_, /*decoupled=*/true, device_steps_);
-  return loss;
-}
-
-bool Adam::step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) {
-  torch::NoGradGuard no_grad;
-  if (!adam_step_unless_inf<AdamOptions, AdamParamState>(*this, kernels_, /*decoupled=*/false,
-                                                         device_steps_, grad_scale, found_inf)) {
+  if (!adam_step_unless_inf<Options, State>(*this, kernels_, kDecoupled, device_steps_, grad_scale,
+                                            found_inf)) {
     return false;
   }
   last_path_ = Kernels::kFused;
   return true;
 }
 
-void Adam::sync_steps() { sync_device_steps<AdamParamState>(*this, device_steps_); }
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+void AdamFamily<LibTorchAdam, Options, State, kDecoupled>::sync_steps() {
+  sync_device_steps<State>(*this, device_steps_);
+}
 
-void Adam::save(torch::serialize::OutputArchive& archive) const {
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+void AdamFamily<LibTorchAdam, Options, State, kDecoupled>::save(
+    torch::serialize::OutputArchive& archive) const {
   // The saved counts are the host's: the device's first (a const save of a
   // state that is, logically, already this).
-  const_cast<Adam*>(this)->sync_steps();
-  torch::optim::Adam::save(archive);
+  const_cast<AdamFamily*>(this)->sync_steps();
+  LibTorchAdam::save(archive);
 }
 
-void Adam::load(torch::serialize::InputArchive& archive) {
-  torch::optim::Adam::load(archive);
+template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
+void AdamFamily<LibTorchAdam, Options, State, kDecoupled>::load(
+    torch::serialize::InputArchive& archive) {
+  LibTorchAdam::load(archive);
   device_steps_ = {};
 }
 
-bool AdamW::step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) {
-  torch::NoGradGuard no_grad;
-  if (!adam_step_unless_inf<AdamWOptions, AdamWParamState>(*this, kernels_, /*decoupled=*/true,
-                                                           device_steps_, grad_scale, found_inf)) {
-    return false;
-  }
-  last_path_ = Kernels::kFused;
-  return true;
-}
+template class AdamFamily<torch::optim::Adam, AdamOptions, AdamParamState, false>;
+template class AdamFamily<torch::optim::AdamW, AdamWOptions, AdamWParamState, true>;
 
-void AdamW::sync_steps() { sync_device_steps<AdamWParamState>(*this, device_steps_); }
-
-void AdamW::save(torch::serialize::OutputArchive& archive) const {
-  const_cast<AdamW*>(this)->sync_steps();
-  torch::optim::AdamW::save(archive);
-}
-
-void AdamW::load(torch::serialize::InputArchive& archive) {
-  torch::optim::AdamW::load(archive);
-  device_steps_ = {};
-}
-
+}  // namespace detail
 }  // namespace train::optim

@@ -73,14 +73,14 @@ std::vector<TensorLists> lists_of(torch::optim::OptimizerParamGroup& group, Stat
   std::vector<TensorLists> all;
   for (auto& p : group.params()) {
     if (!p.grad().defined()) continue;
-    detail::check_dense(p.grad(), "SGD");
-    auto& lists = detail::lists_for(all, p);
+    // A sparse gradient (an embedding's) goes the per-tensor way, as LibTorch's SGD takes it.
+    auto& lists = detail::lists_for(all, p, 0, p.grad().is_sparse());
     lists.params.push_back(p);
     lists.grads.push_back(p.grad());
     auto* s = detail::find_state<SGDParamState>(states, p);
     lists.state[0].push_back(s != nullptr ? s->momentum_buffer() : torch::Tensor());
-    lists.dense =
-        lists.dense && p.is_non_overlapping_and_dense() && p.grad().is_non_overlapping_and_dense();
+    lists.dense = lists.dense && !p.grad().is_sparse() && p.is_non_overlapping_and_dense() &&
+                  p.grad().is_non_overlapping_and_dense();
   }
   return all;
 }

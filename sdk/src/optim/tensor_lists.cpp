@@ -2,6 +2,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include <array>
 
@@ -32,14 +33,16 @@ bool lookup(Fused fused, c10::DispatchKey key) {
 
 }  // namespace
 
-TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param, int64_t step) {
+TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param, int64_t step,
+                       bool sparse) {
   for (auto& candidate : lists) {
     if (candidate.device == param.device() && candidate.dtype == param.scalar_type() &&
-        candidate.step == step) {
+        candidate.step == step && candidate.sparse == sparse) {
       return candidate;
     }
   }
-  lists.push_back(TensorLists{param.device(), param.scalar_type(), step, {}, {}, {}, {}, true});
+  lists.push_back(
+      TensorLists{param.device(), param.scalar_type(), step, {}, {}, {}, {}, true, sparse});
   return lists.back();
 }
 
@@ -59,7 +62,8 @@ bool has_fused(Fused fused, c10::DeviceType device_type) {
 }
 
 Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists) {
-  if (asked == Kernels::kPerTensor || asked == Kernels::kForeach) return asked;
+  if (asked == Kernels::kPerTensor || lists.sparse) return Kernels::kPerTensor;
+  if (asked == Kernels::kForeach) return asked;
   const bool floating = lists.dtype == torch::kFloat || lists.dtype == torch::kDouble ||
                         lists.dtype == torch::kHalf || lists.dtype == torch::kBFloat16;
   if (floating && lists.dense && has_fused(fused, lists.device.type())) return Kernels::kFused;

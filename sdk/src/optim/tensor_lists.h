@@ -45,11 +45,14 @@ struct TensorLists {
   std::vector<torch::Tensor> steps;
   /// Whether every tensor is dense and non-overlapping, as fused kernels need.
   bool dense = true;
+  /// Whether the gradients are sparse (SGD takes them one at a time, as
+  /// torch::optim::SGD does).
+  bool sparse = false;
 };
 
 /// The lists for `param` among `lists`, added when there are none yet.
 TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param,
-                       int64_t step = 0);
+                       int64_t step = 0, bool sparse = false);
 
 /// The fused kernels an optimizer may use.
 enum class Fused { kSGD, kAdam, kAdamW };
@@ -60,7 +63,8 @@ bool has_fused(Fused fused, c10::DeviceType device_type);
 
 /// The path one set of lists takes when `asked` was asked for: the fused
 /// kernel for kAuto and kFused where there is one for their device and dtype
-/// and the tensors are dense, else the multi-tensor ops; kPerTensor as asked.
+/// and the tensors are dense, else the multi-tensor ops; kPerTensor as asked,
+/// and for sparse gradients.
 Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists);
 
 /// Throws c10::Error, as torch::optim does, for a sparse gradient.
