@@ -135,8 +135,8 @@ void fused(const TensorLists& lists, const Hyper& h, const std::vector<torch::Te
 }
 
 // Whether a step the device may skip can take the fused kernel for every list.
-bool amp_fusable(const std::vector<TensorLists>& all, const Hyper& h, detail::Fused kind,
-                 Kernels asked) {
+bool amp_fusable(const std::vector<TensorLists>& all, [[maybe_unused]] const Hyper& h,
+                 detail::Fused kind, Kernels asked) {
 #if TORCH_VERSION_MAJOR < 2
   if (h.decoupled && h.weight_decay != 0) return false;
 #endif
@@ -146,10 +146,28 @@ bool amp_fusable(const std::vector<TensorLists>& all, const Hyper& h, detail::Fu
   return true;
 }
 
+// Whether a CUDA graph is being captured on `device`'s current stream.
+bool capturing([[maybe_unused]] const torch::Device& device) {
+#ifdef USE_C10D_NCCL
+  return device.is_cuda() &&
+         c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
+// State made inside a capture would be made again at every replay.
+void check_not_capturing(const torch::Tensor& p, const char* what) {
+  TORCH_CHECK(!capturing(p.device()), "train::optim: ", what, " of a parameter of shape ",
+              p.sizes(), " would be made inside a CUDA graph's capture, and made again at ",
+              "every replay; warm up until every parameter has had a gradient");
+}
+
 template <typename State, typename StateMap>
 State& state_of(StateMap& state, const torch::Tensor& p, bool amsgrad) {
   auto* s = detail::find_state<State>(state, p);
   if (s == nullptr) {
+    check_not_capturing(p, "the first state");
     auto fresh = std::make_unique<State>();
     fresh->step(0);
     fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -196,6 +214,7 @@ void device_steps_of(TensorLists& lists, Optimizer& optimizer, DeviceSteps& devi
   for (const auto& p : lists.params) {
     auto& step = device_steps.counts[p.unsafeGetTensorImpl()];
     if (!step.defined()) {
+      check_not_capturing(p, "the step count on the device");
       const auto& s = *detail::find_state<State>(optimizer.state(), p);
       step = torch::full({}, static_cast<double>(s.step()),
                          torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
@@ -251,14 +270,10 @@ Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled, DeviceSte
         fused_tensors += lists.params.size();
         continue;
       }
-#ifdef USE_C10D_NCCL
       // Captured, host counts would be replayed as they were at the capture.
-      TORCH_CHECK(!lists.device.is_cuda() || c10::cuda::currentStreamCaptureStatusMayInitCtx() ==
-                                                 c10::cuda::CaptureStatus::None,
-                  "train::optim::", name, ": a step captured in a CUDA graph needs the fused ",
-                  "kernel, which counts steps on the device; the ", to_string(path),
-                  " path counts them on the host");
-#endif
+      TORCH_CHECK(!capturing(lists.device), "train::optim::", name,
+                  ": a step captured in a CUDA graph needs the fused kernel, which counts steps ",
+                  "on the device; the ", to_string(path), " path counts them on the host");
       // The host's counts, brought up to date first where the device kept them.
       if (std::any_of(lists.params.begin(), lists.params.end(), [&](const torch::Tensor& p) {
             return device_steps.counts.count(p.unsafeGetTensorImpl()) > 0;
