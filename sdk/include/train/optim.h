@@ -100,8 +100,9 @@ class SGD : public torch::optim::SGD, public AmpStep {
   explicit SGD(std::vector<torch::Tensor> params, SGDOptions defaults,
                Kernels kernels = Kernels::kAuto);
 
-  /// One update of every parameter that has a gradient. Throws c10::Error for
-  /// a sparse gradient.
+  /// One update of every parameter that has a gradient; a sparse gradient
+  /// (an embedding's) is taken one tensor at a time, as torch::optim::SGD
+  /// takes it.
   torch::Tensor step(LossClosure closure = nullptr) override;
   bool step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) override;
   /// The path asked for at construction.

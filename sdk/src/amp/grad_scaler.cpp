@@ -221,10 +221,18 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     }
     // The optimizer cannot skip on the device: the host decides, below.
   }
-  if (state.stage == Stage::kReady) unscale_(optimizer);
-  const bool found_inf = on_device() ? state.found.item<float>() > 0 : state.found_inf;
-  // Only once decided: a read the device refused (inside a CUDA graph's
-  // capture) leaves the stage as it was.
+  // The host decides. A read the device refuses (inside a CUDA graph's
+  // capture, where nothing ran) leaves this optimizer's state as it was, so
+  // that the step can run again eagerly.
+  const OptimizerState before = state;
+  bool found_inf = false;
+  try {
+    if (state.stage == Stage::kReady) unscale_(optimizer);
+    found_inf = on_device() ? state.found.item<float>() > 0 : state.found_inf;
+  } catch (...) {
+    per_optimizer_[&optimizer] = before;
+    throw;
+  }
   state.stage = Stage::kStepped;
   if (found_inf) return false;
   optimizer.step();

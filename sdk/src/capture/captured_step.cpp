@@ -7,6 +7,7 @@
 #include <train/capture.h>
 
 #include <c10/core/Event.h>
+#include <torch/version.h>
 
 #include <iostream>
 #include <set>
@@ -102,7 +103,11 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     // Thread-local: the loader's threads may allocate (pinned memory) while
     // this thread captures; the backward pass runs on autograd's thread but
     // on the captured stream, which is what is captured.
+#if TORCH_VERSION_MAJOR >= 2
     fresh->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+#else
+    fresh->capture_begin();  // 1.13 captures in the global mode only
+#endif
     try {
       loss = step(static_data, static_target);
     } catch (...) {
@@ -123,7 +128,8 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     failed = std::move(fresh);
     // This batch, eagerly. The failed capture ran the step's host code once
     // already (gradients set to none, a counter in the user's code): the step
-    // must be safe to run again, which LibTorch's and the SDK's are.
+    // must be safe to run again. LibTorch's calls are; GradScaler::step puts
+    // its state back when the host read it needs throws.
     return step(data, target);
   }
   c10::Event captured(c10::DeviceType::CUDA);
@@ -194,6 +200,9 @@ const std::string& CapturedStep::eager_reason() const { return impl_->reason; }
 void CapturedStep::reset() {
 #ifdef USE_C10D_NCCL
   impl_->graph.reset();
+#endif
+#ifdef USE_C10D_NCCL
+  impl_->failed.reset();
 #endif
   impl_->static_data = impl_->static_target = impl_->static_loss = torch::Tensor();
   impl_->eager_steps = 0;

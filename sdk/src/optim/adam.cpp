@@ -18,10 +18,6 @@
 
 #include "optim/tensor_lists.h"
 
-#ifdef USE_C10D_NCCL
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#endif
-
 namespace train::optim {
 namespace {
 
@@ -146,28 +142,11 @@ bool amp_fusable(const std::vector<TensorLists>& all, [[maybe_unused]] const Hyp
   return true;
 }
 
-// Whether a CUDA graph is being captured on `device`'s current stream.
-bool capturing([[maybe_unused]] const torch::Device& device) {
-#ifdef USE_C10D_NCCL
-  return device.is_cuda() &&
-         c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-#else
-  return false;
-#endif
-}
-
-// State made inside a capture would be made again at every replay.
-void check_not_capturing(const torch::Tensor& p, const char* what) {
-  TORCH_CHECK(!capturing(p.device()), "train::optim: ", what, " of a parameter of shape ",
-              p.sizes(), " would be made inside a CUDA graph's capture, and made again at ",
-              "every replay; warm up until every parameter has had a gradient");
-}
-
 template <typename State, typename StateMap>
 State& state_of(StateMap& state, const torch::Tensor& p, bool amsgrad) {
   auto* s = detail::find_state<State>(state, p);
   if (s == nullptr) {
-    check_not_capturing(p, "the first state");
+    detail::check_not_capturing(p, "the first state");
     auto fresh = std::make_unique<State>();
     fresh->step(0);
     fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -176,6 +155,7 @@ State& state_of(StateMap& state, const torch::Tensor& p, bool amsgrad) {
     state[detail::state_key<StateMap>(p)] = std::move(fresh);
   }
   if (amsgrad && !s->max_exp_avg_sq().defined()) {
+    detail::check_not_capturing(p, "amsgrad's state");
     s->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   }
   return *s;
@@ -212,14 +192,15 @@ template <typename State, typename Optimizer>
 void device_steps_of(TensorLists& lists, Optimizer& optimizer, DeviceSteps& device_steps) {
   lists.steps.clear();
   for (const auto& p : lists.params) {
-    auto& step = device_steps.counts[p.unsafeGetTensorImpl()];
-    if (!step.defined()) {
-      check_not_capturing(p, "the step count on the device");
+    auto it = device_steps.counts.find(p.unsafeGetTensorImpl());
+    if (it == device_steps.counts.end()) {
+      detail::check_not_capturing(p, "the step count on the device");
       const auto& s = *detail::find_state<State>(optimizer.state(), p);
-      step = torch::full({}, static_cast<double>(s.step()),
-                         torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+      auto step = torch::full({}, static_cast<double>(s.step()),
+                              torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+      it = device_steps.counts.emplace(p.unsafeGetTensorImpl(), std::move(step)).first;
     }
-    lists.steps.push_back(step);
+    lists.steps.push_back(it->second);
   }
 }
 
@@ -271,7 +252,7 @@ Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled, DeviceSte
         continue;
       }
       // Captured, host counts would be replayed as they were at the capture.
-      TORCH_CHECK(!capturing(lists.device), "train::optim::", name,
+      TORCH_CHECK(!detail::capturing(lists.device), "train::optim::", name,
                   ": a step captured in a CUDA graph needs the fused kernel, which counts steps ",
                   "on the device; the ", to_string(path), " path counts them on the host");
       // The host's counts, brought up to date first where the device kept them.

@@ -29,6 +29,7 @@ void per_tensor(TensorLists& lists, const SGDOptions& o) {
     if (o.momentum() != 0) {
       auto& buf = lists.state[0][i];
       if (!buf.defined()) {
+        detail::check_not_capturing(p, "the momentum buffer");
         buf = torch::clone(d_p).detach();
       } else {
         buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
@@ -50,6 +51,7 @@ void foreach (TensorLists& lists, const SGDOptions& o) {
         old_bufs.push_back(bufs[i]);
         old_d_p.push_back(d_p[i]);
       } else {
+        detail::check_not_capturing(lists.params[i], "the momentum buffer");
         bufs[i] = torch::clone(d_p[i]).detach();  // the first step of this parameter
       }
     }
@@ -103,6 +105,7 @@ void fused([[maybe_unused]] TensorLists& lists, [[maybe_unused]] const SGDOption
   if (o.momentum() != 0) {
     for (size_t i = 0; i < lists.params.size(); ++i) {
       if (!lists.state[0][i].defined()) {
+        detail::check_not_capturing(lists.params[i], "the momentum buffer");
         // The kernel copies the first step's update into it.
         lists.state[0][i] = torch::empty_like(lists.params[i], torch::MemoryFormat::Preserve);
         first_step = true;

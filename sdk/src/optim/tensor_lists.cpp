@@ -6,6 +6,10 @@
 
 #include <array>
 
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
 namespace train::optim::detail {
 namespace {
 
@@ -68,6 +72,21 @@ Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists) {
                         lists.dtype == torch::kHalf || lists.dtype == torch::kBFloat16;
   if (floating && lists.dense && has_fused(fused, lists.device.type())) return Kernels::kFused;
   return Kernels::kForeach;
+}
+
+bool capturing([[maybe_unused]] const torch::Device& device) {
+#ifdef USE_C10D_NCCL
+  return device.is_cuda() &&
+         c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
+void check_not_capturing(const torch::Tensor& param, const char* what) {
+  TORCH_CHECK(!capturing(param.device()), "train::optim: ", what, " of a parameter of shape ",
+              param.sizes(), " would be made inside a CUDA graph's capture, and made again at ",
+              "every replay; warm up until every parameter has had a gradient");
 }
 
 void check_dense(const torch::Tensor& grad, const char* optimizer) {

@@ -67,6 +67,13 @@ bool has_fused(Fused fused, c10::DeviceType device_type);
 /// and for sparse gradients.
 Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists);
 
+/// Whether a CUDA graph is being captured on `device`'s current stream.
+bool capturing(const torch::Device& device);
+
+/// Throws c10::Error when `what` (state, a count) would be made for `param`
+/// inside a CUDA graph's capture, where every replay would make it again.
+void check_not_capturing(const torch::Tensor& param, const char* what);
+
 /// Throws c10::Error, as torch::optim does, for a sparse gradient.
 void check_dense(const torch::Tensor& grad, const char* optimizer);
 
