@@ -76,7 +76,7 @@ std::vector<TensorLists> lists_of(torch::optim::OptimizerParamGroup& group, Stat
   for (auto& p : group.params()) {
     if (!p.grad().defined()) continue;
     // A sparse gradient (an embedding's) goes the per-tensor way, as LibTorch's SGD takes it.
-    auto& lists = detail::lists_for(all, p, 0, p.grad().is_sparse());
+    auto& lists = detail::lists_for(all, p, p.grad().is_sparse());
     lists.params.push_back(p);
     lists.grads.push_back(p.grad());
     auto* s = detail::find_state<SGDParamState>(states, p);

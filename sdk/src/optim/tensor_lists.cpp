@@ -37,16 +37,14 @@ bool lookup(Fused fused, c10::DispatchKey key) {
 
 }  // namespace
 
-TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param, int64_t step,
-                       bool sparse) {
+TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param, bool sparse) {
   for (auto& candidate : lists) {
     if (candidate.device == param.device() && candidate.dtype == param.scalar_type() &&
-        candidate.step == step && candidate.sparse == sparse) {
+        candidate.sparse == sparse) {
       return candidate;
     }
   }
-  lists.push_back(
-      TensorLists{param.device(), param.scalar_type(), step, {}, {}, {}, {}, true, sparse});
+  lists.push_back(TensorLists{param.device(), param.scalar_type(), {}, {}, {}, {}, true, sparse});
   return lists.back();
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 
 // What the SDK's optimizers share: a parameter's key in Optimizer::state() on
-// either LibTorch line, the lists a multi-tensor kernel takes (one per device,
-// dtype and step count), and which fused kernels this LibTorch has. Stateless
-// but for a table of fused kernels filled once per process.
+// either LibTorch line, the lists a multi-tensor kernel takes (one per device
+// and dtype), which fused kernels this LibTorch has, and whether a CUDA graph
+// is being captured. Stateless but for a table of fused kernels filled once
+// per process.
 
 #include <train/optim.h>
 
@@ -33,12 +34,11 @@ typename StateMap::key_type state_key(const torch::Tensor& param) {
 }
 
 /// Tensors that one multi-tensor or fused call updates together: the same
-/// device, dtype and step count. `state` holds up to three lists of optimizer
+/// device and dtype. `state` holds up to three lists of optimizer
 /// state (Adam: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: momentum_buffer).
 struct TensorLists {
   c10::Device device;
   c10::ScalarType dtype;
-  int64_t step;
   std::vector<torch::Tensor> params, grads;
   std::vector<torch::Tensor> state[3];
   /// Each tensor's step count on the device, where a fused kernel reads it from there.
@@ -52,7 +52,7 @@ struct TensorLists {
 
 /// The lists for `param` among `lists`, added when there are none yet.
 TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param,
-                       int64_t step = 0, bool sparse = false);
+                       bool sparse = false);
 
 /// The fused kernels an optimizer may use.
 enum class Fused { kSGD, kAdam, kAdamW };
