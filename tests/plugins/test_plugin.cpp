@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -88,14 +90,21 @@ void throws(const train::Config& config) {
   wait_in_collective();
 }
 
-// Rank `fail_rank` dies by a signal (`how` = abort or segv); the others wait.
-// With at_start=true it dies before the first report.
+// A write through a null pointer, in a function of its own: the crash's stack
+// names it.
+__attribute__((noinline)) void write_through_null(volatile int* where) { *where = 42; }
+
+// Rank `fail_rank` dies by a signal (`how` = abort, segv, or null: a write
+// through a null pointer); the others wait. With at_start=true it dies before
+// the first report.
 void crash(const train::Config& config) {
   auto ctx = train::get_context();
   if (!config.get<bool>("at_start", false)) train::report({{"phase", "started"}});
   if (ctx.world_rank() == config.get<int>("fail_rank", 1)) {
     std::cerr << "rank " << ctx.world_rank() << " is about to crash" << std::endl;
-    if (config.get("how", "abort") == std::string("segv")) std::raise(SIGSEGV);
+    const auto how = config.get("how", "abort");
+    if (how == std::string("segv")) std::raise(SIGSEGV);
+    if (how == std::string("null")) write_through_null(nullptr);
     std::abort();
   }
   wait_in_collective();
@@ -175,7 +184,44 @@ TRAIN_FUNC(broken_pipe);
 // Reads a config key with the wrong type.
 void bad_config(const train::Config& config) { (void)config.get<int>("epochs", 1); }
 
+// Takes `held` then `wanted` once the other thread holds its first: two of
+// them, in opposite orders, wait for each other for ever.
+__attribute__((noinline)) void lock_in_order(std::mutex& held, std::mutex& wanted,
+                                             std::atomic<int>& holding) {
+  std::lock_guard<std::mutex> first(held);
+  ++holding;
+  while (holding.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::lock_guard<std::mutex> second(wanted);
+}
+__attribute__((noinline)) void deadlock_first(std::mutex& a, std::mutex& b,
+                                              std::atomic<int>& holding) {
+  lock_in_order(a, b, holding);
+  --holding;  // not a tail call: this frame stays on the stack
+}
+__attribute__((noinline)) void deadlock_second(std::mutex& a, std::mutex& b,
+                                               std::atomic<int>& holding) {
+  lock_in_order(b, a, holding);
+  --holding;
+}
+
+// After one report, rank `stuck_rank` deadlocks two threads of its own and
+// waits for them; the other ranks wait in the second report.
+void deadlock(const train::Config& config) {
+  train::report({{"phase", "started"}});
+  if (train::get_context().world_rank() == config.get<int>("stuck_rank", 1)) {
+    static std::mutex a, b;
+    static std::atomic<int> holding{0};
+    std::thread one(deadlock_first, std::ref(a), std::ref(b), std::ref(holding));
+    std::thread two(deadlock_second, std::ref(a), std::ref(b), std::ref(holding));
+    std::cout << "deadlocking" << std::endl;
+    one.join();
+    two.join();
+  }
+  train::report({{"phase", "second"}});
+}
+
 TRAIN_FUNC(context);
+TRAIN_FUNC(deadlock);
 TRAIN_FUNC(steps);
 TRAIN_FUNC(throws);
 TRAIN_FUNC(crash);

@@ -58,6 +58,7 @@ enum class FailureKind {
   kPlugin,       // the plugin could not be loaded or run (exit code 2)
   kUsage,        // the train function misused the SDK (e.g. unequal report counts)
   kStorage,      // a checkpoint or a report could not be stored
+  kTimeout,      // ranks waited in a report for another past the collective timeout
   kInterrupted,  // SIGINT, SIGTERM or SIGHUP reached the controller
   kInternal,     // the controller itself hit an error it did not expect
 };
@@ -73,6 +74,7 @@ constexpr std::string_view to_string(FailureKind kind) {
     case FailureKind::kPlugin: return "plugin";
     case FailureKind::kUsage: return "usage";
     case FailureKind::kStorage: return "storage";
+    case FailureKind::kTimeout: return "timeout";
     case FailureKind::kInterrupted: return "interrupted";
     case FailureKind::kInternal: return "internal";
   }
@@ -83,7 +85,8 @@ constexpr std::string_view to_string(FailureKind kind) {
 inline std::optional<FailureKind> parse_failure_kind(std::string_view name) {
   for (auto kind : {FailureKind::kException, FailureKind::kSignal, FailureKind::kExit,
                     FailureKind::kLost, FailureKind::kSetup, FailureKind::kPlugin,
-                    FailureKind::kUsage, FailureKind::kStorage, FailureKind::kInterrupted,
+                    FailureKind::kUsage, FailureKind::kStorage, FailureKind::kTimeout,
+                    FailureKind::kInterrupted,
                     FailureKind::kInternal}) {
     if (to_string(kind) == name) return kind;
   }

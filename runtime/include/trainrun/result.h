@@ -42,6 +42,9 @@ struct RunError {
   std::string host;
   int64_t pid = 0;
   int attempt = 0;  // the attempt it ended; 0 = not known
+  /// Where it happened, innermost frame first ("f at file.cpp:12"): a crash's
+  /// stack, or where an exception was thrown; empty where unknown.
+  std::vector<std::string> stack{};
   /// One line for the terminal: "rank 1 (host, pid 42) raised: boom".
   std::string summary() const;
 };

@@ -133,6 +133,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8p
 .finished { background: #2e7d32; } .running { background: #1565c0; } .failed, .crashed { background: #c62828; }
 .interrupted { background: #ef6c00; }
 .error { border-left: 4px solid #c62828; background: #fdecea; padding: 8px 12px; white-space: pre-wrap; }
+.stack { font-size: 12px; background: #f5f6f8; padding: 8px 12px; overflow-x: auto; }
 table { border-collapse: collapse; } th, td { text-align: left; padding: 3px 12px 3px 0; vertical-align: top; }
 tbody tr:nth-child(even) { background: #f5f6f8; } .num { font-variant-numeric: tabular-nums; }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 16px; }
@@ -229,6 +230,13 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
     out << "<h2>Error</h2>\n<div class=\"error\" id=\"error\">" << escape(result.error->summary());
     if (result.error->attempt > 1) out << " (attempt " << result.error->attempt << ")";
     out << "</div>\n";
+    if (!result.error->stack.empty()) {
+      out << "<pre class=\"stack\" id=\"stack\">";
+      for (size_t i = 0; i < result.error->stack.size(); ++i) {
+        out << '#' << i << ' ' << escape(result.error->stack[i]) << '\n';
+      }
+      out << "</pre>\n";
+    }
   }
 
   auto series = metric_series(result, marks);

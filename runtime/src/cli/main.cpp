@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "cli/config_args.h"
+#include "cli/stacks_command.h"
 #include "cli/timeout_option.h"
 #include "common/hash.h"
 #include "common/paths.h"
@@ -183,6 +184,11 @@ int main(int argc, char** argv) {
                       "also write the run's page (charts of every metric, checkpoints, error) "
                       "to this file");
 
+  auto* stacks = app.add_subcommand(
+      "stacks", "print every thread's stack of every worker of a live run (also in its logs/)");
+  std::filesystem::path stacks_dir;
+  stacks->add_option("run_dir", stacks_dir, "<storage_path>/<name>")->required();
+
   auto* keygen = app.add_subcommand(
       "keygen",
       "write a new run key (mode 0600) for --auth-key: the one secret a deployment shares");
@@ -209,6 +215,10 @@ int main(int argc, char** argv) {
         std::cout << "wrote " << html_file.string() << "\n";
       }
       return kExitOk;
+    }
+    if (*stacks) {
+      // The workers' answers, and then a moment for the file.
+      return trainrun::print_stacks(stacks_dir, std::chrono::seconds(10));
     }
     if (*keygen) {
       trainrun::write_run_key(key_path);

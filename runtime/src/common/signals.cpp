@@ -15,7 +15,7 @@ namespace {
 
 // The live SignalPipe's write end, as the handler can read it: a plain int.
 int g_write_fd = -1;
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1};
 constexpr size_t kCount = sizeof(kSignals) / sizeof(kSignals[0]);
 
 void on_signal(int signal) {

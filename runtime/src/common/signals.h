@@ -1,6 +1,6 @@
 #pragma once
 
-// SIGINT, SIGTERM, SIGHUP and SIGCHLD turned into bytes on a pipe (the
+// SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGUSR1 (every rank's stacks) turned into bytes on a pipe (the
 // self-pipe trick), so the controller's single poll loop sees them beside its
 // sockets; they are unblocked on the constructing thread, and SIGPIPE is
 // ignored. One live instance per process (the constructor throws UsageError
@@ -30,7 +30,7 @@ class SignalPipe {
  private:
   Fd read_fd_;
   Fd write_fd_;  // the handler writes to it through a global int, cleared before this closes
-  struct sigaction previous_[4];
+  struct sigaction previous_[5];
   struct sigaction previous_pipe_;
   sigset_t previous_mask_;
 };

@@ -51,6 +51,24 @@ struct Attempt {
     Clock::time_point reported;
   };
 
+  /// Every rank's stacks being collected (STACKS, then STACKS_REPLY): at most
+  /// one collection at a time, written when all answered or at `deadline`.
+  struct StackCollection {
+    int64_t id = 0;
+    std::string reason;
+    Clock::time_point deadline;
+    std::vector<const WorkerSlot*> asked;
+    std::map<const WorkerSlot*, std::vector<protocol::ThreadStack>> answers;
+  };
+
+  /// The current report's wait: since when some rank waits in it, and whether
+  /// the stacks were taken for it.
+  struct ReportWait {
+    int64_t iteration = 0;
+    Clock::time_point since;
+    bool stacks_taken = false;
+  };
+
   bool assigned() const { return assigned_at.has_value(); }
 
   const int number;
@@ -71,6 +89,12 @@ struct Attempt {
   std::vector<std::pair<int, protocol::Report>> deferred_reports;  // by rank
   std::map<int, protocol::Upload> owed_uploads;  // by rank, until its upload connection attaches
   Clock::time_point next_timer_check;            // startup and heartbeat timeouts
+  std::optional<StackCollection> stacks;
+  std::optional<ReportWait> report_wait;
+  // Where each rank's train function was in the last stacks written (by
+  // rank), and the file: what a report's timeout names.
+  std::map<int, std::string> train_places;
+  std::string stacks_file;
 };
 
 }  // namespace trainrun

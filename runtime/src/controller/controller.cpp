@@ -169,6 +169,7 @@ bool Controller::retryable(FailureKind kind) {
     case FailureKind::kSignal:
     case FailureKind::kExit:
     case FailureKind::kLost:
+    case FailureKind::kTimeout:
     case FailureKind::kSetup: return true;
     default: return false;  // usage, plugin, interrupted, storage, internal
   }
@@ -237,10 +238,12 @@ void Controller::record_failure(RunError error) {
   if (healthy()) enter(RunPhase::kFailing);
 }
 
-void Controller::fail(WorkerSlot& worker, FailureKind kind, const std::string& message) {
+void Controller::fail(WorkerSlot& worker, FailureKind kind, const std::string& message,
+                      std::vector<std::string> stack) {
   if (worker.failed) return;
   worker.failed = true;
-  record_failure(RunError{kind, message, worker.display_rank(), worker.host, worker.process.pid});
+  record_failure(RunError{kind, message, worker.display_rank(), worker.host, worker.process.pid, 0,
+                          std::move(stack)});
   log_.error("{} {}", worker.describe(), message);
 }
 

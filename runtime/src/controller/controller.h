@@ -151,7 +151,8 @@ class Controller {
   void summarize_dropped();
   /// Records a failure of the attempt, which from then on fails.
   void record_failure(RunError error);
-  void fail(WorkerSlot& worker, FailureKind kind, const std::string& message);
+  void fail(WorkerSlot& worker, FailureKind kind, const std::string& message,
+            std::vector<std::string> stack = {});
   void fail_storage(const std::string& message);
   void abort_upload(const std::string& message);
 
@@ -268,6 +269,21 @@ class Controller {
   /// error), with the raise as evidence.
   RunError after_early_return(RunError error) const;
 
+  // --- Stacks and hangs (controller_stacks.cpp) --------------------------------
+  /// Asks every live worker for its threads' stacks, for `reason`; they are
+  /// written to logs/stacks-<n>.txt once all answered or after kStacksWait.
+  /// One collection at a time: a second request while one runs is dropped.
+  void collect_stacks(const std::string& reason);
+  void on_stacks_reply(WorkerSlot& worker, protocol::StacksReply reply);
+  /// Writes the collection once it is complete, or `now` (its deadline passed,
+  /// or the attempt ends) with what answered.
+  void finish_stacks(bool now);
+  /// The bound of a report's wait: every rank's stacks at half the collective
+  /// timeout, and the attempt fails at all of it, naming who did not arrive.
+  void check_report_wait();
+  /// How long workers have to answer STACKS.
+  static constexpr std::chrono::seconds kStacksWait{8};
+
   // --- Checkpoints (controller_checkpoints.cpp) -------------------------------
   /// Answers a REPORT's checkpoint with UPLOAD; false when that failed the run.
   bool begin_upload(WorkerSlot& worker, const protocol::Report& report);
@@ -373,6 +389,7 @@ class Controller {
   bool child_exited_ = false;  // SIGCHLD seen since the last reap
   Clock::time_point next_reap_;
   Clock::time_point next_drop_summary_;
+  int64_t stacks_taken_ = 0;  // collections written, over the run: logs/stacks-<n>.txt
 };
 
 }  // namespace trainrun

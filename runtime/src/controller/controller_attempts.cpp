@@ -109,6 +109,7 @@ std::optional<Controller::AttemptEnd> Controller::attempt_end() const {
 }
 
 void Controller::end_attempt(const AttemptEnd& end) {
+  finish_stacks(true);  // what answered before the workers stopped
   auto& info = attempts_.back();
   info.ended_at = run_directory::timestamp_now();
   info.regrouped = end.regroup;
@@ -216,6 +217,7 @@ void Controller::assign_ranks() {
   assign.config.assign(config.begin(), config.end());
   assign.plugin_sha256 = setup_.plugin_sha256;
   assign.plugin_size = setup_.plugin_bytes->size();
+  assign.plugin_name = setup_.options.plugin.filename().string();
   assign.store_prefix = "trainrun/attempt-" + std::to_string(attempt.number);
   // Local workers alone: Gloo on loopback. With remote ones, each worker
   // binds the address that reaches the controller (or its --interface).

@@ -11,6 +11,7 @@
 
 #include "common/constants.h"
 #include "common/seconds.h"
+#include "common/crash_report.h"
 #include "controller/controller.h"
 
 namespace trainrun {
@@ -74,6 +75,8 @@ void Controller::on_signals() {
   for (int sig : signals_->drain()) {
     if (sig == SIGCHLD) {
       child_exited_ = true;
+    } else if (sig == SIGUSR1) {
+      collect_stacks("asked for with SIGUSR1");
     } else if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted_) {
       interrupted_ = RunError{FailureKind::kInterrupted,
                               "interrupted by " + signal_description(sig), -1, "", 0};
@@ -127,9 +130,14 @@ void Controller::on_worker_exit(WorkerSlot& worker, std::optional<int> code, int
   if (stopping() || (worker.done && code == 0)) return;
   if (code) {
     fail(worker, FailureKind::kExit, exit_description(code, signal) + " before finishing");
-  } else {
-    fail(worker, FailureKind::kSignal, exit_description(code, signal));
+    return;
   }
+  // The worker's handler wrote where it died (worker/stacks.h).
+  std::vector<std::string> stack;
+  if (worker.output) stack = worker.output->crash_frames();
+  auto place = innermost_place(stack);
+  fail(worker, FailureKind::kSignal,
+       exit_description(code, signal) + (place.empty() ? "" : " " + place), std::move(stack));
 }
 
 // Startup and heartbeat timeouts, checked every 100 ms rather than every pass.
@@ -147,6 +155,8 @@ void Controller::check_timers() {
   const auto& run = setup_.options.run;
   bool starting = now - attempt_->started > run.startup_timeout;
   if (starting) check_startup();
+  check_report_wait();
+  if (attempt_->stacks && now >= attempt_->stacks->deadline) finish_stacks(true);
   for (auto& worker : pool().workers()) {
     if (worker.exited) continue;
     if (starting && !worker.main_id) {

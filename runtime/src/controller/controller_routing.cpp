@@ -9,6 +9,7 @@
 
 #include <trainrun/error.h>
 
+#include "common/crash_report.h"
 #include "controller/controller.h"
 
 namespace trainrun {
@@ -237,6 +238,8 @@ void Controller::handle_main(WorkerSlot& worker, protocol::Incoming& message) {
     std::vector<zmq::message_t> blob;
     blob.push_back(std::move(bytes));
     to_main(worker, chunk, std::move(blob));
+  } else if (type == protocol::StacksReply::kType) {
+    on_stacks_reply(worker, message.as<protocol::StacksReply>());
   } else if (type == protocol::Failed::kType) {  // before its train thread could start
     auto failed = message.as<protocol::Failed>();
     fail(worker, worker_failure_kind(failed.kind, FailureKind::kSetup), failed.message);
@@ -277,8 +280,17 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   } else if (type == protocol::Failed::kType) {
     auto failed = message.as<protocol::Failed>();
     auto kind = worker_failure_kind(failed.kind, FailureKind::kException);
-    fail(worker, kind,
-         kind == FailureKind::kException ? "raised: " + failed.message : failed.message);
+    if (kind != FailureKind::kException) {
+      fail(worker, kind, failed.message);
+      return;
+    }
+    // Where it was thrown, after the message's first line (a LibTorch error
+    // carries its own trace below it).
+    auto message = failed.message;
+    if (auto place = innermost_place(failed.stack); !place.empty()) {
+      message.insert(std::min(message.find('\n'), message.size()), " (thrown " + place + ")");
+    }
+    fail(worker, kind, "raised: " + message, std::move(failed.stack));
   } else {
     throw ProtocolError("unexpected message type " + type + " on a train thread's connection");
   }

@@ -40,6 +40,12 @@ class ReportCoordinator {
   void release_early();
   /// Whether every rank has reported the current iteration.
   bool complete() const { return barrier_.complete(); }
+  /// Whether some ranks wait in the current report, or before it, for others
+  /// that have not reached it.
+  bool partly_arrived() const {
+    return (barrier_.arrived() > 0 && !barrier_.complete()) ||
+           (early_count_ > 0 && early_count_ < world_size_);
+  }
   /// The iteration being collected, as the ranks count it.
   int64_t iteration() const { return barrier_.iteration(); }
   /// Whether `rank` waits for the others: in the current report or before it.

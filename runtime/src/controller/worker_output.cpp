@@ -94,6 +94,7 @@ void WorkerOutput::emit(int stream, const std::string& line) {
   std::string_view text = line;
   while (!text.empty() && text.back() == '\r') text.remove_suffix(1);
   if (auto cr = text.rfind('\r'); cr != std::string_view::npos) text.remove_prefix(cr + 1);
+  if (stream == 1) crash_.take(text);
   write_line(stream, text);
 }
 

@@ -12,7 +12,9 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "common/crash_report.h"
 #include "common/fd.h"
 
 namespace trainrun {
@@ -41,6 +43,8 @@ class WorkerOutput {
   void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
   /// Writes the log to `path` from now on, appending what it has written to it.
   void move_log(const std::filesystem::path& path);
+  /// The frames of the last crash the worker wrote on stderr, innermost first.
+  const std::vector<std::string>& crash_frames() const { return crash_.frames(); }
 
  private:
   struct Stream {
@@ -55,6 +59,7 @@ class WorkerOutput {
   std::filesystem::path log_path_;
   std::FILE* log_ = nullptr;
   LineEcho echo_;
+  CrashReport crash_;
 };
 
 }  // namespace trainrun

@@ -20,7 +20,7 @@
 namespace trainrun::protocol {
 
 /// Bumped on any incompatible change to a message.
-constexpr int kProtocolVersion = 9;
+constexpr int kProtocolVersion = 10;
 
 /// A received message. `payload` points into `handle`, which owns the memory.
 class Incoming {

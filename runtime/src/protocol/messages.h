@@ -184,7 +184,34 @@ struct Failed {
   static constexpr const char* kType = "FAILED";
   std::string message;
   std::string kind;  // a FailureKind's name: "exception", "plugin", "setup", "lost"
-  MSGPACK_DEFINE_MAP(message, kind);
+  // Where the exception was thrown, innermost frame first, where known.
+  std::vector<std::string> stack{};
+  MSGPACK_DEFINE_MAP(message, kind, stack);
+};
+
+// Stacks on request: the controller asks a worker's main thread (STACKS), which
+// stops each of the process's threads for a moment to record its frames, and
+// answers with all of them (STACKS_REPLY, the same id).
+struct Stacks {
+  static constexpr const char* kType = "STACKS";
+  int64_t id = 0;
+  MSGPACK_DEFINE_MAP(id);
+};
+
+struct ThreadStack {
+  int64_t tid = 0;
+  std::string name;
+  std::vector<std::string> frames;  // innermost first
+  bool answered = true;             // false: the walk did not reach it
+  bool train = false;               // it runs the train function
+  MSGPACK_DEFINE_MAP(tid, name, frames, answered, train);
+};
+
+struct StacksReply {
+  static constexpr const char* kType = "STACKS_REPLY";
+  int64_t id = 0;
+  std::vector<ThreadStack> threads;
+  MSGPACK_DEFINE_MAP(id, threads);
 };
 
 struct AgentHello {  // the first message on a node agent's connection
@@ -243,6 +270,7 @@ struct Assign {
   std::vector<char> config;  // msgpack map
   std::string plugin_sha256;
   uint64_t plugin_size = 0;
+  std::string plugin_name;   // its file name where the user has it, for stacks
   std::string store_prefix;  // one per attempt, so a restart never sees old keys
   std::string bind_host;     // the address Gloo listens on for this worker
   int32_t num_threads = 0;
@@ -261,7 +289,7 @@ struct Assign {
                      storage_path, entry, config, plugin_sha256, plugin_size, store_prefix,
                      bind_host, num_threads, device, heartbeat_timeout_ms, heartbeat_interval_ms,
                      collective_timeout_ms, checkpoint_dir, fetch_checkpoint, attach_secret,
-                     storage_probe, storage_token);
+                     storage_probe, storage_token, plugin_name);
 };
 
 struct AgentAccepted {

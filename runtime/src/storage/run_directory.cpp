@@ -81,6 +81,7 @@ json error_json(const RunError& error) {
   if (!error.host.empty()) j["host"] = error.host;
   if (error.pid > 0) j["pid"] = error.pid;
   if (error.attempt > 0) j["attempt"] = error.attempt;
+  if (!error.stack.empty()) j["stack"] = error.stack;
   return j;
 }
 
@@ -91,7 +92,8 @@ RunError error_from_json(const json& j) {
                   j.value("rank", -1),
                   j.value("host", ""),
                   j.value("pid", int64_t{0}),
-                  j.value("attempt", 0)};
+                  j.value("attempt", 0),
+                  j.value("stack", std::vector<std::string>{})};
 }
 
 json attempt_json(const AttemptInfo& a) {

@@ -32,6 +32,7 @@
 #include "worker/controller_store.h"
 #include "worker/object_checkpoint.h"
 #include "worker/plugin_library.h"
+#include "worker/stacks.h"
 
 namespace trainrun {
 namespace {
@@ -309,6 +310,10 @@ bool is_inside(const std::string& path, const std::string& dir) {
 
 void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path) {
+  // Its stack is the one a hang's message names; an overflow of it still gets
+  // a report.
+  stacks::mark_train_thread();
+  stacks::give_this_thread_a_signal_stack();
   zmq::socket_t controller(context, zmq::socket_type::dealer);
   controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
   connect_to_controller(controller, options, protocol::kTrainChannel);
@@ -324,6 +329,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
   } close_store{*store};
   auto failed_kind = FailureKind::kPlugin;
   std::string failed_message;
+  std::vector<std::string> failed_stack;
   // Outlives FAILED: stopping an upload under way may take a moment, and the
   // controller must hear of the failure first.
   std::unique_ptr<HostState> state_holder;
@@ -333,6 +339,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
   // entry returned (below).
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
+    stacks::name_library(plugin_path.filename().string(), assign.plugin_name);
     auto plugin = PluginLibrary::open(plugin_path);
     auto entry = plugin.entry(assign.entry);
     failed_kind = FailureKind::kSetup;
@@ -383,6 +390,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});
     std::vector<char> error(16 * 1024, '\0');
+    stacks::forget_last_throw();
     int rc = entry(&host, error.data(), error.size());
     state.remove_downloads();
     // The run ends with the last checkpoint uploaded (the controller commits
@@ -403,10 +411,13 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     }
     failed_message = error.data();
     if (rc != TRAIN_ERROR_EXCEPTION) failed_kind = FailureKind::kPlugin;
+    // The entry caught it; the last throw on this thread is where it began.
+    if (rc == TRAIN_ERROR_EXCEPTION) failed_stack = stacks::last_throw();
   } catch (const std::exception& e) {
     failed_message = e.what();
   }
-  protocol::send(controller, protocol::Failed{failed_message, std::string(to_string(failed_kind))});
+  protocol::send(controller, protocol::Failed{failed_message, std::string(to_string(failed_kind)),
+                                             std::move(failed_stack)});
   (void)group.release();
 }
 

@@ -24,12 +24,16 @@
 #include "transfer/chunk_pull.h"
 #include "transfer/plugin_cache.h"
 #include "worker/checkpoint_handover.h"
+#include "worker/stacks.h"
 #include "worker/train_thread.h"
 
 namespace trainrun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// How long the walk of every thread's stack may take (libdw reads each
+// library's symbols first).
+constexpr std::chrono::milliseconds kStackBound{5000};
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -143,6 +147,8 @@ class Worker {
           spdlog::error("{}", reason);
           send(protocol::Failed{reason, std::string(to_string(FailureKind::kLost))});
         }
+      } else if (type == protocol::Stacks::kType) {
+        on_stacks(message.as<protocol::Stacks>());
       } else if (type == protocol::Assign::kType) {
         on_assign(message.as<protocol::Assign>());
       } else if (type == protocol::Chunk::kType) {
@@ -247,6 +253,17 @@ class Worker {
     });
   }
 
+  // Every thread's stack: the main thread waits for them (kStackBound at most),
+  // which keeps it from heartbeats and the controller for no longer.
+  void on_stacks(const protocol::Stacks& request) {
+    protocol::StacksReply reply{request.id, {}};
+    for (auto& thread : stacks::all_threads(kStackBound)) {
+      reply.threads.push_back({thread.tid, std::move(thread.name), std::move(thread.frames),
+                               thread.answered, thread.train});
+    }
+    send(reply);
+  }
+
   // A channel's connection was reset while the train function ran: what was
   // in flight (a REPORT, its acknowledgement, a store's reply) may be lost, and
   // a rank waiting for it would wait for ever. The attempt ends, retryably.
@@ -311,6 +328,7 @@ int run_worker(const WorkerOptions& options) {
   // and a crash loses at most a partial line.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   spdlog::set_pattern("[trainrun worker] %^%l%$: %v");
+  stacks::install();
   int code = 1;
   try {
     auto worker = std::make_unique<Worker>(options);
