@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages trainrun needs.
 #   tools/setup.sh           to build trainrun and run jobs (the FashionMNIST one included)
 #   tools/setup.sh --tests   and to build and pass the tests (with tools/setup_s3.sh:
-#                            the S3 server and boto3 the object-storage tests use)
+#                            the S3 server and boto3 the object-storage tests use;
+#                            tools/setup_tensorboard.sh: TensorBoard's reader)
 #   tools/setup.sh --bench   and what the benchmarks compare against
 # Uses sudo when not root.
 set -euo pipefail
@@ -28,7 +29,7 @@ test_packages=(
   slurm-wlm munge iproute2 util-linux
   # PyTorch 1.13 (the same LibTorch): the DDP oracle test.
   python3-torch
-  # tools/setup_s3.sh's virtual environment.
+  # tools/setup_s3.sh's and tools/setup_tensorboard.sh's virtual environments.
   python3-venv
 )
 bench_packages=(
@@ -61,4 +62,5 @@ else
 fi
 if ((s3)); then
   PYTHON=/usr/bin/python3 "$(dirname "$0")/setup_s3.sh"
+  PYTHON=/usr/bin/python3 "$(dirname "$0")/setup_tensorboard.sh"
 fi

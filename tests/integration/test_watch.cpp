@@ -207,3 +207,20 @@ TEST_CASE("results --html replaces a regular file or makes a new one, and nothin
   CHECK(html_to(root / "new.html").exit_code == 0);
   CHECK(contains(read_text(root / "new.html"), "<!DOCTYPE html>"));
 }
+
+TEST_CASE("a run writes TensorBoard events in its directory unless --no-tensorboard") {
+  Sandbox box;
+  auto events = [&](const std::string& name) {
+    int found = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(box.run_dir(name))) {
+      found += entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+    }
+    return found;
+  };
+  const std::string plugin = std::string("--plugin '") + TEST_PLUGIN + "' --entry steps -n 2 ";
+  REQUIRE(box.run(plugin + "--name on --config steps=3").exit_code == 0);
+  CHECK(events("on") == 1);
+  REQUIRE(box.run(plugin + "--name off --config steps=3 --no-tensorboard").exit_code == 0);
+  CHECK(events("off") == 0);
+  // (tests/tensorboard/check_run.sh reads them with TensorBoard's own reader.)
+}

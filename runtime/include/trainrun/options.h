@@ -72,6 +72,10 @@ struct RunConfig {
   /// this long for a peer (stopped, deadlocked, skipping it) fails its rank,
   /// which ends the run rather than hanging it.
   std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
+  /// Rank 0's numeric metrics as TensorBoard event files in the run directory,
+  /// at each report's iteration (`tensorboard --logdir <storage_path>`). One
+  /// small record per report.
+  bool tensorboard = true;
 };
 
 /// Which checkpoints to keep (Ray Train's CheckpointConfig).

@@ -552,6 +552,10 @@ Result Trainer::fit() {
     for (const auto& entry : std::filesystem::directory_iterator(storage.logs_dir(), ec)) {
       also.push_back(std::string(run_directory::kLogsDir) + "/" + entry.path().filename().string());
     }
+    for (const auto& entry : std::filesystem::directory_iterator(storage.dir(), ec)) {
+      const auto name = entry.path().filename().string();
+      if (name.rfind("events.out.tfevents.", 0) == 0) also.push_back(name);
+    }
     also.push_back(run_directory::kRunInfoFile);
     storage.flush(also);
   } catch (const IoError& e) {  // the store went away: its earlier state stays

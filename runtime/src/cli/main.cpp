@@ -167,6 +167,10 @@ int main(int argc, char** argv) {
       "with --max-failures, do not start the next attempt's local workers ahead of a failure "
       "(saves an idle process per local worker; restarts take longer)");
   app.add_flag(
+      "--no-tensorboard", [&](int64_t) { options.run.tensorboard = false; },
+      "write no TensorBoard event files (rank 0's metrics, in the run directory, for "
+      "`tensorboard --logdir <storage_path>`)");
+  app.add_flag(
       "-q,--quiet", [&](int64_t) { options.verbose = false; }, "only errors on the terminal");
   int progress_s = static_cast<int>(options.progress_interval.count());
   app.add_option("--progress-interval", progress_s,

@@ -52,6 +52,7 @@
 #include "controller/zap_handler.h"
 #include "protocol/message.h"
 #include "protocol/messages.h"
+#include "tensorboard/event_writer.h"
 #include "transfer/chunk_pull.h"
 
 namespace trainrun {
@@ -263,6 +264,8 @@ class Controller {
   void on_done(WorkerSlot& worker);
   void on_progress(const WorkerSlot& worker, const protocol::Progress& progress);
   void release_report();
+  /// The report's numeric metrics, into the run's TensorBoard event file.
+  void write_tensorboard(const ReportRecord& record);
   void check_stalled();
   /// A rank that raised, on a connection its peer closed, while another rank
   /// had returned from train_func: the error is the returned rank's (a usage
@@ -352,6 +355,10 @@ class Controller {
   std::optional<zmq::socket_t> monitor_;
   RateLimiter refused_{1, std::chrono::seconds(10)};  // "refused a peer" log lines
   std::optional<SignalPipe> signals_;                 // with TrainerOptions::handle_signals
+  // Rank 0's metrics for TensorBoard (RunConfig::tensorboard), from the first
+  // report on; dropped, with a warning, when a write fails.
+  std::optional<TensorBoardWriter> tensorboard_;
+  bool tensorboard_failed_ = false;
   EventLoop loop_;
   EventLoop::Id pool_watch_ = 0;  // the current pool's output and exits
   const Clock::time_point start_;

@@ -129,6 +129,7 @@ void Controller::release_report() {
   }
   try {
     storage_.append_result(record);
+    write_tensorboard(record);
     ++attempt.reported;
     if (setup_.on_report) setup_.on_report(record);
   } catch (const IoError& e) {  // a full disk: what was recorded before stays
@@ -145,6 +146,29 @@ void Controller::release_report() {
   } else if (!record.checkpoint.empty()) {
     if (setup_.on_checkpoint) setup_.on_checkpoint(*checkpoints_.latest());
     maybe_regroup(record.checkpoint);
+  }
+}
+
+void Controller::write_tensorboard(const ReportRecord& record) {
+  if (!setup_.options.run.tensorboard || tensorboard_failed_ || !record.metrics.is_object()) return;
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [name, value] : record.metrics.items()) {
+    if (value.is_number()) {
+      scalars.emplace_back(name, value.get<double>());
+    } else if (value.is_boolean()) {
+      scalars.emplace_back(name, value.get<bool>() ? 1.0 : 0.0);
+    }
+  }
+  if (scalars.empty()) return;
+  try {
+    // In the run directory itself: `tensorboard --logdir <storage_path>` names
+    // each run by its name.
+    if (!tensorboard_) tensorboard_.emplace(storage_.dir());
+    tensorboard_->add_scalars(record.iteration, record.timestamp, scalars);
+  } catch (const IoError& e) {  // result.jsonl has the reports; the charts are extra
+    log_.warn("no more TensorBoard events for this run: {}", e.what());
+    tensorboard_.reset();
+    tensorboard_failed_ = true;
   }
 }
 

@@ -1,0 +1,47 @@
+#include <doctest/doctest.h>
+
+#include "common/crash_report.h"
+
+using trainrun::CrashReport;
+using trainrun::innermost_place;
+
+TEST_CASE("a crash report is read out of a worker's output, the last one counting") {
+  CrashReport report;
+  report.take("ordinary output");
+  report.take("trainrun:   #0 not after a header");
+  CHECK(report.frames().empty());
+  report.take("trainrun: fatal signal SIGSEGV (Segmentation fault) in thread 7, its stack:");
+  report.take("trainrun:   #0 f(int) at /src/a.cpp:3 in libp.so");
+  report.take("trainrun:   #1 g() in libp.so");
+  report.take("more output");
+  report.take("trainrun:   #2 after the stack ended");
+  REQUIRE(report.frames().size() == 2);
+  CHECK(report.frames()[0] == "f(int) at /src/a.cpp:3 in libp.so");
+  CHECK(report.frames()[1] == "g() in libp.so");
+  // A second header (the unsymbolized fallback) starts again.
+  report.take("trainrun: fatal signal SIGSEGV (Segmentation fault) in thread 7 (not symbolized)");
+  report.take("trainrun:   #0 0x1234");
+  CHECK(report.frames() == std::vector<std::string>{"0x1234"});
+}
+
+TEST_CASE("a crash report keeps a bounded number of bounded frames") {
+  CrashReport report;
+  report.take("trainrun: fatal signal SIGABRT (Aborted) in thread 1, its stack:");
+  for (int i = 0; i < 200; ++i) report.take("trainrun:   #1 " + std::string(2000, 'x'));
+  CHECK(report.frames().size() == trainrun::kMaxFrames);
+  CHECK(report.frames()[0].size() == trainrun::kMaxFrameText);
+}
+
+TEST_CASE("the innermost place skips the C and C++ runtimes and prefers a source line") {
+  CHECK(innermost_place({}).empty());
+  CHECK(innermost_place({"__pthread_kill_implementation at ./nptl/pthread_kill.c:44 in libc.so.6",
+                         "abort at ./stdlib/abort.c:79 in libc.so.6",
+                         "crash(train::Config const&) at ../tests/p.cpp:12 in libp.so",
+                         "main at m.cpp:1 in trainrun-worker"}) ==
+        "in crash(train::Config const&) at p.cpp:12");
+  // Without debug information: the innermost frame outside the runtimes.
+  CHECK(innermost_place({"raise in libc.so.6", "step() in libp.so", "libp.so+0x10"}) ==
+        "in step() in libp.so");
+  // Nothing but the runtimes: the innermost frame.
+  CHECK(innermost_place({"abort in libc.so.6"}) == "in abort in libc.so.6");
+}
