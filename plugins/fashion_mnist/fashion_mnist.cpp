@@ -67,13 +67,14 @@ std::pair<double, double> evaluate(fashion_mnist::ResNet18& model, const TestSet
                                    size_t batch_size, int max_batches) {
   torch::NoGradGuard no_grad;
   model->eval();
-  auto loader = train::prepare_data_loader(
-      test_set,
-      train::LoaderOptions().batch_size(batch_size).shuffle(false).allow_duplicates(false));
+  auto loader = train::prepare_data_loader(test_set, train::LoaderOptions()
+                                                         .batch_size(batch_size)
+                                                         .shuffle(false)
+                                                         .allow_duplicates(false)
+                                                         .max_batches(static_cast<size_t>(
+                                                             std::max(max_batches, 0))));
   double correct = 0, loss = 0, count = 0;
-  int batches = 0;
   for (torch::data::Example<>& batch : loader) {
-    if (max_batches > 0 && batches++ >= max_batches) break;
     torch::Tensor output = model->forward(batch.data);
     loss += torch::nn::functional::cross_entropy(
                 output, batch.target,
@@ -130,7 +131,11 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
   const size_t train_size = train_set.size().value();
   auto loader = train::prepare_data_loader(
       std::move(train_set),
-      train::LoaderOptions().batch_size(batch_size).shuffle(true).drop_last(run.capture));
+      train::LoaderOptions()
+          .batch_size(batch_size)
+          .shuffle(true)
+          .drop_last(run.capture)
+          .max_batches(static_cast<size_t>(std::max(run.max_steps, 0))));
   const size_t steps_per_epoch = loader.size();
   if (ctx.world_rank() == 0) {
     std::cout << "FashionMNIST: " << train_size << " training images, " << ctx.world_size()
@@ -163,7 +168,6 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
         },
         train::CaptureOptions().enabled(run.capture));
     for (torch::data::Example<>& batch : loader) {
-      if (run.max_steps > 0 && step >= run.max_steps) break;
       if (step == run.warmup_steps) timed_start = Clock::now();
       phase("ops_data");
       torch::Tensor loss = train_step(batch.data, batch.target);

@@ -131,7 +131,8 @@ TEST_CASE(
   CHECK(plugins == 1);
   CHECK(partial == 0);
   CHECK(read_text(box.run_dir("agents") / "logs" / "controller.log")
-            .find("the plugin was downloaded by 1 of 4 workers") != std::string::npos);
+            .find("sent the plugin to 1 worker; the others found it in their host's plugin "
+                  "cache") != std::string::npos);
 }
 
 TEST_CASE("a worker's crash under a node agent is named at once, with its signal") {

@@ -59,6 +59,9 @@ TEST_CASE("a rerun of the same name resumes from the latest checkpoint and count
   INFO(rerun.output);
   REQUIRE(rerun.exit_code == 0);
   CHECK(rerun.output.find("resuming from checkpoint_000002 (iteration 3)") != std::string::npos);
+  // Its own reports, and the count with the earlier run's that its report lines continued.
+  CHECK(rerun.output.find("run finished: 2 reports in ") != std::string::npos);
+  CHECK(rerun.output.find(" s, 5 with the earlier runs of this name (") != std::string::npos);
   auto results = read_jsonl(box.run_dir("c") / "result.jsonl");
   REQUIRE(results.size() == 5);
   CHECK(results[3]["iteration"] == 4);

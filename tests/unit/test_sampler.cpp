@@ -151,3 +151,40 @@ TEST_CASE("loader threads: none by default on the CPU") {
       torch::kCPU);
   CHECK(loader.workers() == 0);
 }
+
+TEST_CASE("max_batches ends each epoch after that many batches, the first ones, and counts them") {
+  auto data = torch::arange(40).reshape({40, 1});
+  auto target = torch::arange(40);
+  for (size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    const auto options = train::LoaderOptions().batch_size(4).workers(workers).progress(false);
+    auto sampler = [&] { return train::DistributedSampler(40, rank_of(1, 2), true, true, 3); };
+    train::DataLoader<train::TensorDataset> all(train::TensorDataset(data, target), sampler(),
+                                                options, torch::kCPU);
+    train::DataLoader<train::TensorDataset> some(train::TensorDataset(data, target), sampler(),
+                                                 train::LoaderOptions(options).max_batches(3),
+                                                 torch::kCPU);
+    CHECK(all.size() == 5);
+    CHECK(some.size() == 3);
+    for (size_t epoch : {0, 1}) {  // each epoch starts again, in its own order
+      all.set_epoch(epoch);
+      some.set_epoch(epoch);
+      std::vector<torch::Tensor> expected;
+      for (auto& batch : all) expected.push_back(batch.data);
+      size_t i = 0;
+      for (auto& batch : some) {
+        REQUIRE(i < 3);
+        CHECK(torch::equal(batch.data, expected[i++]));
+      }
+      CHECK(i == 3);
+    }
+  }
+  // More than there are: all of them.
+  train::DataLoader<train::TensorDataset> more(
+      train::TensorDataset(data, target), train::DistributedSampler(40, rank_of(0, 1), false, true),
+      train::LoaderOptions().batch_size(16).max_batches(10).progress(false), torch::kCPU);
+  CHECK(more.size() == 3);
+  size_t batches = 0;
+  for (auto& batch : more) batches += batch.data.size(0) > 0;
+  CHECK(batches == 3);
+}

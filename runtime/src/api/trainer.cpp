@@ -415,6 +415,8 @@ Result Trainer::fit() {
     local_root = options_.cache_dir / "runs" / location.bucket / location.prefix;
   }
   RunStorage storage(local_root, options_.run.name, objects.get());  // holds the run's lock
+  // What earlier runs of this name recorded: this one's iterations continue them.
+  const int64_t earlier_reports = storage.last_result() ? storage.last_result()->iteration : 0;
   CheckpointStore checkpoints(storage.dir(), options_.checkpoint,
                               objects.get());  // throws if its state names a missing checkpoint
   // Without the host's own output, the run's lines go to the terminal.
@@ -583,7 +585,16 @@ Result Trainer::fit() {
     log.error("run {}{}: {}", result.interrupted() ? "interrupted" : "failed", attempts,
               result.error->summary());
   } else {
-    log.info("run finished: {} reports in {:.1f} s", result.iterations, result.wall_seconds);
+    const int64_t reports = result.iterations - earlier_reports;
+    if (earlier_reports == 0) {
+      log.info("run finished: {} {} in {:.1f} s", reports, reports == 1 ? "report" : "reports",
+               result.wall_seconds);
+    } else {  // the report lines counted on from the earlier runs; this says both
+      log.info("run finished: {} {} in {:.1f} s, {} with the earlier runs of this name ({:.1f} s)",
+               reports, reports == 1 ? "report" : "reports", result.wall_seconds,
+               result.iterations,
+               result.history.empty() ? 0.0 : result.history.back().time_total_s);
+    }
   }
   if (!result.metrics.is_null()) log.info("last metrics: {}", format_metrics(result.metrics));
   for (const auto& c : result.best_checkpoints) {

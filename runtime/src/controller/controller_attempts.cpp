@@ -117,9 +117,10 @@ void Controller::end_attempt(const AttemptEnd& end) {
     info.error = end.error;
     info.error->attempt = attempt_->number;
   }
-  if (attempt_->plugin_downloads > 0) {
-    log_.info("the plugin was downloaded by {} of {} workers", attempt_->plugin_downloads,
-              world_size());
+  // Workers of one host share a cache: one fetches, the others find it there.
+  if (const int sent = attempt_->plugin_downloads; sent > 0) {
+    log_.info("sent the plugin to {} {}{}", sent, sent == 1 ? "worker" : "workers",
+              sent < world_size() ? "; the others found it in their host's plugin cache" : "");
   }
   notify_attempts();
 }

@@ -45,6 +45,9 @@ struct LoaderOptions {
   /// takes over from an evaluation loader. Only a loader iterated on the train
   /// function's own thread is shown.
   TORCH_ARG(bool, progress) = true;
+  /// Ends every epoch after this many batches (0: all of them), as Lightning's
+  /// limit_train_batches does; the progress display and its ETA count this many.
+  TORCH_ARG(size_t, max_batches) = 0;
 };
 
 namespace detail {
@@ -254,19 +257,23 @@ class DataLoader {
     }
   }
 
-  /// Batches on this rank in one epoch. With the DistributedSampler it is
-  /// counted on a fresh sampler; another sampler is run through on a copy.
+  /// Batches on this rank in one epoch, at most max_batches. With the
+  /// DistributedSampler it is counted on a fresh sampler; another sampler is
+  /// run through on a copy.
   size_t size() const {
+    const size_t most = options_.max_batches();
     if constexpr (has_local_size<Sampler>::value) {
       const size_t samples = sampler_.local_size();
       const size_t batch = options_.batch_size();
-      return options_.drop_last() ? samples / batch : (samples + batch - 1) / batch;
+      const size_t all = options_.drop_last() ? samples / batch : (samples + batch - 1) / batch;
+      return most > 0 ? std::min(all, most) : all;
     } else {
       Sampler sampler = sampler_;
       sampler.reset(dataset_.size().value());
       size_t batches = 0;
       while (auto indices = sampler.next(options_.batch_size())) {
         if (!options_.drop_last() || indices->size() == options_.batch_size()) ++batches;
+        if (most > 0 && batches == most) break;
       }
       return batches;
     }
@@ -276,8 +283,10 @@ class DataLoader {
   class Iterator {
    public:
     using InnerIterator = torch::data::Iterator<Batch>;
-    Iterator(InnerIterator it, c10::Device device, detail::LoaderProgress* progress = nullptr)
-        : it_(std::move(it)), device_(device), progress_(progress) {}
+    /// `limit`: the batches it yields at most (0: no limit).
+    Iterator(InnerIterator it, c10::Device device, detail::LoaderProgress* progress = nullptr,
+             size_t limit = 0)
+        : it_(std::move(it)), device_(device), progress_(progress), left_(limit) {}
     Batch& operator*() {
       if (!current_) {
         Batch& batch = *it_;
@@ -293,17 +302,24 @@ class DataLoader {
         const auto& data = current_ ? current_->data : (*it_).data;
         progress_->batch_done(data.dim() > 0 ? data.size(0) : 1);
       }
-      ++it_;
+      // At the limit the epoch is over: what the loader threads made ahead is dropped.
+      if (left_ > 0 && --left_ == 0) {
+        limited_ = true;
+      } else {
+        ++it_;
+      }
       current_.reset();
       return *this;
     }
-    bool operator!=(const Iterator& other) const { return it_ != other.it_; }
+    bool operator!=(const Iterator& other) const { return !limited_ && it_ != other.it_; }
 
    private:
     InnerIterator it_;
     c10::Device device_;
     c10::optional<Batch> current_;
     detail::LoaderProgress* progress_;
+    size_t left_;           // batches still to yield under the limit; 0: no limit
+    bool limited_ = false;  // the limit was reached
   };
 
   /// Starts an epoch (in the order set by set_epoch).
@@ -324,7 +340,7 @@ class DataLoader {
       }
       shown->begin_epoch(epoch_, std::max<int64_t>(batches_, 0));
     }
-    return Iterator(inner_->begin(), device_, shown);
+    return Iterator(inner_->begin(), device_, shown, options_.max_batches());
   }
   Iterator end() { return Iterator(inner_->end(), device_); }
 
