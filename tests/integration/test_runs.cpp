@@ -82,7 +82,7 @@ TEST_CASE("a train function that throws on rank 1 fails the run with that rank's
 }
 
 TEST_CASE("a worker killed by a signal fails the run naming the signal and where") {
-  for (std::string how : {"abort", "segv", "null"}) {
+  for (std::string how : {"abort", "segv", "null", "call_null"}) {
     CAPTURE(how);
     Sandbox box;
     auto run = box.run(kTestPlugin + " --entry crash -n 2 --name c --config how=" + how);

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "run_helpers.h"
@@ -48,13 +49,18 @@ TEST_CASE("a rank that never reaches a report ends the run at the collective tim
 TEST_CASE("trainrun stacks prints every thread of every rank of a live run") {
   Sandbox box;
   pid_t pid = box.start(kTestPlugin + " --entry sleeps -n 2 --name s");
-  for (int i = 0; i < 600; ++i) {  // both ranks in their train functions
-    auto out = box.output_so_far();
-    if (out.find("[rank 0 (") != std::string::npos && out.find("[rank 1 (") != std::string::npos) {
-      break;
+  auto sleeping = [&] {  // both ranks in their train functions
+    const auto out = box.output_so_far();
+    size_t lines = 0;
+    for (auto at = out.find("] sleeping"); at != std::string::npos; at = out.find("] sleeping", at + 1)) {
+      ++lines;
     }
+    return lines == 2;
+  };
+  for (int i = 0; i < 1200 && !sleeping(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  REQUIRE(sleeping());
   auto stacks = box.run_in_root("stacks results/s");
   INFO(stacks.output);
   CHECK(stacks.exit_code == 0);
@@ -62,6 +68,23 @@ TEST_CASE("trainrun stacks prints every thread of every rank of a live run") {
   for (const char* rank : {"rank 0 (", "rank 1 ("}) CHECK(stacks.output.find(rank) != std::string::npos);
   CHECK(stacks.output.find("sleeps(train::Config const&) at ") != std::string::npos);
   CHECK(stacks.output.find("logs/stacks-1.txt") != std::string::npos);
+  // Again: a file of its own.
+  auto again = box.run_in_root("stacks results/s");
+  CHECK(again.exit_code == 0);
+  CHECK(again.output.find("logs/stacks-2.txt") != std::string::npos);
+  ::kill(pid, SIGINT);
+  CHECK(Sandbox::wait(pid) == 130);
+  // A rerun of the name numbers its stacks after the earlier run's.
+  std::filesystem::remove(box.root() / "out.txt");  // the first run's lines
+  pid = box.start(kTestPlugin + " --entry sleeps -n 2 --name s");
+  for (int i = 0; i < 1200 && !sleeping(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(sleeping());
+  auto rerun = box.run_in_root("stacks results/s");
+  INFO(rerun.output);
+  CHECK(rerun.exit_code == 0);
+  CHECK(rerun.output.find("logs/stacks-3.txt") != std::string::npos);
   ::kill(pid, SIGINT);
   CHECK(Sandbox::wait(pid) == 130);
   // Without a live run, one line says so.

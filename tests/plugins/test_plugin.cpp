@@ -94,8 +94,8 @@ void throws(const train::Config& config) {
 // names it.
 __attribute__((noinline)) void write_through_null(volatile int* where) { *where = 42; }
 
-// Rank `fail_rank` dies by a signal (`how` = abort, segv, or null: a write
-// through a null pointer); the others wait. With at_start=true it dies before
+// Rank `fail_rank` dies by a signal (`how` = abort, segv, null: a write
+// through a null pointer, or call_null: a call through one); the others wait. With at_start=true it dies before
 // the first report.
 void crash(const train::Config& config) {
   auto ctx = train::get_context();
@@ -105,6 +105,10 @@ void crash(const train::Config& config) {
     const auto how = config.get("how", "abort");
     if (how == std::string("segv")) std::raise(SIGSEGV);
     if (how == std::string("null")) write_through_null(nullptr);
+    if (how == std::string("call_null")) {
+      void (*volatile nowhere)() = nullptr;
+      nowhere();
+    }
     std::abort();
   }
   wait_in_collective();

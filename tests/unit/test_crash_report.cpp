@@ -6,30 +6,34 @@ using trainrun::CrashReport;
 using trainrun::innermost_place;
 
 TEST_CASE("a crash report is read out of a worker's output, the last one counting") {
+  const std::string segv = "SIGSEGV (Segmentation fault)";
   CrashReport report;
   report.take("ordinary output");
   report.take("trainrun:   #0 not after a header");
-  CHECK(report.frames().empty());
-  report.take("trainrun: fatal signal SIGSEGV (Segmentation fault) in thread 7, its stack:");
+  CHECK(report.frames_of(segv).empty());
+  report.take("trainrun: fatal signal " + segv + " in thread 7 of process 7, its stack:");
   report.take("trainrun:   #0 f(int) at /src/a.cpp:3 in libp.so");
+  report.take("another thread's output, between the frames");
   report.take("trainrun:   #1 g() in libp.so");
-  report.take("more output");
-  report.take("trainrun:   #2 after the stack ended");
-  REQUIRE(report.frames().size() == 2);
-  CHECK(report.frames()[0] == "f(int) at /src/a.cpp:3 in libp.so");
-  CHECK(report.frames()[1] == "g() in libp.so");
+  const std::vector<std::string> both{"f(int) at /src/a.cpp:3 in libp.so", "g() in libp.so"};
+  CHECK(report.frames_of(segv) == both);
+  // Only for the signal that ended the process.
+  CHECK(report.frames_of("SIGKILL (Killed)").empty());
+  CHECK(report.frames_of("SIGSEG").empty());
   // A second header (the unsymbolized fallback) starts again.
-  report.take("trainrun: fatal signal SIGSEGV (Segmentation fault) in thread 7 (not symbolized)");
+  report.take("trainrun: fatal signal " + segv + " in thread 7 of process 7 (not symbolized), "
+              "its stack:");
   report.take("trainrun:   #0 0x1234");
-  CHECK(report.frames() == std::vector<std::string>{"0x1234"});
+  CHECK(report.frames_of(segv) == std::vector<std::string>{"0x1234"});
 }
 
 TEST_CASE("a crash report keeps a bounded number of bounded frames") {
   CrashReport report;
-  report.take("trainrun: fatal signal SIGABRT (Aborted) in thread 1, its stack:");
+  report.take("trainrun: fatal signal SIGABRT (Aborted) in thread 1 of process 1, its stack:");
   for (int i = 0; i < 200; ++i) report.take("trainrun:   #1 " + std::string(2000, 'x'));
-  CHECK(report.frames().size() == trainrun::kMaxFrames);
-  CHECK(report.frames()[0].size() == trainrun::kMaxFrameText);
+  const auto frames = report.frames_of("SIGABRT (Aborted)");
+  CHECK(frames.size() == trainrun::kMaxFrames);
+  CHECK(frames[0].size() == trainrun::kMaxFrameText);
 }
 
 TEST_CASE("the innermost place skips the C and C++ runtimes and prefers a source line") {

@@ -58,9 +58,9 @@ enum class FailureKind {
   kPlugin,       // the plugin could not be loaded or run (exit code 2)
   kUsage,        // the train function misused the SDK (e.g. unequal report counts)
   kStorage,      // a checkpoint or a report could not be stored
-  kTimeout,      // ranks waited in a report for another past the collective timeout
   kInterrupted,  // SIGINT, SIGTERM or SIGHUP reached the controller
   kInternal,     // the controller itself hit an error it did not expect
+  kTimeout,      // ranks waited in a report past the collective timeout for another
 };
 
 /// "exception", "signal", ...: the name error.json and the protocol use.

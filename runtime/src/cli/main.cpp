@@ -10,6 +10,7 @@
 #include <trainrun/trainer.h>
 
 #include <CLI/CLI.hpp>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "cli/config_args.h"
 #include "cli/stacks_command.h"
 #include "cli/timeout_option.h"
+#include "common/constants.h"
 #include "common/hash.h"
 #include "common/paths.h"
 #include "common/run_key.h"
@@ -86,6 +88,9 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
   }
+  // `trainrun stacks` signals a run's controller: one that arrives before the
+  // run handles it, or after, is nothing (by default it would end the process).
+  ::signal(SIGUSR1, SIG_IGN);
   CLI::App app{
       "trainrun: distributed data-parallel LibTorch training from C++.\n"
       "Runs a train function compiled into a plugin on N worker processes.",
@@ -222,7 +227,7 @@ int main(int argc, char** argv) {
     }
     if (*stacks) {
       // The workers' answers, and then a moment for the file.
-      return trainrun::print_stacks(stacks_dir, std::chrono::seconds(10));
+      return trainrun::print_stacks(stacks_dir, trainrun::kStacksWait + std::chrono::seconds(3));
     }
     if (*keygen) {
       trainrun::write_run_key(key_path);

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "agent/node_agent.h"
 #include "cli/timeout_option.h"
@@ -18,9 +19,14 @@
 #include "common/paths.h"
 #include "common/run_key.h"
 #include "common/secret.h"
+#include "worker/stacks.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
+  // A worker's helper that walks its threads' stacks (worker/stacks.h).
+  if (argc == 4 && std::string_view(argv[1]) == "--walk-stacks") {
+    return trainrun::stacks::walk_threads_main(std::atoi(argv[2]), std::atoi(argv[3]));
+  }
   // A write to a socket whose peer is gone (the Gloo pair of a rank that
   // died) fails with EPIPE, which the backend raises, as under Python, which
   // ignores SIGPIPE: by default it would kill this rank, which would then pass

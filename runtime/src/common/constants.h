@@ -31,5 +31,10 @@ constexpr std::chrono::milliseconds kTerminateGrace{3000};
 /// memory a transfer holds whatever its size.
 constexpr size_t kChunkSize = 1 << 20;
 constexpr int kChunkCredit = 8;
+/// How long a worker's helper may take to walk every thread's stack, and how
+/// long the controller waits for every worker's answer: the walk, its
+/// hand-over, and a margin.
+constexpr std::chrono::milliseconds kStackWalkBound{5000};
+constexpr std::chrono::milliseconds kStacksWait{9000};
 
 }  // namespace trainrun

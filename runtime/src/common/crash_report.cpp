@@ -8,12 +8,11 @@ namespace trainrun {
 void CrashReport::take(std::string_view line) {
   if (line.substr(0, kCrashHeader.size()) == kCrashHeader) {
     frames_.clear();  // the last crash is the one that counts
-    reading_ = true;
+    signal_ = line.substr(kCrashHeader.size(), kMaxFrameText);
     return;
   }
-  if (!reading_) return;
-  if (line.substr(0, kCrashFrame.size()) != kCrashFrame || frames_.size() >= kMaxFrames) {
-    reading_ = false;
+  if (signal_.empty() || line.substr(0, kCrashFrame.size()) != kCrashFrame ||
+      frames_.size() >= kMaxFrames) {
     return;
   }
   // "#12 f at x.cpp:4": the number goes, the frame stays.
@@ -42,6 +41,12 @@ bool in_system_runtime(const std::string& frame) {
 }
 
 }  // namespace
+
+std::vector<std::string> CrashReport::frames_of(std::string_view signal) const {
+  const bool named = !signal.empty() && signal_.size() > signal.size() &&
+                     signal_.compare(0, signal.size(), signal) == 0 && signal_[signal.size()] == ' ';
+  return named ? frames_ : std::vector<std::string>{};
+}
 
 std::string innermost_place(const std::vector<std::string>& frames) {
   const std::string* first = nullptr;  // the innermost frame outside the runtimes

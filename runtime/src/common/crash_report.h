@@ -13,7 +13,8 @@
 
 namespace trainrun {
 
-/// The first line of a crash's stack; the signal's description follows it.
+/// The first line of a crash's stack; the signal's description follows it
+/// ("SIGSEGV (Segmentation fault) in thread 12 ... of process 10, its stack:").
 constexpr std::string_view kCrashHeader = "trainrun: fatal signal ";
 /// The start of each frame's line, before its number: "trainrun:   #3 f at x.cpp:4".
 constexpr std::string_view kCrashFrame = "trainrun:   #";
@@ -21,15 +22,20 @@ constexpr std::string_view kCrashFrame = "trainrun:   #";
 constexpr size_t kMaxFrames = 64;
 constexpr size_t kMaxFrameText = 512;
 
-/// The last crash's frames in a worker's output, fed one line at a time.
+/// The last crash's frames in a worker's output, fed one line at a time: the
+/// frame lines after the last header, whatever else the worker's other
+/// threads write between them.
 class CrashReport {
  public:
   void take(std::string_view line);
-  const std::vector<std::string>& frames() const { return frames_; }
+  /// The frames, innermost first, when the last header names `signal` (as
+  /// signal_description() says it: "SIGSEGV (Segmentation fault)"): those of
+  /// another death (a child's, an earlier crash's) are not this one's.
+  std::vector<std::string> frames_of(std::string_view signal) const;
 
  private:
   std::vector<std::string> frames_;
-  bool reading_ = false;
+  std::string signal_;  // what the last header says after kCrashHeader
 };
 
 /// Where a stack points, for a one-line message: the innermost frame outside

@@ -62,7 +62,7 @@ LocalWorker spawn_local_worker(const std::filesystem::path& executable,
   sigset_t none, defaults;
   sigemptyset(&none);
   sigemptyset(&defaults);
-  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) sigaddset(&defaults, sig);
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGUSR1}) sigaddset(&defaults, sig);
   ::posix_spawnattr_setsigmask(&attributes, &none);
   ::posix_spawnattr_setsigdefault(&attributes, &defaults);
   ::posix_spawnattr_setpgroup(&attributes, 0);  // its own process group

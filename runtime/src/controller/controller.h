@@ -273,19 +273,18 @@ class Controller {
   RunError after_early_return(RunError error) const;
 
   // --- Stacks and hangs (controller_stacks.cpp) --------------------------------
-  /// Asks every live worker for its threads' stacks, for `reason`; they are
-  /// written to logs/stacks-<n>.txt once all answered or after kStacksWait.
-  /// One collection at a time: a second request while one runs is dropped.
-  void collect_stacks(const std::string& reason);
+  /// Asks the live workers of `ranks` (empty: every live worker) for their
+  /// threads' stacks, for `reason`; they are written to logs/stacks-<n>.txt
+  /// once all answered or after kStacksWait. One collection at a time: a
+  /// second request while one runs is dropped.
+  void collect_stacks(const std::string& reason, const std::vector<int>& ranks = {});
   void on_stacks_reply(WorkerSlot& worker, protocol::StacksReply reply);
-  /// Writes the collection once it is complete, or `now` (its deadline passed,
-  /// or the attempt ends) with what answered.
-  void finish_stacks(bool now);
+  /// Writes the collection once it is complete, or with what answered when
+  /// `force`d (its deadline passed, or the attempt ends).
+  void finish_stacks(bool force);
   /// The bound of a report's wait: every rank's stacks at half the collective
   /// timeout, and the attempt fails at all of it, naming who did not arrive.
   void check_report_wait();
-  /// How long workers have to answer STACKS.
-  static constexpr std::chrono::seconds kStacksWait{8};
 
   // --- Checkpoints (controller_checkpoints.cpp) -------------------------------
   /// Answers a REPORT's checkpoint with UPLOAD; false when that failed the run.
@@ -396,7 +395,8 @@ class Controller {
   bool child_exited_ = false;  // SIGCHLD seen since the last reap
   Clock::time_point next_reap_;
   Clock::time_point next_drop_summary_;
-  int64_t stacks_taken_ = 0;  // collections written, over the run: logs/stacks-<n>.txt
+  // The last n of logs/stacks-<n>.txt, earlier runs of this name included.
+  int64_t stacks_taken_ = 0;
 };
 
 }  // namespace trainrun

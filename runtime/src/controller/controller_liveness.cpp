@@ -10,8 +10,8 @@
 #include <csignal>
 
 #include "common/constants.h"
-#include "common/seconds.h"
 #include "common/crash_report.h"
+#include "common/seconds.h"
 #include "controller/controller.h"
 
 namespace trainrun {
@@ -75,7 +75,7 @@ void Controller::on_signals() {
   for (int sig : signals_->drain()) {
     if (sig == SIGCHLD) {
       child_exited_ = true;
-    } else if (sig == SIGUSR1) {
+    } else if (sig == SIGUSR1 && !stopping()) {  // (workers that stop answer nothing)
       collect_stacks("asked for with SIGUSR1");
     } else if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted_) {
       interrupted_ = RunError{FailureKind::kInterrupted,
@@ -134,7 +134,7 @@ void Controller::on_worker_exit(WorkerSlot& worker, std::optional<int> code, int
   }
   // The worker's handler wrote where it died (worker/stacks.h).
   std::vector<std::string> stack;
-  if (worker.output) stack = worker.output->crash_frames();
+  if (worker.output) stack = worker.output->crash_frames(signal_description(signal));
   auto place = innermost_place(stack);
   fail(worker, FailureKind::kSignal,
        exit_description(code, signal) + (place.empty() ? "" : " " + place), std::move(stack));

@@ -285,7 +285,9 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
       return;
     }
     // Where it was thrown, after the message's first line (a LibTorch error
-    // carries its own trace below it).
+    // carries its own trace below it); as much of it as a crash's.
+    if (failed.stack.size() > kMaxFrames) failed.stack.resize(kMaxFrames);
+    for (auto& frame : failed.stack) frame = frame.substr(0, kMaxFrameText);
     auto message = failed.message;
     if (auto place = innermost_place(failed.stack); !place.empty()) {
       message.insert(std::min(message.find('\n'), message.size()), " (thrown " + place + ")");

@@ -43,8 +43,11 @@ class WorkerOutput {
   void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
   /// Writes the log to `path` from now on, appending what it has written to it.
   void move_log(const std::filesystem::path& path);
-  /// The frames of the last crash the worker wrote on stderr, innermost first.
-  const std::vector<std::string>& crash_frames() const { return crash_.frames(); }
+  /// The frames of the last crash the worker wrote on stderr, innermost
+  /// first, when it was of `signal` (signal_description's words).
+  std::vector<std::string> crash_frames(std::string_view signal) const {
+    return crash_.frames_of(signal);
+  }
 
  private:
   struct Stream {

@@ -412,7 +412,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     failed_message = error.data();
     if (rc != TRAIN_ERROR_EXCEPTION) failed_kind = FailureKind::kPlugin;
     // The entry caught it; the last throw on this thread is where it began.
-    if (rc == TRAIN_ERROR_EXCEPTION) failed_stack = stacks::last_throw();
+    if (rc == TRAIN_ERROR_EXCEPTION) failed_stack = stacks::last_throw(failed_message);
   } catch (const std::exception& e) {
     failed_message = e.what();
   }

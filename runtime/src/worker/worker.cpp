@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,9 +32,6 @@ namespace trainrun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// How long the walk of every thread's stack may take (libdw reads each
-// library's symbols first).
-constexpr std::chrono::milliseconds kStackBound{5000};
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -115,6 +113,9 @@ class Worker {
         if (items[i + 1].revents & ZMQ_POLLIN) on_reset(i);
       }
       if (waiting_for_plugin_) obtain_plugin();
+      if (walk_.valid() && walk_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+        answer_stacks();
+      }
       auto now = Clock::now();
       if (now >= next_heartbeat) {
         send(link_.heartbeat(now_ms()));
@@ -253,11 +254,18 @@ class Worker {
     });
   }
 
-  // Every thread's stack: the main thread waits for them (kStackBound at most),
-  // which keeps it from heartbeats and the controller for no longer.
+  // Every thread's stack, walked on a thread of its own: this one goes on
+  // with the heartbeats meanwhile, and answers once the walk is done. A
+  // request during a walk is answered by it.
   void on_stacks(const protocol::Stacks& request) {
-    protocol::StacksReply reply{request.id, {}};
-    for (auto& thread : stacks::all_threads(kStackBound)) {
+    walk_id_ = request.id;
+    if (walk_.valid()) return;
+    walk_ = std::async(std::launch::async, [] { return stacks::all_threads(kStackWalkBound); });
+  }
+
+  void answer_stacks() {
+    protocol::StacksReply reply{walk_id_, {}};
+    for (auto& thread : walk_.get()) {
       reply.threads.push_back({thread.tid, std::move(thread.name), std::move(thread.frames),
                                thread.answered, thread.train});
     }
@@ -304,6 +312,8 @@ class Worker {
   std::unique_ptr<PluginDownload> download_;
   std::optional<ChunkFetcher> fetcher_;
   std::thread train_thread_;
+  std::future<std::vector<stacks::ThreadStack>> walk_;  // every thread's stack, while walked
+  int64_t walk_id_ = 0;                                 // the request it answers
   std::atomic<bool> train_finished_{false};
   Silence silence_;  // the controller's
   std::chrono::milliseconds silence_limit_{0};

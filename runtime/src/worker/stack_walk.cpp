@@ -1,0 +1,241 @@
+// Every thread's stack on request (stacks.h): the worker starts its own
+// executable again as a helper (`trainrun-worker --walk-stacks PID MS`), a
+// fresh process that inherits no lock and runs no fork handler, which stops
+// each thread with ptrace (as gdb and eu-stack do), walks its frames with
+// elfutils' libdw, lets it go on, and only then symbolizes. A thread stops
+// for the walk alone; a few waits (epoll_wait, semop) may return EINTR after
+// such a stop, as after any SIGSTOP.
+
+#include <cxxabi.h>
+#include <dirent.h>
+#include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "common/crash_report.h"
+#include "common/fd.h"
+#include "worker/stacks.h"
+
+extern char** environ;
+
+namespace trainrun::stacks {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+constexpr size_t kDepth = kMaxFrames;
+constexpr size_t kMaxThreads = 1024;
+// What one answer may carry, whatever the threads and their names.
+constexpr size_t kMaxAnswer = 4 << 20;
+
+// ---- In the helper.
+
+struct Walk {
+  Dwfl* dwfl = nullptr;
+  SteadyClock::time_point deadline;
+  std::vector<Dwarf_Addr> pcs;  // the current thread's, innermost first
+};
+
+std::string hex(uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof(text), "0x%llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+std::string demangled(const char* symbol) {
+  int status = 0;
+  char* text = abi::__cxa_demangle(symbol, nullptr, nullptr, &status);
+  std::string name = status == 0 && text != nullptr ? text : symbol;
+  std::free(text);
+  return name;
+}
+
+// A frame of the walked process, in the words of the crash handler's frames.
+std::string describe(Dwfl* dwfl, Dwarf_Addr pc) {
+  Dwfl_Module* module = ::dwfl_addrmodule(dwfl, pc);
+  if (module == nullptr) return hex(pc);
+  Dwarf_Addr base = 0;
+  const char* path =
+      ::dwfl_module_info(module, nullptr, &base, nullptr, nullptr, nullptr, nullptr, nullptr);
+  const std::string library =
+      path != nullptr ? std::filesystem::path(path).filename().string() : "";
+  const char* symbol = ::dwfl_module_addrname(module, pc);
+  std::string text;
+  if (symbol == nullptr) {
+    text = library + "+" + hex(pc - base);
+  } else {
+    text = demangled(symbol);
+    int line = 0;
+    Dwfl_Line* source = ::dwfl_module_getsrc(module, pc);
+    const char* file =
+        source != nullptr ? ::dwfl_lineinfo(source, nullptr, &line, nullptr, nullptr, nullptr)
+                          : nullptr;
+    if (file != nullptr && line > 0) text += " at " + std::string(file) + ":" + std::to_string(line);
+    if (!library.empty()) text += " in " + library;
+  }
+  if (text.size() > kMaxFrameText) text.resize(kMaxFrameText);
+  return text;
+}
+
+int on_frame(Dwfl_Frame* frame, void* arg) {
+  auto& walk = *static_cast<Walk*>(arg);
+  Dwarf_Addr pc = 0;
+  bool activation = false;
+  if (!::dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
+  // A return address points after its call: the call's line is one before.
+  walk.pcs.push_back(activation ? pc : pc - 1);
+  const bool more = walk.pcs.size() < kDepth && SteadyClock::now() < walk.deadline;
+  return more ? DWARF_CB_OK : DWARF_CB_ABORT;
+}
+
+int on_thread(Dwfl_Thread* thread, void* arg) {
+  auto& walk = *static_cast<Walk*>(arg);
+  std::printf("T %d\n", static_cast<int>(::dwfl_thread_tid(thread)));
+  walk.pcs.clear();
+  // The thread is stopped for the walk alone; its frames are named after.
+  ::dwfl_thread_getframes(thread, &on_frame, arg);
+  for (auto pc : walk.pcs) std::printf("F %s\n", describe(walk.dwfl, pc).c_str());
+  return SteadyClock::now() < walk.deadline ? DWARF_CB_OK : DWARF_CB_ABORT;
+}
+
+// ---- In the worker.
+
+std::string thread_name(int tid) {
+  std::ifstream comm("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+std::vector<int> thread_ids() {
+  std::vector<int> tids;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return tids;
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') tids.push_back(std::atoi(entry->d_name));
+    if (tids.size() == kMaxThreads) break;
+  }
+  ::closedir(dir);
+  return tids;
+}
+
+// The helper's output until it closes it, `bound` passes, or kMaxAnswer.
+std::string read_until(int fd, SteadyClock::time_point deadline) {
+  std::string text;
+  while (text.size() < kMaxAnswer) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0) break;
+    pollfd readable{fd, POLLIN, 0};
+    const int ready = ::poll(&readable, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    char buffer[16384];
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+std::mutex g_walking;  // one walk at a time
+
+}  // namespace
+
+int walk_threads_main(int pid, int bound_ms) {
+  // Local files only: where DEBUGINFOD_URLS is set, libdw would ask a server.
+  ::unsetenv("DEBUGINFOD_URLS");
+  // The worker names this process its tracer (where Yama asks for that)
+  // before it writes the byte that lets it start.
+  char go = 0;
+  if (::read(STDIN_FILENO, &go, 1) != 1) return 1;
+  static const Dwfl_Callbacks kCallbacks = {&::dwfl_linux_proc_find_elf,
+                                            &::dwfl_standard_find_debuginfo, nullptr, nullptr};
+  Dwfl* dwfl = ::dwfl_begin(&kCallbacks);
+  if (dwfl == nullptr) return 1;
+  int failed = ::dwfl_linux_proc_report(dwfl, pid) != 0 ||
+               ::dwfl_report_end(dwfl, nullptr, nullptr) != 0 ||
+               ::dwfl_linux_proc_attach(dwfl, pid, false) != 0;
+  if (!failed) {
+    Walk walk{dwfl, SteadyClock::now() + std::chrono::milliseconds(bound_ms), {}};
+    failed = ::dwfl_getthreads(dwfl, &on_thread, &walk) != 0;
+  }
+  ::dwfl_end(dwfl);
+  std::fflush(stdout);
+  return failed;
+}
+
+std::vector<ThreadStack> all_threads(std::chrono::milliseconds bound) {
+  std::lock_guard lock(g_walking);
+  std::vector<ThreadStack> stacks;
+  const int train = train_thread();
+  for (int tid : thread_ids()) stacks.push_back({tid, thread_name(tid), {}, false, tid == train});
+  int output[2], start[2];
+  if (::pipe2(output, O_CLOEXEC) != 0) return stacks;
+  Fd from_helper(output[0]), helper_out(output[1]);
+  if (::pipe2(start, O_CLOEXEC) != 0) return stacks;
+  Fd helper_in(start[0]), go(start[1]);
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_adddup2(&actions, helper_in.get(), STDIN_FILENO);
+  ::posix_spawn_file_actions_adddup2(&actions, helper_out.get(), STDOUT_FILENO);
+  // The helper stops at its own bound; this one's is a little longer.
+  const auto pid = std::to_string(::getpid());
+  const auto helper_bound = std::to_string(bound.count());
+  const char* argv[] = {"trainrun-worker", "--walk-stacks", pid.c_str(), helper_bound.c_str(),
+                        nullptr};
+  pid_t helper = -1;
+  const int spawned = ::posix_spawn(&helper, "/proc/self/exe", &actions, nullptr,
+                                    const_cast<char* const*>(argv), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return stacks;
+  helper_in.reset();
+  helper_out.reset();
+  ::prctl(PR_SET_PTRACER, helper, 0, 0, 0);  // EINVAL without Yama: nothing to allow
+  [[maybe_unused]] auto sent = ::write(go.get(), "g", 1);
+  const auto text = read_until(from_helper.get(), SteadyClock::now() + bound + std::chrono::seconds(2));
+  ::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+  // Done by now; one that is not is given up on (its threads are let go as it dies).
+  ::kill(helper, SIGKILL);
+  while (::waitpid(helper, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  const auto& [loaded, shown] = library_name();
+  ThreadStack* current = nullptr;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.size() < 2) continue;
+    if (line[0] == 'T') {
+      const int tid = std::atoi(line.c_str() + 2);
+      current = nullptr;
+      for (auto& stack : stacks) {
+        if (stack.tid == tid) current = &stack;
+      }
+      if (current != nullptr) current->answered = true;
+    } else if (line[0] == 'F' && current != nullptr && current->frames.size() < kDepth) {
+      auto frame = line.substr(2);
+      // The plugin's cached copy is named by its hash; the user knows it by its name.
+      if (!loaded.empty() && frame.size() > loaded.size() &&
+          frame.compare(frame.size() - loaded.size(), loaded.size(), loaded) == 0) {
+        frame.replace(frame.size() - loaded.size(), loaded.size(), shown);
+      }
+      current->frames.push_back(std::move(frame));
+    }
+  }
+  return stacks;
+}
+
+}  // namespace trainrun::stacks
