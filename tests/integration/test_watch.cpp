@@ -224,3 +224,33 @@ TEST_CASE("a run writes TensorBoard events in its directory unless --no-tensorbo
   CHECK(events("off") == 0);
   // (tests/tensorboard/check_run.sh reads them with TensorBoard's own reader.)
 }
+
+TEST_CASE("--profile-steps writes a Chrome trace of those steps on every rank") {
+  Sandbox box;
+  auto run = box.run(std::string("--plugin '") + QUICKSTART_PLUGIN +
+                     "' -n 2 --name p --profile-steps 2:4 --config steps=6");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  for (const char* rank : {"rank-0.json", "rank-1.json"}) {
+    CAPTURE(rank);
+    auto trace = read_json(box.run_dir("p") / "profiles" / rank);
+    const auto& events = trace.is_object() ? trace["traceEvents"] : trace;
+    REQUIRE(events.is_array());
+    int operators = 0;
+    for (const auto& event : events) {
+      operators += event.value("name", std::string()).rfind("aten::", 0) == 0;
+    }
+    CHECK(operators > 10);
+  }
+  auto results = box.run("results '" + box.run_dir("p").string() + "'");
+  CHECK(contains(results.output, "profiles:"));
+  CHECK(contains(results.output, "profiles/rank-1.json"));
+  // A range that is not one: refused before anything starts.
+  for (const char* bad : {"0:3", "4:2", "3", "a:b"}) {
+    CAPTURE(bad);
+    auto refused = box.run(std::string("--plugin '") + QUICKSTART_PLUGIN +
+                           "' -n 1 --name q --profile-steps " + bad);
+    CHECK(refused.exit_code == 2);
+    CHECK(contains(refused.output, "--profile-steps"));
+  }
+}

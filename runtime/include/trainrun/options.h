@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 namespace trainrun {
 
@@ -139,6 +140,11 @@ struct TrainerOptions {
   /// (the trainrun command sets this). Off, a host program's terminal gets
   /// whole lines only (errors in red on a terminal, unless NO_COLOR is set).
   bool status_line = false;
+  /// Profiles steps first to last (from 1; a step is one backward pass through
+  /// a model that train::prepare_model prepared) on every rank with LibTorch's
+  /// profiler, into <run>/profiles/rank-<R>.json (Chrome trace: Perfetto,
+  /// TensorBoard). {0, 0}: none.
+  std::pair<int64_t, int64_t> profile_steps{0, 0};
 };
 
 }  // namespace trainrun

@@ -76,6 +76,17 @@ std::string describe(const Result& result) {
           << "\n";
     }
   }
+  // What else the run directory holds for a person to open.
+  std::error_code ec;
+  std::vector<std::string> profiles;
+  for (const auto& entry : std::filesystem::directory_iterator(result.path / "profiles", ec)) {
+    if (entry.path().extension() == ".json") profiles.push_back(entry.path().string());
+  }
+  std::sort(profiles.begin(), profiles.end());
+  if (!profiles.empty()) {
+    out << "profiles:     (Chrome traces: ui.perfetto.dev, or TensorBoard)\n";
+    for (const auto& profile : profiles) out << "  " << profile << "\n";
+  }
   // A run that restarted: each attempt and what ended it.
   if (result.attempts.size() > 1) {
     out << "attempts:\n";

@@ -314,6 +314,11 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
     throw UsageError("max_failures must be -1 (no limit) or more, got " +
                      std::to_string(options_.failure.max_failures));
   }
+  if (const auto [first, last] = options_.profile_steps;
+      (first != 0 || last != 0) && (first < 1 || last < first)) {
+    throw UsageError("profile steps must be FIRST:LAST with 1 <= FIRST <= LAST, got " +
+                     std::to_string(first) + ":" + std::to_string(last));
+  }
   if (options_.run.startup_timeout.count() <= 0 || options_.run.collective_timeout.count() <= 0) {
     throw UsageError("timeouts must be positive");
   }

@@ -65,6 +65,26 @@ void parse_num_workers(const std::string& text, trainrun::ScalingConfig& scaling
   }
 }
 
+// "A:B": the first and last step to profile.
+std::pair<int64_t, int64_t> parse_profile_steps(const std::string& text) {
+  auto number = [&](const std::string& part) -> int64_t {
+    if (part.empty() || part.size() > 12 || part.find_first_not_of("0123456789") != std::string::npos) {
+      throw CLI::ValidationError("--profile-steps",
+                                 "takes FIRST:LAST, step numbers from 1; got '" +
+                                     text.substr(0, 32) + "'");
+    }
+    return std::stoll(part);
+  };
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) number("");  // the message
+  std::pair<int64_t, int64_t> steps{number(text.substr(0, colon)), number(text.substr(colon + 1))};
+  if (steps.first < 1 || steps.second < steps.first) {
+    throw CLI::ValidationError("--profile-steps", "takes FIRST:LAST with 1 <= FIRST <= LAST; got '" +
+                                                      text.substr(0, 32) + "'");
+  }
+  return steps;
+}
+
 }  // namespace
 
 // `trainrun worker ARGS` is `trainrun-worker ARGS`: the worker is its own
@@ -171,6 +191,11 @@ int main(int argc, char** argv) {
       "--no-standby", [&](int64_t) { options.failure.standby = false; },
       "with --max-failures, do not start the next attempt's local workers ahead of a failure "
       "(saves an idle process per local worker; restarts take longer)");
+  std::string profile_steps;
+  app.add_option("--profile-steps", profile_steps,
+                 "profile steps FIRST to LAST (a step: one backward pass through a prepared model) "
+                 "on every rank with LibTorch's profiler, into <run>/profiles/rank-R.json")
+      ->type_name("FIRST:LAST");
   app.add_flag(
       "--no-tensorboard", [&](int64_t) { options.run.tensorboard = false; },
       "write no TensorBoard event files (rank 0's metrics, in the run directory, for "
@@ -211,6 +236,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     parse_num_workers(num_workers, options.scaling);
+    if (!profile_steps.empty()) options.profile_steps = parse_profile_steps(profile_steps);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;

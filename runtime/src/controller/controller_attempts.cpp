@@ -219,6 +219,7 @@ void Controller::assign_ranks() {
   assign.plugin_sha256 = setup_.plugin_sha256;
   assign.plugin_size = setup_.plugin_bytes->size();
   assign.plugin_name = setup_.options.plugin.filename().string();
+  std::tie(assign.profile_first, assign.profile_last) = setup_.options.profile_steps;
   assign.store_prefix = "trainrun/attempt-" + std::to_string(attempt.number);
   // Local workers alone: Gloo on loopback. With remote ones, each worker
   // binds the address that reaches the controller (or its --interface).

@@ -271,6 +271,8 @@ struct Assign {
   std::string plugin_sha256;
   uint64_t plugin_size = 0;
   std::string plugin_name;   // its file name where the user has it, for stacks
+  int64_t profile_first = 0;  // the steps to profile (TrainerOptions::profile_steps); 0: none
+  int64_t profile_last = 0;
   std::string store_prefix;  // one per attempt, so a restart never sees old keys
   std::string bind_host;     // the address Gloo listens on for this worker
   int32_t num_threads = 0;
@@ -289,7 +291,7 @@ struct Assign {
                      storage_path, entry, config, plugin_sha256, plugin_size, store_prefix,
                      bind_host, num_threads, device, heartbeat_timeout_ms, heartbeat_interval_ms,
                      collective_timeout_ms, checkpoint_dir, fetch_checkpoint, attach_secret,
-                     storage_probe, storage_token, plugin_name);
+                     storage_probe, storage_token, plugin_name, profile_first, profile_last);
 };
 
 struct AgentAccepted {

@@ -386,6 +386,15 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.progress = &host_progress;
     host.report_checkpoint = &host_report_checkpoint;
     host.arrive = &host_arrive;
+    // Beside the run's results where this worker sees them, else in its cache.
+    const auto profile_path =
+        (state.run_dir.empty() ? std::filesystem::path(options.cache_dir) / "profiles" / assign.run_name
+                               : state.run_dir / "profiles") /
+        ("rank-" + std::to_string(assign.world_rank) + ".json");
+    const auto profile_text = profile_path.string();
+    host.profile_first = assign.profile_first;
+    host.profile_last = assign.profile_last;
+    host.profile_path = profile_text.c_str();
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});

@@ -85,6 +85,13 @@ typedef struct train_host_v1_s {
    * run naming itself instead of leaving the others inside a collective.
    * Returns 0, or non-zero with a message. */
   int (*arrive)(void* handle, char* error, size_t error_size);
+
+  /* LibTorch's profiler over steps profile_first to profile_last (from 1; a
+   * step is one backward pass through a prepared model), written as a Chrome
+   * trace to profile_path; profile_first 0: no profile. */
+  int64_t profile_first;
+  int64_t profile_last;
+  const char* profile_path;
 } train_host_v1_t;
 
 /* report_checkpoint's upload_mode. */

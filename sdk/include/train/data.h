@@ -52,6 +52,11 @@ struct LoaderOptions {
 
 namespace detail {
 
+/// A point between steps on the train function's thread (a loader's next
+/// batch or epoch, a report): where the profile of the run's profile steps
+/// (trainrun --profile-steps) starts and stops. Nothing elsewhere.
+void profile_point();
+
 /// A loader's side of the progress display: claims it at begin() and sends
 /// its epoch and batches through the host table, which never blocks (the host
 /// drops what it does not forward). One per DataLoader; calls from any thread
@@ -298,6 +303,7 @@ class DataLoader {
       return *current_;
     }
     Iterator& operator++() {
+      detail::profile_point();
       if (progress_ != nullptr) {
         const auto& data = current_ ? current_->data : (*it_).data;
         progress_->batch_done(data.dim() > 0 ? data.size(0) : 1);
@@ -324,6 +330,7 @@ class DataLoader {
 
   /// Starts an epoch (in the order set by set_epoch).
   Iterator begin() {
+    detail::profile_point();
     if constexpr (has_pin_memory<Dataset>::value) dataset_.pin_memory(device_.is_cuda());
     // Built directly: LibTorch 1.13's map() cannot chain onto a stacked dataset.
     inner_ =

@@ -1,3 +1,4 @@
+#include <train/data.h>
 #include <train/report.h>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@ namespace train {
 namespace detail {
 
 void report_with(const Metrics& metrics, const char* checkpoint_dir, uint32_t upload_mode) {
+  profile_point();
   if (metrics.size() > kMaxMetrics) {
     throw std::invalid_argument("train::report: " + std::to_string(metrics.size()) +
                                 " metrics; a report carries at most " +

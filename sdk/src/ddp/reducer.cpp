@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "core/host.h"
+#include "core/profiler.h"
 #include "ddp/bucket_assignment.h"
 #include "ddp/replica_check.h"
 
@@ -352,6 +353,7 @@ void Reducer::gather_sums(Bucket& bucket) {
 }
 
 void Reducer::finalize() {
+  backward_done();  // a step, for the profile of --profile-steps
   std::lock_guard<std::mutex> lock(mutex_);
   // On the stream backward() was called on (the engine's choice for final
   // callbacks; it already waited for the accumulators' streams). Each work's
