@@ -67,6 +67,14 @@ TEST_CASE("a rerun of the same name resumes from the latest checkpoint and count
   CHECK(results[3]["iteration"] == 4);
   CHECK(results[4]["iteration"] == 5);
   CHECK(results[4]["metrics"]["resumed"] == "report 2 of none");  // get_checkpoint() saw it
+  // The rerun's attempt is the run's second: run.json keeps both.
+  CHECK(results[2]["attempt"] == 1);
+  CHECK(results[3]["attempt"] == 2);
+  const auto attempts = read_json(box.run_dir("c") / "run.json")["attempts"];
+  REQUIRE(attempts.size() == 2);
+  CHECK(attempts[0]["attempt"] == 1);
+  CHECK(attempts[1]["attempt"] == 2);
+  CHECK(attempts[1]["resumed_from"] == "checkpoint_000002");
   CHECK(read_json(box.run_dir("c") / "checkpoint_state.json")["latest"] == "checkpoint_000004");
   CHECK_FALSE(std::filesystem::exists(box.run_dir("c") / ".staging-checkpoint_000003"));
   auto csv = read_text(box.run_dir("c") / "progress.csv");

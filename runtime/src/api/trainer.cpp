@@ -438,6 +438,26 @@ Result Trainer::fit() {
   auto& log = *logger;
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
+  // Earlier runs of this name: run.json keeps their attempts, and this run's
+  // are numbered after them.
+  std::vector<AttemptInfo> earlier_attempts;
+  try {
+    if (auto earlier = run_directory::read_run_info(storage.dir())) {
+      earlier_attempts = earlier->attempts;
+    }
+  } catch (const std::exception& e) {  // unreadable: this run's record starts again
+    log.warn("the earlier run.json of {} is unreadable ({}); its attempts are not kept",
+             options_.run.name, e.what());
+  }
+  setup.attempt_offset = earlier_attempts.empty() ? 0 : earlier_attempts.back().attempt;
+  auto all_attempts = [&](const std::vector<AttemptInfo>& these) {
+    auto all = earlier_attempts;
+    all.insert(all.end(), these.begin(), these.end());
+    // The first and the latest, as within a run.
+    constexpr size_t kKept = 100;
+    if (all.size() > kKept) all.erase(all.begin() + 1, all.end() - (kKept - 1));
+    return all;
+  };
   run_directory::RunInfo info;
   info.name = options_.run.name;
   info.storage_path = options_.run.storage_path.string();
@@ -472,7 +492,7 @@ Result Trainer::fit() {
   // (Also when an attempt's world size is decided: one start callback each.)
   int started = 0;
   setup.on_attempts = [&](const std::vector<AttemptInfo>& attempts) {
-    info.attempts = attempts;
+    info.attempts = all_attempts(attempts);
     storage.write_run_info(info);
     const auto& latest = attempts.back();
     if (latest.ended_at.empty()) {
@@ -543,7 +563,7 @@ Result Trainer::fit() {
 
   if (console) console->clear();  // the closing lines go below the run's output
   info.ended_at = run_directory::timestamp_now();
-  if (!run.attempts.empty()) info.attempts = run.attempts;
+  if (!run.attempts.empty()) info.attempts = all_attempts(run.attempts);
   info.status = !run.error                                     ? RunStatus::kFinished
                 : run.error->kind == FailureKind::kInterrupted ? RunStatus::kInterrupted
                                                                : RunStatus::kFailed;
@@ -584,8 +604,9 @@ Result Trainer::fit() {
   result.error = run.error;
   result.wall_seconds = run.wall_seconds;
   if (result.error) {
-    auto attempts = result.error->attempt > 1
-                        ? " after " + std::to_string(result.error->attempt) + " attempts"
+    // This run's attempts: earlier runs of the name had theirs.
+    auto attempts = run.attempts.size() > 1
+                        ? " after " + std::to_string(run.attempts.size()) + " attempts"
                         : std::string();
     log.error("run {}{}: {}", result.interrupted() ? "interrupted" : "failed", attempts,
               result.error->summary());

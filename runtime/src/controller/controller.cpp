@@ -149,7 +149,7 @@ RunOutcome Controller::run() {
   checkpoints_.abort();  // what the last attempt staged and never committed
   summarize_dropped();
   phase_ = RunPhase::kEnded;  // from whatever phase an internal error left
-  if (error) error->attempt = attempt_ ? attempt_->number : 0;
+  if (error) error->attempt = attempt_ ? setup_.attempt_offset + attempt_->number : 0;
   return RunOutcome{error, elapsed(), attempts_};
 }
 

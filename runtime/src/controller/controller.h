@@ -78,6 +78,9 @@ struct ControllerSetup {
   std::shared_ptr<spdlog::logger> log;
   /// Called on the controller's thread when an attempt starts and when it ends.
   std::function<void(const std::vector<AttemptInfo>&)> on_attempts;
+  /// The attempts earlier runs of this name made: this run's are recorded
+  /// (AttemptInfo, ReportRecord, RunError) with numbers after theirs.
+  int attempt_offset = 0;
   /// Called on the controller's thread with each recorded report.
   std::function<void(const ReportRecord&)> on_report;
   /// Called on the controller's thread with each committed checkpoint (also

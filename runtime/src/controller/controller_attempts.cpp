@@ -32,7 +32,7 @@ void Controller::start_attempt() {
                                      [](const WorkerSlot& w) { return w.main_id.has_value(); }));
   enter(RunPhase::kGathering);
   AttemptInfo info;
-  info.attempt = number;
+  info.attempt = setup_.attempt_offset + number;
   info.world_size = max_workers();  // until the ranks are assigned
   info.started_at = run_directory::timestamp_now();
   info.resumed_from = checkpoints_.resume_dir().empty() ? ""
@@ -115,7 +115,7 @@ void Controller::end_attempt(const AttemptEnd& end) {
   info.regrouped = end.regroup;
   if (end.error) {
     info.error = end.error;
-    info.error->attempt = attempt_->number;
+    info.error->attempt = setup_.attempt_offset + attempt_->number;
   }
   // Workers of one host share a cache: one fetches, the others find it there.
   if (const int sent = attempt_->plugin_downloads; sent > 0) {

@@ -121,7 +121,7 @@ void Controller::release_report() {
   }
   record.timestamp = unix_time();  // includes a synchronous checkpoint's commit
   record.time_total_s = earlier_seconds_ + elapsed();
-  record.attempt = attempt.number;
+  record.attempt = setup_.attempt_offset + attempt.number;
   // The ranks go on while the report is recorded: its checkpoint, if any, is
   // committed, and this loop records it before it reads another message.
   for (int rank = 0; rank < world_size(); ++rank) {

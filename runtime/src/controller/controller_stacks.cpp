@@ -104,7 +104,7 @@ void Controller::finish_stacks(bool force) {
   });
   std::string text = "stacks of the workers (" + collection.reason + "), " +
                      run_directory::timestamp_now() + ", attempt " +
-                     std::to_string(attempt.number) + "\n";
+                     std::to_string(setup_.attempt_offset + attempt.number) + "\n";
   attempt.train_places.clear();
   for (const WorkerSlot* worker : asked) {
     text += "\n" + worker->describe() + ":\n";
