@@ -67,12 +67,12 @@ std::pair<double, double> evaluate(fashion_mnist::ResNet18& model, const TestSet
                                    size_t batch_size, int max_batches) {
   torch::NoGradGuard no_grad;
   model->eval();
-  auto loader = train::prepare_data_loader(test_set, train::LoaderOptions()
-                                                         .batch_size(batch_size)
-                                                         .shuffle(false)
-                                                         .allow_duplicates(false)
-                                                         .max_batches(static_cast<size_t>(
-                                                             std::max(max_batches, 0))));
+  auto loader = train::prepare_data_loader(
+      test_set, train::LoaderOptions()
+                    .batch_size(batch_size)
+                    .shuffle(false)
+                    .allow_duplicates(false)
+                    .max_batches(static_cast<size_t>(std::max(max_batches, 0))));
   double correct = 0, loss = 0, count = 0;
   for (torch::data::Example<>& batch : loader) {
     torch::Tensor output = model->forward(batch.data);
@@ -130,12 +130,11 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
   const size_t batch_size = run.batch_size;
   const size_t train_size = train_set.size().value();
   auto loader = train::prepare_data_loader(
-      std::move(train_set),
-      train::LoaderOptions()
-          .batch_size(batch_size)
-          .shuffle(true)
-          .drop_last(run.capture)
-          .max_batches(static_cast<size_t>(std::max(run.max_steps, 0))));
+      std::move(train_set), train::LoaderOptions()
+                                .batch_size(batch_size)
+                                .shuffle(true)
+                                .drop_last(run.capture)
+                                .max_batches(static_cast<size_t>(std::max(run.max_steps, 0))));
   const size_t steps_per_epoch = loader.size();
   if (ctx.world_rank() == 0) {
     std::cout << "FashionMNIST: " << train_size << " training images, " << ctx.world_size()

@@ -419,9 +419,9 @@ TEST_CASE("a node agent with another key starts no worker and says at once that 
   auto other = (box.root() / "other.key").string();
   REQUIRE(box.run("keygen '" + other + "'").exit_code == 0);
   // Without the handshake first it would start 3 workers and wait the minute out.
-  pid_t wrong = box.start_worker("--connect " + run.endpoint + " --auth-key '" + other +
-                                     "' --nproc 3 --startup-timeout 60",
-                                 "wrong.txt");
+  pid_t wrong = box.start_worker(
+      "--connect " + run.endpoint + " --auth-key '" + other + "' --nproc 3 --startup-timeout 60",
+      "wrong.txt");
   CHECK(Sandbox::wait(wrong) == 2);
   auto said = read_text(box.root() / "wrong.txt");
   INFO(said);

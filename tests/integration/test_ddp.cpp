@@ -247,7 +247,7 @@ TEST_CASE(
   CHECK(error["rank"] == 1);
   const auto message = error["message"].get<std::string>();
   CHECK(message.find("returned from train_func after 0 reports while rank 0, after as many, was "
-                     "still training; rank 0 then raised: ") != std::string::npos);
+                     "still training; rank 0 then raised") != std::string::npos);
   CHECK(message.find("timed out") == std::string::npos);  // not the collective timeout
 }
 

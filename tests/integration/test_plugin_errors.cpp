@@ -122,7 +122,7 @@ TEST_CASE("inspect prints the entries and versions") {
   CHECK(run.exit_code == 0);
   CHECK(run.output.find("entries:     bad_config, big_checkpoint, broken_pipe, checkpoint_overlap, "
                         "checkpoints, "
-                        "context, crash, epochs, hangs, many_metrics, "
+                        "context, crash, deadlock, epochs, hangs, many_metrics, "
                         "mismatch, report_latency, resumable, sleeps, stacked, steps, throws") !=
         std::string::npos);
   CHECK(run.output.find("LibTorch:    " TRAINRUN_TORCH_VERSION) != std::string::npos);

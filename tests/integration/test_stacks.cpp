@@ -17,8 +17,9 @@ const std::string kTestPlugin = std::string("--plugin '") + TEST_PLUGIN + "'";
 
 }  // namespace
 
-TEST_CASE("a rank that never reaches a report ends the run at the collective timeout, its "
-          "threads' stacks on disk") {
+TEST_CASE(
+    "a rank that never reaches a report ends the run at the collective timeout, its "
+    "threads' stacks on disk") {
   Sandbox box;
   // Rank 1 deadlocks two threads of its own; rank 0 waits in report 2.
   auto run = box.run(kTestPlugin + " --entry deadlock -n 2 --name d --collective-timeout 4");
@@ -52,7 +53,8 @@ TEST_CASE("trainrun stacks prints every thread of every rank of a live run") {
   auto sleeping = [&] {  // both ranks in their train functions
     const auto out = box.output_so_far();
     size_t lines = 0;
-    for (auto at = out.find("] sleeping"); at != std::string::npos; at = out.find("] sleeping", at + 1)) {
+    for (auto at = out.find("] sleeping"); at != std::string::npos;
+         at = out.find("] sleeping", at + 1)) {
       ++lines;
     }
     return lines == 2;
@@ -65,7 +67,8 @@ TEST_CASE("trainrun stacks prints every thread of every rank of a live run") {
   INFO(stacks.output);
   CHECK(stacks.exit_code == 0);
   CHECK(stacks.output.find("asked for with SIGUSR1") != std::string::npos);
-  for (const char* rank : {"rank 0 (", "rank 1 ("}) CHECK(stacks.output.find(rank) != std::string::npos);
+  for (const char* rank : {"rank 0 (", "rank 1 ("})
+    CHECK(stacks.output.find(rank) != std::string::npos);
   CHECK(stacks.output.find("sleeps(train::Config const&) at ") != std::string::npos);
   CHECK(stacks.output.find("logs/stacks-1.txt") != std::string::npos);
   // Again: a file of its own.

@@ -95,8 +95,8 @@ void throws(const train::Config& config) {
 __attribute__((noinline)) void write_through_null(volatile int* where) { *where = 42; }
 
 // Rank `fail_rank` dies by a signal (`how` = abort, segv, null: a write
-// through a null pointer, or call_null: a call through one); the others wait. With at_start=true it dies before
-// the first report.
+// through a null pointer, or call_null: a call through one); the others wait. With at_start=true it
+// dies before the first report.
 void crash(const train::Config& config) {
   auto ctx = train::get_context();
   if (!config.get<bool>("at_start", false)) train::report({{"phase", "started"}});

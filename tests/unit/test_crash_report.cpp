@@ -21,7 +21,8 @@ TEST_CASE("a crash report is read out of a worker's output, the last one countin
   CHECK(report.frames_of("SIGKILL (Killed)").empty());
   CHECK(report.frames_of("SIGSEG").empty());
   // A second header (the unsymbolized fallback) starts again.
-  report.take("trainrun: fatal signal " + segv + " in thread 7 of process 7 (not symbolized), "
+  report.take("trainrun: fatal signal " + segv +
+              " in thread 7 of process 7 (not symbolized), "
               "its stack:");
   report.take("trainrun:   #0 0x1234");
   CHECK(report.frames_of(segv) == std::vector<std::string>{"0x1234"});

@@ -83,11 +83,10 @@ constexpr std::string_view to_string(FailureKind kind) {
 
 /// The kind named `name`, or nothing for a name no kind has.
 inline std::optional<FailureKind> parse_failure_kind(std::string_view name) {
-  for (auto kind : {FailureKind::kException, FailureKind::kSignal, FailureKind::kExit,
-                    FailureKind::kLost, FailureKind::kSetup, FailureKind::kPlugin,
-                    FailureKind::kUsage, FailureKind::kStorage, FailureKind::kTimeout,
-                    FailureKind::kInterrupted,
-                    FailureKind::kInternal}) {
+  for (auto kind :
+       {FailureKind::kException, FailureKind::kSignal, FailureKind::kExit, FailureKind::kLost,
+        FailureKind::kSetup, FailureKind::kPlugin, FailureKind::kUsage, FailureKind::kStorage,
+        FailureKind::kTimeout, FailureKind::kInterrupted, FailureKind::kInternal}) {
     if (to_string(kind) == name) return kind;
   }
   return std::nullopt;

@@ -617,8 +617,7 @@ Result Trainer::fit() {
                result.wall_seconds);
     } else {  // the report lines counted on from the earlier runs; this says both
       log.info("run finished: {} {} in {:.1f} s, {} with the earlier runs of this name ({:.1f} s)",
-               reports, reports == 1 ? "report" : "reports", result.wall_seconds,
-               result.iterations,
+               reports, reports == 1 ? "report" : "reports", result.wall_seconds, result.iterations,
                result.history.empty() ? 0.0 : result.history.back().time_total_s);
     }
   }

@@ -68,10 +68,10 @@ void parse_num_workers(const std::string& text, trainrun::ScalingConfig& scaling
 // "A:B": the first and last step to profile.
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& text) {
   auto number = [&](const std::string& part) -> int64_t {
-    if (part.empty() || part.size() > 12 || part.find_first_not_of("0123456789") != std::string::npos) {
-      throw CLI::ValidationError("--profile-steps",
-                                 "takes FIRST:LAST, step numbers from 1; got '" +
-                                     text.substr(0, 32) + "'");
+    if (part.empty() || part.size() > 12 ||
+        part.find_first_not_of("0123456789") != std::string::npos) {
+      throw CLI::ValidationError("--profile-steps", "takes FIRST:LAST, step numbers from 1; got '" +
+                                                        text.substr(0, 32) + "'");
     }
     return std::stoll(part);
   };
@@ -79,8 +79,9 @@ std::pair<int64_t, int64_t> parse_profile_steps(const std::string& text) {
   if (colon == std::string::npos) number("");  // the message
   std::pair<int64_t, int64_t> steps{number(text.substr(0, colon)), number(text.substr(colon + 1))};
   if (steps.first < 1 || steps.second < steps.first) {
-    throw CLI::ValidationError("--profile-steps", "takes FIRST:LAST with 1 <= FIRST <= LAST; got '" +
-                                                      text.substr(0, 32) + "'");
+    throw CLI::ValidationError(
+        "--profile-steps",
+        "takes FIRST:LAST with 1 <= FIRST <= LAST; got '" + text.substr(0, 32) + "'");
   }
   return steps;
 }

@@ -27,7 +27,8 @@ int64_t last_stacks(const std::filesystem::path& logs) {
   for (const auto& entry : std::filesystem::directory_iterator(logs, ec)) {
     std::smatch match;
     const auto name = entry.path().filename().string();
-    if (std::regex_match(name, match, kName)) last = std::max<int64_t>(last, std::stoll(match[1].str()));
+    if (std::regex_match(name, match, kName))
+      last = std::max<int64_t>(last, std::stoll(match[1].str()));
   }
   return last;
 }

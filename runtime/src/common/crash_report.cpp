@@ -29,11 +29,11 @@ namespace {
 // The C and C++ runtimes' own frames (raise, abort, __cxa_throw's helpers):
 // where they are is not where the user's code went wrong.
 bool in_system_runtime(const std::string& frame) {
-  static const char* const kLibraries[] = {"libc.so", "libstdc++.so", "libgcc_s.so", "ld-linux",
-                                           "libpthread.so", "libm.so"};
+  static const char* const kLibraries[] = {"libc.so",  "libstdc++.so",  "libgcc_s.so",
+                                           "ld-linux", "libpthread.so", "libm.so"};
   auto in = frame.rfind(" in ");
-  std::string_view module = in == std::string::npos ? std::string_view(frame)
-                                                    : std::string_view(frame).substr(in + 4);
+  std::string_view module =
+      in == std::string::npos ? std::string_view(frame) : std::string_view(frame).substr(in + 4);
   for (const char* library : kLibraries) {
     if (module.substr(0, std::strlen(library)) == library) return true;
   }
@@ -44,7 +44,8 @@ bool in_system_runtime(const std::string& frame) {
 
 std::vector<std::string> CrashReport::frames_of(std::string_view signal) const {
   const bool named = !signal.empty() && signal_.size() > signal.size() &&
-                     signal_.compare(0, signal.size(), signal) == 0 && signal_[signal.size()] == ' ';
+                     signal_.compare(0, signal.size(), signal) == 0 &&
+                     signal_[signal.size()] == ' ';
   return named ? frames_ : std::vector<std::string>{};
 }
 

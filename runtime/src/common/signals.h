@@ -1,10 +1,10 @@
 #pragma once
 
-// SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGUSR1 (every rank's stacks) turned into bytes on a pipe (the
-// self-pipe trick), so the controller's single poll loop sees them beside its
-// sockets; they are unblocked on the constructing thread, and SIGPIPE is
-// ignored. One live instance per process (the constructor throws UsageError
-// for a second); the previous handlers and mask are restored on destruction.
+// SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGUSR1 (every rank's stacks) turned into bytes on a pipe
+// (the self-pipe trick), so the controller's single poll loop sees them beside its sockets; they
+// are unblocked on the constructing thread, and SIGPIPE is ignored. One live instance per process
+// (the constructor throws UsageError for a second); the previous handlers and mask are restored on
+// destruction.
 
 #include <csignal>
 #include <optional>

@@ -284,15 +284,13 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
       fail(worker, kind, failed.message);
       return;
     }
-    // Where it was thrown, after the message's first line (a LibTorch error
-    // carries its own trace below it); as much of it as a crash's.
+    // Where it was thrown, before the message, which stays whole ("raised in
+    // f at x.cpp:12: boom"); as many frames as a crash's.
     if (failed.stack.size() > kMaxFrames) failed.stack.resize(kMaxFrames);
     for (auto& frame : failed.stack) frame = frame.substr(0, kMaxFrameText);
-    auto message = failed.message;
-    if (auto place = innermost_place(failed.stack); !place.empty()) {
-      message.insert(std::min(message.find('\n'), message.size()), " (thrown " + place + ")");
-    }
-    fail(worker, kind, "raised: " + message, std::move(failed.stack));
+    const auto place = innermost_place(failed.stack);
+    fail(worker, kind, "raised" + (place.empty() ? "" : " " + place) + ": " + failed.message,
+         std::move(failed.stack));
   } else {
     throw ProtocolError("unexpected message type " + type + " on a train thread's connection");
   }

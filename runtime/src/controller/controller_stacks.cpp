@@ -188,9 +188,11 @@ void Controller::check_report_wait() {
   std::string message = "did not reach " + report + " within the collective timeout (" +
                         seconds_text(timeout) + ") while " + ranks_text(waiting) + " waited there";
   if (missing.size() > 1) {
-    message += " (nor did " + ranks_text(std::vector<int>(missing.begin() + 1, missing.end())) + ")";
+    message +=
+        " (nor did " + ranks_text(std::vector<int>(missing.begin() + 1, missing.end())) + ")";
   }
-  if (auto place = attempt.train_places.find(missing.front()); place != attempt.train_places.end()) {
+  if (auto place = attempt.train_places.find(missing.front());
+      place != attempt.train_places.end()) {
     message += "; its train function was " + place->second;
   } else if (!attempt.stacks_file.empty()) {
     message += "; it did not answer for its stacks";

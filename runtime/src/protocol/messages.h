@@ -270,7 +270,7 @@ struct Assign {
   std::vector<char> config;  // msgpack map
   std::string plugin_sha256;
   uint64_t plugin_size = 0;
-  std::string plugin_name;   // its file name where the user has it, for stacks
+  std::string plugin_name;    // its file name where the user has it, for stacks
   int64_t profile_first = 0;  // the steps to profile (TrainerOptions::profile_steps); 0: none
   int64_t profile_last = 0;
   std::string store_prefix;  // one per attempt, so a restart never sees old keys

@@ -80,10 +80,11 @@ std::string describe(Dwfl* dwfl, Dwarf_Addr pc) {
     text = demangled(symbol);
     int line = 0;
     Dwfl_Line* source = ::dwfl_module_getsrc(module, pc);
-    const char* file =
-        source != nullptr ? ::dwfl_lineinfo(source, nullptr, &line, nullptr, nullptr, nullptr)
-                          : nullptr;
-    if (file != nullptr && line > 0) text += " at " + std::string(file) + ":" + std::to_string(line);
+    const char* file = source != nullptr
+                           ? ::dwfl_lineinfo(source, nullptr, &line, nullptr, nullptr, nullptr)
+                           : nullptr;
+    if (file != nullptr && line > 0)
+      text += " at " + std::string(file) + ":" + std::to_string(line);
     if (!library.empty()) text += " in " + library;
   }
   if (text.size() > kMaxFrameText) text.resize(kMaxFrameText);
@@ -207,7 +208,8 @@ std::vector<ThreadStack> all_threads(std::chrono::milliseconds bound) {
   helper_out.reset();
   ::prctl(PR_SET_PTRACER, helper, 0, 0, 0);  // EINVAL without Yama: nothing to allow
   [[maybe_unused]] auto sent = ::write(go.get(), "g", 1);
-  const auto text = read_until(from_helper.get(), SteadyClock::now() + bound + std::chrono::seconds(2));
+  const auto text =
+      read_until(from_helper.get(), SteadyClock::now() + bound + std::chrono::seconds(2));
   ::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
   // Done by now; one that is not is given up on (its threads are let go as it dies).
   ::kill(helper, SIGKILL);

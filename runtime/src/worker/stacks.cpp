@@ -215,7 +215,9 @@ bool symbolize_in_child(const Frame* frames, size_t count) {
     if (done == child) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
     // Reaped by someone else (SIGCHLD ignored): it finished, how is not known.
     if (done < 0 && errno == ECHILD) return true;
-    struct timespec pause {0, 10'000'000};
+    struct timespec pause {
+      0, 10'000'000
+    };
     ::nanosleep(&pause, nullptr);
   }
   ::kill(child, SIGKILL);
@@ -295,8 +297,8 @@ void give_this_thread_a_signal_stack() {
   // a guard page; the thread keeps it for its life.
   constexpr size_t kSize = 1 << 20;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  auto* memory = static_cast<char*>(::mmap(nullptr, kSize + page, PROT_READ | PROT_WRITE,
-                                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* memory = static_cast<char*>(
+      ::mmap(nullptr, kSize + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (memory == MAP_FAILED) return;  // an overflow then dies without a stack
   ::mprotect(memory, page, PROT_NONE);
   stack_t stack{};
@@ -325,7 +327,12 @@ std::vector<std::string> last_throw(const std::string& message) {
   // Only the exception the message came from: another one thrown since (and
   // caught) would name the wrong place.
   const size_t known = std::strlen(site.what);
-  if (site.count == 0 || known == 0 || message.compare(0, known, site.what) != 0) return {};
+  const size_t common = std::min(known, message.size());
+  if (site.count == 0 || known == 0 || message.compare(0, common, site.what, common) != 0)
+    return {};
+  // A shorter message: LibTorch's what() has its backtrace after a newline,
+  // which the plugin leaves out; anything else is another exception.
+  if (common < known && site.what[common] != '\n') return {};
   return describe_all(site.frames, site.count);
 }
 

@@ -387,10 +387,10 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.report_checkpoint = &host_report_checkpoint;
     host.arrive = &host_arrive;
     // Beside the run's results where this worker sees them, else in its cache.
-    const auto profile_path =
-        (state.run_dir.empty() ? std::filesystem::path(options.cache_dir) / "profiles" / assign.run_name
-                               : state.run_dir / "profiles") /
-        ("rank-" + std::to_string(assign.world_rank) + ".json");
+    const auto profile_path = (state.run_dir.empty() ? std::filesystem::path(options.cache_dir) /
+                                                           "profiles" / assign.run_name
+                                                     : state.run_dir / "profiles") /
+                              ("rank-" + std::to_string(assign.world_rank) + ".json");
     const auto profile_text = profile_path.string();
     host.profile_first = assign.profile_first;
     host.profile_last = assign.profile_last;
@@ -426,7 +426,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     failed_message = e.what();
   }
   protocol::send(controller, protocol::Failed{failed_message, std::string(to_string(failed_kind)),
-                                             std::move(failed_stack)});
+                                              std::move(failed_stack)});
   (void)group.release();
 }
 
