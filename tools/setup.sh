@@ -11,7 +11,9 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev
-  cppzmq-dev libmsgpack-cxx-dev libboost-dev libboost-stacktrace1.74-dev libdw-dev libspdlog-dev
+  cppzmq-dev libmsgpack-cxx-dev libboost-dev libboost-stacktrace1.74-dev libdw-dev
+  # TensorBoard event files: protobuf-lite and its compiler.
+  libprotobuf-dev protobuf-compiler libspdlog-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev zlib1g-dev
   # Object storage: libcurl signs S3 requests (SigV4), pugixml reads S3's XML.
   libcurl4-openssl-dev libpugixml-dev

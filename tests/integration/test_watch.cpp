@@ -245,6 +245,19 @@ TEST_CASE("--profile-steps writes a Chrome trace of those steps on every rank") 
   auto results = box.run("results '" + box.run_dir("p").string() + "'");
   CHECK(contains(results.output, "profiles:"));
   CHECK(contains(results.output, "profiles/rank-1.json"));
+  // One worker prepares no reducer: a prepared loader's batches count the steps.
+  auto one = box.run(kEpochs + " -n 1 --name one --profile-steps 3:5 --config epochs=1");
+  INFO(one.output);
+  REQUIRE(one.exit_code == 0);
+  const auto trace = read_json(box.run_dir("one") / "profiles" / "rank-0.json");
+  CHECK((trace.is_object() || trace.is_array()));  // Kineto's object, or 1.13's array
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("one") / "profiles" / "rank-0.json.partial"));
+  // Nothing that counts steps: said so, and no file.
+  auto none = box.run(std::string("--plugin '") + QUICKSTART_PLUGIN +
+                      "' -n 1 --name none --profile-steps 2:3 --config steps=4");
+  CHECK(none.exit_code == 0);
+  CHECK(contains(none.output, "no profile: steps 2 to 3 never began"));
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("none") / "profiles" / "rank-0.json"));
   // A range that is not one: refused before anything starts.
   for (const char* bad : {"0:3", "4:2", "3", "a:b"}) {
     CAPTURE(bad);

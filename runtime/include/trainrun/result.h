@@ -59,7 +59,7 @@ struct ReportRecord {
   double time_total_s = 0;
   nlohmann::json metrics;  // rank 0's
   std::string checkpoint;  // the checkpoint it committed, or empty
-  int attempt = 1;         // of this run (a rerun starts again at 1)
+  int attempt = 1;         // counts on across reruns of the same name
 };
 
 /// One start of the group of workers: the first, and one after each failure
@@ -93,7 +93,7 @@ struct Result {
   std::vector<CheckpointInfo> best_checkpoints;
   /// Every report of the run (result.jsonl), oldest first.
   std::vector<ReportRecord> history;
-  /// The attempts of the latest run of this name (run.json), oldest first.
+  /// The attempts of every run of this name (run.json: the first and the latest 99), oldest first.
   std::vector<AttemptInfo> attempts;
   double wall_seconds = 0;
   std::optional<RunError> error;

@@ -449,7 +449,11 @@ Result Trainer::fit() {
     log.warn("the earlier run.json of {} is unreadable ({}); its attempts are not kept",
              options_.run.name, e.what());
   }
+  // The highest number any record holds: result.jsonl outlives a lost run.json.
   setup.attempt_offset = earlier_attempts.empty() ? 0 : earlier_attempts.back().attempt;
+  if (const auto* last = storage.last_result()) {
+    setup.attempt_offset = std::max(setup.attempt_offset, last->attempt);
+  }
   auto all_attempts = [&](const std::vector<AttemptInfo>& these) {
     auto all = earlier_attempts;
     all.insert(all.end(), these.begin(), these.end());
@@ -472,6 +476,7 @@ Result Trainer::fit() {
   info.controller_host = host;
   info.started_at = run_directory::timestamp_now();
   info.max_failures = options_.failure.max_failures;
+  info.attempts = earlier_attempts;  // kept if this run ends before its first attempt
   storage.write_run_info(info);
   storage.write_error(std::nullopt);
   log.info("run '{}': {} x {} ({}), results in {}", options_.run.name, options_.scaling.num_workers,
@@ -563,7 +568,7 @@ Result Trainer::fit() {
 
   if (console) console->clear();  // the closing lines go below the run's output
   info.ended_at = run_directory::timestamp_now();
-  if (!run.attempts.empty()) info.attempts = all_attempts(run.attempts);
+  info.attempts = all_attempts(run.attempts);
   info.status = !run.error                                     ? RunStatus::kFinished
                 : run.error->kind == FailureKind::kInterrupted ? RunStatus::kInterrupted
                                                                : RunStatus::kFailed;
@@ -605,9 +610,8 @@ Result Trainer::fit() {
   result.wall_seconds = run.wall_seconds;
   if (result.error) {
     // This run's attempts: earlier runs of the name had theirs.
-    auto attempts = run.attempts.size() > 1
-                        ? " after " + std::to_string(run.attempts.size()) + " attempts"
-                        : std::string();
+    const int made = result.error->attempt - setup.attempt_offset;
+    auto attempts = made > 1 ? " after " + std::to_string(made) + " attempts" : std::string();
     log.error("run {}{}: {}", result.interrupted() ? "interrupted" : "failed", attempts,
               result.error->summary());
   } else {

@@ -109,12 +109,13 @@ RunOutcome Controller::run() {
       if (retry && !interrupted_) {
         if (end.regroup) {
           log_.info("attempt {}: the group grows from {} workers at checkpoint {}",
-                    attempt_->number + 1, world_size(), checkpoints_.latest_name());
+                    setup_.attempt_offset + attempt_->number + 1, world_size(),
+                    checkpoints_.latest_name());
         } else {
-          log_.warn("attempt {}{} after {}", attempt_->number + 1,
+          log_.warn("attempt {}{} after {}", setup_.attempt_offset + attempt_->number + 1,
                     max_failures < 0 ? ""
-                                     : "/" + std::to_string(max_failures + 1 + attempt_->number -
-                                                            failures_used_),
+                                     : "/" + std::to_string(setup_.attempt_offset + max_failures +
+                                                            1 + attempt_->number - failures_used_),
                     error->summary());
           back_off();
         }

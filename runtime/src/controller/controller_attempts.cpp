@@ -42,14 +42,15 @@ void Controller::start_attempt() {
   attempts_.push_back(info);
   notify_attempts();
   if (number > 1) {
-    log_.info("attempt {} starts from {}", number,
+    log_.info("attempt {} starts from {}", setup_.attempt_offset + number,
               info.resumed_from.empty() ? "the start" : info.resumed_from);
     // Node agents start this attempt's workers and announce them with AGENT.
     for (auto& [id, agent] : agents_) to_agent(id, agent, protocol::Restart{number});
   }
   const int local = setup_.options.scaling.local_workers;
   if (standby) {
-    log_.info("attempt {} takes the {} standby workers", number, pool().size());
+    log_.info("attempt {} takes the {} standby workers", setup_.attempt_offset + number,
+              pool().size());
     maybe_assign();
     return;
   }
@@ -138,7 +139,8 @@ void Controller::back_off() {
   auto delay = std::chrono::milliseconds(500) * (1 << std::min(idle_failures_ - 2, 6));
   delay = std::min<std::chrono::milliseconds>(delay, std::chrono::seconds(30));
   log_.warn("waiting {:.1f} s before attempt {}: the last {} attempts failed before any report",
-            std::chrono::duration<double>(delay).count(), attempt_->number + 1, idle_failures_);
+            std::chrono::duration<double>(delay).count(),
+            setup_.attempt_offset + attempt_->number + 1, idle_failures_);
   enter(RunPhase::kBackingOff);
   serve_until(now() + delay, [&] { return interrupted_.has_value(); });
 }
@@ -165,7 +167,8 @@ void Controller::maybe_assign() {
     }
   }
   if (connected_claims < attempt_->agent_claims) return;
-  log_.warn("attempt {} goes on with {} of {} workers", attempt_->number, hellos, max_workers());
+  log_.warn("attempt {} goes on with {} of {} workers", setup_.attempt_offset + attempt_->number,
+            hellos, max_workers());
   assign_ranks();
 }
 

@@ -77,7 +77,7 @@ void Controller::on_progress(const WorkerSlot& worker, const protocol::Progress&
     throw ProtocolError("PROGRESS with counts out of range");
   }
   if (worker.rank != 0 || !setup_.on_progress || !healthy()) return;
-  ProgressSample sample{attempt_->number, world_size(),   progress.epoch,  progress.batch,
+  ProgressSample sample{setup_.attempt_offset + attempt_->number, world_size(),   progress.epoch,  progress.batch,
                         progress.batches, progress.steps, progress.samples};
   // A sampler that yields more than the loader counted: the epoch is done.
   if (sample.batches > 0) sample.batch = std::min(sample.batch, sample.batches);

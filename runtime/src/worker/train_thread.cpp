@@ -386,10 +386,12 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.progress = &host_progress;
     host.report_checkpoint = &host_report_checkpoint;
     host.arrive = &host_arrive;
-    // Beside the run's results where this worker sees them, else in its cache.
-    const auto profile_path = (state.run_dir.empty() ? std::filesystem::path(options.cache_dir) /
-                                                           "profiles" / assign.run_name
-                                                     : state.run_dir / "profiles") /
+    // Beside the run's results where this worker sees them (a local worker,
+    // or a remote one that shares the storage), else in its cache.
+    const bool sees_run_dir = !state.run_dir.empty() && (options.index >= 0 || sees_storage);
+    const auto profile_path = (sees_run_dir ? state.run_dir / "profiles"
+                                            : std::filesystem::path(options.cache_dir) / "profiles" /
+                                                  assign.run_name) /
                               ("rank-" + std::to_string(assign.world_rank) + ".json");
     const auto profile_text = profile_path.string();
     host.profile_first = assign.profile_first;

@@ -53,9 +53,9 @@ struct LoaderOptions {
 namespace detail {
 
 /// A point between steps on the train function's thread (a loader's next
-/// batch or epoch, a report): where the profile of the run's profile steps
-/// (trainrun --profile-steps) starts and stops. Nothing elsewhere.
-void profile_point();
+/// batch, `batch_done`, or epoch, a report): where the profile of the run's
+/// profile steps (trainrun --profile-steps) starts and stops. Nothing elsewhere.
+void profile_point(bool batch_done = false);
 
 /// A loader's side of the progress display: claims it at begin() and sends
 /// its epoch and batches through the host table, which never blocks (the host
@@ -256,6 +256,7 @@ class DataLoader {
     if constexpr (has_resume<Sampler>::value) {
       sampler_.resume(static_cast<size_t>(std::max<int64_t>(epoch_, 0)),
                       batches * options_.batch_size());
+      resumed_ = batches;  // of max_batches, already done
       return true;
     } else {
       return false;
@@ -288,10 +289,14 @@ class DataLoader {
   class Iterator {
    public:
     using InnerIterator = torch::data::Iterator<Batch>;
-    /// `limit`: the batches it yields at most (0: no limit).
+    /// `limit`: the batches it yields at most (none: no limit).
     Iterator(InnerIterator it, c10::Device device, detail::LoaderProgress* progress = nullptr,
-             size_t limit = 0)
-        : it_(std::move(it)), device_(device), progress_(progress), left_(limit) {}
+             c10::optional<size_t> limit = c10::nullopt)
+        : it_(std::move(it)),
+          device_(device),
+          progress_(progress),
+          left_(limit.value_or(0)),
+          limited_(limit && *limit == 0) {}
     Batch& operator*() {
       if (!current_) {
         Batch& batch = *it_;
@@ -303,7 +308,7 @@ class DataLoader {
       return *current_;
     }
     Iterator& operator++() {
-      detail::profile_point();
+      detail::profile_point(/*batch_done=*/true);
       if (progress_ != nullptr) {
         const auto& data = current_ ? current_->data : (*it_).data;
         progress_->batch_done(data.dim() > 0 ? data.size(0) : 1);
@@ -317,15 +322,17 @@ class DataLoader {
       current_.reset();
       return *this;
     }
-    bool operator!=(const Iterator& other) const { return !limited_ && it_ != other.it_; }
+    bool operator!=(const Iterator& other) const {
+      return !limited_ && !other.limited_ && it_ != other.it_;
+    }
 
    private:
     InnerIterator it_;
     c10::Device device_;
     c10::optional<Batch> current_;
     detail::LoaderProgress* progress_;
-    size_t left_;           // batches still to yield under the limit; 0: no limit
-    bool limited_ = false;  // the limit was reached
+    size_t left_;   // batches still to yield under the limit; 0: no limit
+    bool limited_;  // the limit was reached
   };
 
   /// Starts an epoch (in the order set by set_epoch).
@@ -347,7 +354,13 @@ class DataLoader {
       }
       shown->begin_epoch(epoch_, std::max<int64_t>(batches_, 0));
     }
-    return Iterator(inner_->begin(), device_, shown, options_.max_batches());
+    // What max_batches leaves of an epoch that resumed part-way.
+    c10::optional<size_t> limit;
+    if (const size_t most = options_.max_batches(); most > 0) {
+      limit = most > resumed_ ? most - resumed_ : 0;
+    }
+    resumed_ = 0;
+    return Iterator(inner_->begin(), device_, shown, limit);
   }
   Iterator end() { return Iterator(inner_->end(), device_); }
 
@@ -397,6 +410,7 @@ class DataLoader {
   std::shared_ptr<detail::LoaderProgress> progress_;  // with LoaderOptions::progress
   int64_t epoch_ = -1;                                // set_epoch's; -1: never set
   int64_t batches_ = -1;                              // per epoch, once counted
+  size_t resumed_ = 0;  // batches resume() skipped in the epoch begin() starts next
 };
 
 /// Shards a LibTorch dataset across ranks, like Ray Train's prepare_data_loader:
