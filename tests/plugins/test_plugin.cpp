@@ -95,7 +95,8 @@ void throws(const train::Config& config) {
 __attribute__((noinline)) void write_through_null(volatile int* where) { *where = 42; }
 
 // Rank `fail_rank` dies by a signal (`how` = abort, segv, null: a write
-// through a null pointer, or call_null: a call through one); the others wait. With at_start=true it
+// through a null pointer, call_null: a call through one, or two_threads: two
+// threads writing through a null pointer at once); the others wait. With at_start=true it
 // dies before the first report.
 void crash(const train::Config& config) {
   auto ctx = train::get_context();
@@ -105,6 +106,18 @@ void crash(const train::Config& config) {
     const auto how = config.get("how", "abort");
     if (how == std::string("segv")) std::raise(SIGSEGV);
     if (how == std::string("null")) write_through_null(nullptr);
+    if (how == std::string("two_threads")) {  // both at once: one report, one death
+      std::atomic<int> ready{0};
+      auto crash_when_both = [&ready] {
+        ++ready;
+        while (ready.load() < 2) {
+        }
+        write_through_null(nullptr);
+      };
+      std::thread one(crash_when_both), two(crash_when_both);
+      one.join();
+      two.join();
+    }
     if (how == std::string("call_null")) {
       void (*volatile nowhere)() = nullptr;
       nowhere();
