@@ -47,6 +47,17 @@ TEST_CASE("the innermost place skips the C and C++ runtimes and prefers a source
   // Without debug information: the innermost frame outside the runtimes.
   CHECK(innermost_place({"raise in libc.so.6", "step() in libp.so", "libp.so+0x10"}) ==
         "in step() in libp.so");
+  // The plugin's own frames first, with the plugin's name: where its code
+  // called the library that failed.
+  const std::vector<std::string> torch_check{
+      "c10::detail::torchCheckFail(char const*) at c10/util/Exception.cpp:87 in libc10.so",
+      "at::native::add(at::Tensor const&) in libtorch_cpu.so", "step(int) in libp.so",
+      "train(train::Config const&) at /src/p.cpp:9 in libp.so"};
+  CHECK(innermost_place(torch_check) ==
+        "in c10::detail::torchCheckFail(char const*) at Exception.cpp:87");
+  CHECK(innermost_place(torch_check, "libp.so") == "in train(train::Config const&) at p.cpp:9");
+  CHECK(innermost_place({"libp.so+0x10", "f() in libq.so"}, "libp.so") == "in libp.so+0x10");
+  CHECK(innermost_place({"f() in libq.so"}, "libp.so") == "in f() in libq.so");
   // Nothing but the runtimes: the innermost frame.
   CHECK(innermost_place({"abort in libc.so.6"}) == "in abort in libc.so.6");
 }

@@ -49,7 +49,22 @@ std::vector<std::string> CrashReport::frames_of(std::string_view signal) const {
   return named ? frames_ : std::vector<std::string>{};
 }
 
-std::string innermost_place(const std::vector<std::string>& frames) {
+std::string innermost_place(const std::vector<std::string>& frames, std::string_view library) {
+  // The plugin's own frames first: a check that failed, or a fault, inside
+  // LibTorch was reached from there.
+  if (!library.empty()) {
+    std::vector<std::string> own;
+    for (const auto& frame : frames) {
+      const auto in = frame.rfind(" in ");
+      const auto plus = frame.rfind('+');
+      if ((in != std::string::npos && std::string_view(frame).substr(in + 4) == library) ||
+          (in == std::string::npos && plus != std::string::npos &&
+           std::string_view(frame).substr(0, plus) == library)) {
+        own.push_back(frame);
+      }
+    }
+    if (!own.empty()) return innermost_place(own);
+  }
   const std::string* first = nullptr;  // the innermost frame outside the runtimes
   for (const auto& frame : frames) {
     if (in_system_runtime(frame)) continue;

@@ -42,7 +42,9 @@ class CrashReport {
 /// the C and C++ runtimes with a source line ("in crash_here() at
 /// plug.cpp:12"), else the innermost one outside them ("in crash_here() in
 /// libplug.so"); empty for no frames. Frames read as worker/stacks.h writes
-/// them: "f() at /src/plug.cpp:12 in libplug.so".
-std::string innermost_place(const std::vector<std::string>& frames);
+/// them: "f() at /src/plug.cpp:12 in libplug.so". With `library` (the
+/// plugin's file name), the same among its own frames where it has any: a
+/// fault or a failed check inside LibTorch is named where the plugin called it.
+std::string innermost_place(const std::vector<std::string>& frames, std::string_view library = {});
 
 }  // namespace trainrun

@@ -135,7 +135,7 @@ void Controller::on_worker_exit(WorkerSlot& worker, std::optional<int> code, int
   // The worker's handler wrote where it died (worker/stacks.h).
   std::vector<std::string> stack;
   if (worker.output) stack = worker.output->crash_frames(signal_description(signal));
-  auto place = innermost_place(stack);
+  auto place = innermost_place(stack, setup_.options.plugin.filename().string());
   fail(worker, FailureKind::kSignal,
        exit_description(code, signal) + (place.empty() ? "" : " " + place), std::move(stack));
 }

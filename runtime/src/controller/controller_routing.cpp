@@ -288,7 +288,7 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
     // f at x.cpp:12: boom"); as many frames as a crash's.
     if (failed.stack.size() > kMaxFrames) failed.stack.resize(kMaxFrames);
     for (auto& frame : failed.stack) frame = frame.substr(0, kMaxFrameText);
-    const auto place = innermost_place(failed.stack);
+    const auto place = innermost_place(failed.stack, setup_.options.plugin.filename().string());
     fail(worker, kind, "raised" + (place.empty() ? "" : " " + place) + ": " + failed.message,
          std::move(failed.stack));
   } else {
