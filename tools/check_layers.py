@@ -27,8 +27,12 @@ ALLOWED = {
     "cli": CORE | {"api"},
 }
 # The worker executable's main is the one file of cli/ that reaches the worker
-# and the agent.
-ALLOWED_FILES = {"cli/worker_main.cpp": CORE | {"worker", "agent"}}
+# and the agent, and the in-process worker module's the one besides it that
+# reaches the worker.
+ALLOWED_FILES = {
+    "cli/worker_main.cpp": CORE | {"worker", "agent"},
+    "cli/in_process_main.cpp": CORE | {"worker"},
+}
 # The SDK: core/ is the plugin's side of the host table (context, config,
 # report, checkpoints, the run's small collectives); DDP, data, mixed
 # precision, optimizers and the captured step build on it and not on each

@@ -41,6 +41,15 @@ struct ScalingConfig {
   /// Workers the controller starts on this host; the rest connect to
   /// NetworkConfig::listen. -1 = all of them without `listen`, none with it.
   int local_workers = -1;
+  /// Runs the train function in this process, as rank 0 of a world of 1, on
+  /// a thread of its own (Ray Train's local mode, `trainrun --local`): the
+  /// same SDK calls, storage, checkpoints and Result, where a debugger or a
+  /// sanitizer attached to this process reaches the user's code. Loads
+  /// LibTorch into this process. Takes one worker, no `listen`, and no
+  /// retries (FailureConfig::max_failures 0); no timeout ends it for
+  /// silence, since a debugger stops every thread. A train function still
+  /// running when the run is stopped runs on until the process ends.
+  bool in_process = false;
 };
 
 /// Where workers on other hosts reach the controller, and how they prove they

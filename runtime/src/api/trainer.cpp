@@ -27,6 +27,7 @@
 #include "common/constants.h"
 #include "common/fd.h"
 #include "common/hash.h"
+#include "common/in_process.h"
 #include "common/metrics_format.h"
 #include "common/network.h"
 #include "common/paths.h"
@@ -170,6 +171,28 @@ void check_network(TrainerOptions& options) {
                      "key (trainrun keygen FILE), or --insecure on a network you trust");
   }
   if (!network.auth_key_file.empty()) (void)read_run_key(network.auth_key_file);  // fails early
+}
+
+// What a run in this process cannot take: each refused in one line, in the
+// command's words (the API's options are named alike).
+void check_in_process(TrainerOptions& options) {
+  const auto& scaling = options.scaling;
+  const std::string local = "--local runs the train function in this process as the one rank";
+  if (scaling.num_workers != 1) {
+    throw UsageError(local + ": it takes no --num-workers " + std::to_string(scaling.num_workers));
+  }
+  if (!options.network.listen.empty()) {
+    throw UsageError(local + ": it takes no --listen (no worker connects to it)");
+  }
+  if (scaling.local_workers != 1) {
+    throw UsageError(local + ": it takes no --local-workers " +
+                     std::to_string(scaling.local_workers));
+  }
+  if (options.failure.max_failures != 0) {
+    throw UsageError(local + ": it takes no --max-failures (a failure ends it; run it again to "
+                             "resume from its latest checkpoint)");
+  }
+  options.failure.standby = false;
 }
 
 // A port another process holds is the user's to change: refused before the
@@ -328,6 +351,7 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
                      std::to_string(options_.progress_interval.count()));
   }
   check_network(options_);
+  if (scaling.in_process) check_in_process(options_);
   auto& run = options_.run;
   if (s3::is_s3_url(run.resume_from.string())) {
     // A checkpoint in object storage: its manifest, read with this process's
@@ -368,6 +392,8 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
   if (options_.worker_executable.empty()) {
     options_.worker_executable = find_worker_executable();
   }
+  // Found now: without it the run cannot start.
+  if (options_.scaling.in_process) (void)find_in_process_module(options_.worker_executable);
 }
 
 Result Trainer::fit() {
@@ -428,7 +454,10 @@ Result Trainer::fit() {
   std::unique_ptr<Console> console;
   if (!callbacks_.on_output && !callbacks_.log_sink) {
     console = std::make_unique<Console>(
-        options_.status_line && options_.verbose && options_.progress_interval.count() > 0 &&
+        // The train function's own output, in this process, goes straight to
+        // the terminal: a live status line would be drawn over it.
+        options_.status_line && !options_.scaling.in_process && options_.verbose &&
+            options_.progress_interval.count() > 0 &&
             Console::stdout_is_terminal(),
         Console::stdout_is_terminal() && std::getenv("NO_COLOR") == nullptr);
   }

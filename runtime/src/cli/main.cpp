@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -38,13 +39,23 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
                  const std::vector<std::string>& config_args) {
   options.config = trainrun::build_config(config_file, config_args);
   options.handle_signals = true;  // Ctrl-C, kill and a closed terminal end the run in order
+  const bool in_process = options.scaling.in_process;
   trainrun::Trainer trainer(std::move(options));
   auto result = trainer.fit();
   if (!result.error) return kExitOk;
-  if (result.interrupted()) return kExitInterrupted;
   // A plugin the workers could not load is a plugin error, as when the
   // controller refuses one.
-  return result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage : kExitFailed;
+  int code = result.interrupted()                                   ? kExitInterrupted
+             : result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage
+                                                                    : kExitFailed;
+  if (in_process) {
+    // The train function may still be running on its thread, inside
+    // LibTorch: static destructors must not run under it.
+    std::cout.flush();
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+  return code;
 }
 
 // "4", or "2:4" for an elastic group of 2 to 4 workers.
@@ -172,6 +183,9 @@ int main(int argc, char** argv) {
       ->envname(trainrun::kAuthKeyVariable);
   app.add_flag("--insecure", options.network.insecure,
                "allow --listen on a non-loopback address without a run key");
+  app.add_flag("--local", options.scaling.in_process,
+               "run the train function in this process, as rank 0 of 1, for a debugger or a "
+               "sanitizer: gdb --args trainrun --plugin x.so --local");
   app.add_flag("--use-gpu", options.scaling.use_gpu,
                "one CUDA device per worker (by local rank), NCCL for collectives");
   trainrun::add_timeout_option(

@@ -108,5 +108,5 @@ int main(int argc, char** argv) {
     agent.interface = options.interface;
     return trainrun::run_agent(agent);
   }
-  return trainrun::run_worker(options);
+  trainrun::run_worker(options);
 }

@@ -1,5 +1,7 @@
 #include "common/paths.h"
 
+#include "common/in_process.h"
+
 #include <trainrun/error.h>
 
 #include <dlfcn.h>
@@ -14,6 +16,10 @@
 // bin/ relative to lib/ in an installed prefix (set by the build).
 #ifndef TRAINRUN_BIN_FROM_LIB
 #define TRAINRUN_BIN_FROM_LIB "../bin"
+#endif
+// lib/ relative to bin/.
+#ifndef TRAINRUN_LIB_FROM_BIN
+#define TRAINRUN_LIB_FROM_BIN "../lib"
 #endif
 
 namespace trainrun {
@@ -60,6 +66,17 @@ std::filesystem::path find_worker_executable() {
   }
   throw UsageError(std::string("cannot find the ") + kName +
                    " executable beside this program or on PATH");
+}
+
+std::filesystem::path find_in_process_module(const std::filesystem::path& worker_executable) {
+  const auto bin = worker_executable.parent_path();
+  for (const auto& dir : {bin, bin / TRAINRUN_LIB_FROM_BIN / "trainrun"}) {
+    auto candidate = (dir / kInProcessModule).lexically_normal();
+    if (::access(candidate.c_str(), R_OK) == 0) return candidate;
+  }
+  throw UsageError(std::string("cannot find ") + kInProcessModule + ", which runs a train function "
+                   "in this process, beside " + worker_executable.string() + " or in " +
+                   (bin / TRAINRUN_LIB_FROM_BIN / "trainrun").lexically_normal().string());
 }
 
 std::filesystem::path make_temp_dir(const std::string& prefix) {

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include "common/constants.h"
+#include "common/in_process.h"
 #include "common/seconds.h"
 
 namespace trainrun {
@@ -92,6 +93,11 @@ RunOutcome Controller::run() {
   launch_.threads = setup_.cpus_per_worker;
   launch_.logs_dir = storage_.logs_dir();
   launch_.echo = worker_echo();
+  if (setup_.options.scaling.in_process) {
+    launch_.in_process = true;
+    launch_.in_process_module = find_in_process_module(launch_.executable);
+    launch_.plugin = setup_.options.plugin;
+  }
   watch_sources();
   const int max_failures = setup_.options.failure.max_failures;
   std::optional<RunError> error;

@@ -5,6 +5,8 @@
 
 #include <trainrun/error.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <thread>
 
@@ -56,7 +58,10 @@ void Controller::start_attempt() {
   }
   try {
     pool().spawn(local, launch_);
-    if (number == 1) {
+    if (number == 1 && launch_.in_process) {
+      log_.info("running the train function in this process (pid {}, {} threads)", ::getpid(),
+                setup_.cpus_per_worker);
+    } else if (number == 1) {
       log_.info("listening on {}; started {} workers ({} threads each)", launch_.endpoint, local,
                 setup_.cpus_per_worker);
     }

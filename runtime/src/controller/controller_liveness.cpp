@@ -158,7 +158,9 @@ void Controller::check_timers() {
   check_report_wait();
   if (attempt_->stacks && now >= attempt_->stacks->deadline) finish_stacks(true);
   for (auto& worker : pool().workers()) {
-    if (worker.exited) continue;
+    // An in-process worker cannot be lost without this process, and a
+    // debugger stops both for as long as it likes.
+    if (worker.exited || worker.in_process()) continue;
     if (starting && !worker.main_id) {
       fail(worker, FailureKind::kSetup,
            "did not connect to the controller within " + seconds_text(run.startup_timeout));
@@ -250,9 +252,10 @@ void Controller::stop_workers(bool graceful, bool restart) {
   const char* reason = graceful ? "finished" : restart ? "a new attempt" : "the run failed";
   for (auto& [id, agent] : agents_) to_agent(id, agent, protocol::Shutdown{reason, restart});
   for (auto& worker : pool().workers()) {
-    // Remote workers exit on SHUTDOWN whether or not the run succeeded; local
-    // ones that failed are signalled.
-    if (worker.main_id && !worker.exited && (graceful || worker.remote)) {
+    // Remote workers exit on SHUTDOWN whether or not the run succeeded, and
+    // an in-process one, which no signal reaches; local ones that failed are
+    // signalled.
+    if (worker.main_id && !worker.exited && (graceful || worker.remote || worker.in_process())) {
       to_main(worker, protocol::Shutdown{reason, restart});
     }
   }
@@ -274,6 +277,9 @@ void Controller::stop_workers(bool graceful, bool restart) {
   // group) ends with them, on success too.
   pool().end_groups();
   pool().drain_output();  // the last lines before each exit
+  if (pool().train_left_running()) {
+    log_.warn("the train function did not return: it runs on in this process until it ends");
+  }
   // What the workers sent before they exited, while they are still known.
   for (int i = 0; i < 100000 && on_router_readable(); ++i) {
   }

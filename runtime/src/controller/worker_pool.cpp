@@ -2,20 +2,42 @@
 
 #include <trainrun/error.h>
 
+#include <dlfcn.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
 
+#include "common/in_process.h"
 #include "common/seconds.h"
 #include "common/secret.h"
 #include "common/worker_name.h"
 
 namespace trainrun {
+
+// The worker's thread and what its entry reads and writes. The thread holds
+// it too: a slot that goes first (the controller ended) leaves it running.
+struct InProcessThread {
+  std::string connect, secret, cache_dir, helper, plugin;  // what args points into
+  trainrun_in_process_v1 args{};
+  std::thread thread;
+  Fd done_fd;  // an eventfd, written as the entry returns
+  std::atomic<bool> done{false};
+  int code = 1;
+  ~InProcessThread() {
+    if (thread.joinable()) thread.detach();
+  }
+};
 
 std::string WorkerSlot::describe() const {
   return describe_worker(display_rank(), host, process.pid);
@@ -45,6 +67,24 @@ uint64_t stream_key(int index, int stream) { return static_cast<uint64_t>(index)
 // A descriptor that becomes readable when the process exits (Linux 5.3), or none.
 Fd open_pidfd(pid_t pid) { return Fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))); }
 
+// The module's entry, loaded once and never unloaded (LibTorch comes with it).
+trainrun_in_process_fn_v1 in_process_entry(const std::filesystem::path& module) {
+  static std::mutex mutex;
+  static std::map<std::filesystem::path, trainrun_in_process_fn_v1> loaded;
+  std::lock_guard lock(mutex);
+  if (auto found = loaded.find(module); found != loaded.end()) return found->second;
+  void* handle = ::dlopen(module.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (handle == nullptr) {
+    const char* detail = ::dlerror();
+    throw IoError("cannot load " + module.string() + ": " + (detail != nullptr ? detail : "?"));
+  }
+  auto entry = reinterpret_cast<trainrun_in_process_fn_v1>(::dlsym(handle, kInProcessEntry));
+  if (entry == nullptr) {
+    throw IoError(module.string() + " has no " + kInProcessEntry + ": it is from another build");
+  }
+  return loaded[module] = entry;
+}
+
 }  // namespace
 
 WorkerPool::WorkerPool() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
@@ -58,6 +98,11 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   echo_ = launch.echo;
   // Slots hold pointers into workers_ (by_rank_, by_connection_): no reallocation.
   TRAINRUN_CHECK(workers_.size() + static_cast<size_t>(count) <= capacity_, "room reserved");
+  if (launch.in_process) {
+    TRAINRUN_CHECK(count == 1 && workers_.empty(), "one in-process worker");
+    spawn_in_process(launch);
+    return;
+  }
   auto threads = std::to_string(launch.threads);
   for (int i = 0; i < count; ++i) {
     auto scratch = launch.scratch_dir / ("worker-" + std::to_string(i));
@@ -95,6 +140,47 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
       }
     }
   }
+}
+
+void WorkerPool::spawn_in_process(const LaunchOptions& launch) {
+  auto entry = in_process_entry(launch.in_process_module);
+  auto state = std::make_shared<InProcessThread>();
+  state->connect = launch.endpoint;
+  state->secret = launch.secret;
+  state->cache_dir = launch.cache_dir.string();
+  state->helper = launch.executable.string();
+  state->plugin = std::filesystem::absolute(launch.plugin).string();
+  state->args.struct_size = sizeof(state->args);
+  state->args.connect = state->connect.c_str();
+  state->args.secret = state->secret.c_str();
+  state->args.cache_dir = state->cache_dir.c_str();
+  state->args.startup_timeout_ms = launch.startup_timeout.count();
+  state->args.helper_executable = state->helper.c_str();
+  state->args.plugin = state->plugin.c_str();
+  state->done_fd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!state->done_fd) throw IoError(std::string("cannot create an eventfd: ") + strerror(errno));
+  auto& worker = workers_.emplace_back();
+  worker.index = 0;
+  worker.process.pid = ::getpid();
+  worker.last_heard = Clock::now();
+  worker.thread = state;
+  // No pipes and no log: what the train function prints goes where this
+  // process's output goes.
+  worker.output = std::make_unique<WorkerOutput>(Fd(), Fd(), output_prefix(worker),
+                                                 std::filesystem::path(), LineEcho());
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = stream_key(0, kExitKey);
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, state->done_fd.get(), &event) != 0) {
+    throw IoError(std::string("cannot watch the in-process worker: ") + strerror(errno));
+  }
+  state->thread = std::thread([state, entry] {
+    state->code = entry(&state->args);
+    state->done = true;
+    uint64_t one = 1;
+    [[maybe_unused]] auto written = ::write(state->done_fd.get(), &one, sizeof(one));
+  });
+  ++running_;
 }
 
 void WorkerPool::reserve(int capacity) {
@@ -187,7 +273,8 @@ void WorkerPool::forward_output() {
       auto& worker = workers_[key / 3];
       if (key % 3 == kExitKey) {  // it exited: reap() closes the pidfd
         exits_ = true;
-        ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, worker.pidfd.get(), nullptr);
+        const int fd = worker.in_process() ? worker.thread->done_fd.get() : worker.pidfd.get();
+        ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
         continue;
       }
       // A closed descriptor leaves the epoll set by itself.
@@ -201,6 +288,14 @@ std::vector<std::pair<WorkerSlot*, std::optional<int>>> WorkerPool::reap() {
   if (running_ == 0) return exits;
   for (auto& worker : workers_) {
     if (worker.exited || worker.remote) continue;
+    if (worker.in_process()) {
+      if (!worker.thread->done) continue;
+      worker.thread->thread.join();
+      worker.exited = true;
+      --running_;
+      exits.emplace_back(&worker, (worker.thread->code & 0xff) << 8);  // as if it had exited
+      continue;
+    }
     int status = 0;
     pid_t got = ::waitpid(worker.process.pid, &status, WNOHANG);
     // ECHILD: a host program's waitpid(-1) took it; it is gone all the same.
@@ -222,9 +317,15 @@ std::vector<std::pair<WorkerSlot*, std::optional<int>>> WorkerPool::reap() {
 
 bool WorkerPool::all_exited() const { return running_ == 0; }
 
+bool WorkerPool::train_left_running() const {
+  return std::any_of(workers_.begin(), workers_.end(), [](const WorkerSlot& worker) {
+    return worker.in_process() && worker.thread->done && worker.thread->args.train_left_running;
+  });
+}
+
 void WorkerPool::signal_all(int signal) {
   for (auto& worker : workers_) {
-    if (worker.exited || worker.remote) continue;
+    if (worker.exited || worker.remote || worker.in_process()) continue;
     ::kill(-worker.process.pid, signal);
     // A stopped process (SIGSTOP) takes SIGTERM only once it continues.
     if (signal == SIGTERM) ::kill(-worker.process.pid, SIGCONT);
@@ -233,7 +334,7 @@ void WorkerPool::signal_all(int signal) {
 
 void WorkerPool::end_groups() {
   for (auto& worker : workers_) {
-    if (!worker.remote) ::kill(-worker.process.pid, SIGKILL);
+    if (!worker.remote && !worker.in_process()) ::kill(-worker.process.pid, SIGKILL);
   }
 }
 

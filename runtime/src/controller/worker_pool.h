@@ -28,6 +28,9 @@ namespace trainrun {
 
 using Clock = std::chrono::steady_clock;
 
+/// A worker on a thread of this process (LaunchOptions::in_process).
+struct InProcessThread;
+
 /// One worker process, from spawn to exit.
 struct WorkerSlot {
   int index = 0;        // launch order, local workers first, then remote ones as they connect
@@ -42,6 +45,7 @@ struct WorkerSlot {
   std::string attach_secret;      // a remote worker's, sent in its ASSIGN; ATTACH carries it
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
   Fd pidfd;                       // a local worker's: readable once it exits (watched by epoll)
+  std::shared_ptr<InProcessThread> thread;  // an in-process one's, in place of a process
   int rank = -1;                  // once assigned
   bool started = false;           // its train function was called (STARTED)
   bool shares_storage = false;    // a remote worker that sees the run directory (STARTED)
@@ -51,6 +55,8 @@ struct WorkerSlot {
   Clock::time_point last_heard;
   protocol::LinkTally main_link;  // its main connection's messages, both ways
 
+  /// A thread of this process: never signalled, and ended only by SHUTDOWN.
+  bool in_process() const { return thread != nullptr; }
   /// Its rank, or before ranks are assigned its launch index (its rank-to-be).
   int display_rank() const { return rank < 0 ? index : rank; }
   /// "rank 1 (host, pid 42)".
@@ -71,6 +77,11 @@ struct LaunchOptions {
   std::string secret;                 // the run's worker secret, in each one's environment
   std::filesystem::path logs_dir;
   LineEcho echo;  // worker output on the terminal too (or the host's function); empty: not
+  // The one worker is a thread of this process, run by this module's entry
+  // (common/in_process.h); its output is this process's own.
+  bool in_process = false;
+  std::filesystem::path in_process_module;
+  std::filesystem::path plugin;  // the user's file, which it loads in place when unchanged
 };
 
 class WorkerPool {
@@ -85,8 +96,8 @@ class WorkerPool {
   /// Forgets every worker, for a new attempt (the local ones have exited),
   /// and makes room for `capacity`.
   void clear(int capacity);
-  /// Starts `count` local workers. Throws IoError; those already started stay
-  /// in the pool, to be stopped.
+  /// Starts `count` local workers (with launch.in_process, one thread).
+  /// Throws IoError; those already started stay in the pool, to be stopped.
   void spawn(int count, const LaunchOptions& launch);
   /// A worker that connected from the network, as its HELLO describes it; null
   /// when the pool is full. Its output comes from its node agent, if it has one.
@@ -124,8 +135,12 @@ class WorkerPool {
   /// (none when another part of this process collected it first).
   std::vector<std::pair<WorkerSlot*, std::optional<int>>> reap();
   bool all_exited() const;
-  /// Sends `signal` to the process group of every local worker still running.
+  /// Sends `signal` to the process group of every local worker still running
+  /// (not to an in-process one: it is this process).
   void signal_all(int signal);
+  /// Whether an in-process worker left its train function running: only
+  /// this process's end stops it.
+  bool train_left_running() const;
   /// Ends the process group of every local worker, exited or not: what a train
   /// function started does not outlive the run.
   void end_groups();
@@ -140,6 +155,8 @@ class WorkerPool {
   std::unordered_map<std::string, WorkerSlot*> remote_by_process_;  // "host/pid"
   std::filesystem::path logs_dir_;  // worker-<rank>.log files, from spawn's LaunchOptions
   LineEcho echo_;
+  void spawn_in_process(const LaunchOptions& launch);
+
   Fd epoll_fd_;
   int running_ = 0;
   bool exits_ = false;

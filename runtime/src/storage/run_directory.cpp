@@ -184,6 +184,7 @@ std::optional<RunInfo> read_run_info(const std::filesystem::path& run_dir) {
     info.scaling.num_workers = scaling.value("num_workers", 1);
     info.scaling.cpus_per_worker = scaling.value("cpus_per_worker", 0);
     info.scaling.use_gpu = scaling.value("use_gpu", false);
+    info.scaling.in_process = scaling.value("in_process", false);
     info.config = j.value("config", json::object());
     auto checkpoint = j.value("checkpoint", json::object());
     info.checkpoint.num_to_keep = checkpoint.value("num_to_keep", 0);
@@ -216,7 +217,8 @@ void write_run_info(const std::filesystem::path& run_dir, const RunInfo& info) {
             {"scaling",
              {{"num_workers", info.scaling.num_workers},
               {"cpus_per_worker", info.scaling.cpus_per_worker},
-              {"use_gpu", info.scaling.use_gpu}}},
+              {"use_gpu", info.scaling.use_gpu},
+              {"in_process", info.scaling.in_process}}},
             {"config", info.config},
             {"checkpoint",
              {{"num_to_keep", info.checkpoint.num_to_keep},

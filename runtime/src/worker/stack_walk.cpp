@@ -154,6 +154,7 @@ std::string read_until(int fd, SteadyClock::time_point deadline) {
 }
 
 std::mutex g_walking;  // one walk at a time
+std::string g_helper = "/proc/self/exe";  // set before the first walk
 
 }  // namespace
 
@@ -180,6 +181,11 @@ int walk_threads_main(int pid, int bound_ms) {
   return failed;
 }
 
+void set_helper_executable(const std::string& path) {
+  std::lock_guard lock(g_walking);
+  g_helper = path;
+}
+
 std::vector<ThreadStack> all_threads(std::chrono::milliseconds bound) {
   std::lock_guard lock(g_walking);
   std::vector<ThreadStack> stacks;
@@ -200,7 +206,7 @@ std::vector<ThreadStack> all_threads(std::chrono::milliseconds bound) {
   const char* argv[] = {"trainrun-worker", "--walk-stacks", pid.c_str(), helper_bound.c_str(),
                         nullptr};
   pid_t helper = -1;
-  const int spawned = ::posix_spawn(&helper, "/proc/self/exe", &actions, nullptr,
+  const int spawned = ::posix_spawn(&helper, g_helper.c_str(), &actions, nullptr,
                                     const_cast<char* const*>(argv), environ);
   ::posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) return stacks;

@@ -64,6 +64,10 @@ std::vector<std::string> last_throw(const std::string& message);
 /// is not allowed). One walk at a time.
 std::vector<ThreadStack> all_threads(std::chrono::milliseconds bound);
 
+/// The helper all_threads() runs: this executable (a worker's) by default;
+/// an in-process worker's is trainrun-worker. Call before the first walk.
+void set_helper_executable(const std::string& path);
+
 /// The helper's side: `trainrun-worker --walk-stacks PID MS` walks process
 /// PID's threads for at most MS milliseconds once a byte arrives on stdin,
 /// and writes "T <tid>" and "F <frame>" lines to stdout. Returns its exit code.

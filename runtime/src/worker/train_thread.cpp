@@ -429,7 +429,14 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
   }
   protocol::send(controller, protocol::Failed{failed_message, std::string(to_string(failed_kind)),
                                               std::move(failed_stack)});
-  (void)group.release();
+  // A worker process ends without destroying it (above). An in-process one's
+  // process goes on: a CPU group of its one rank, which has no peers to
+  // mislead, is closed rather than left with its threads.
+  if (options.in_process && c10::Device(assign.device).is_cpu()) {
+    group.reset();
+  } else {
+    (void)group.release();
+  }
 }
 
 }  // namespace trainrun

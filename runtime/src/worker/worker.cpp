@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/constants.h"
+#include "common/hash.h"
 #include "common/network.h"
 #include "common/silence.h"
 #include "protocol/handshake.h"
@@ -32,6 +33,10 @@ namespace trainrun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long an in-process worker waits, once stopped, for its train thread to
+// end (it closes its connections after its last message).
+constexpr auto kInProcessCloseWait = std::chrono::seconds(2);
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -81,6 +86,16 @@ class Worker {
   /// inside LibTorch, its socket open, it would wait for it forever.
   bool can_close() const { return !train_thread_.joinable() || train_finished_; }
 
+  /// Whether the worker can be closed within `bound`: its train thread, done
+  /// or failed, ends a moment after the controller has its last message.
+  bool can_close_within(std::chrono::milliseconds bound) const {
+    const auto deadline = Clock::now() + bound;
+    while (!can_close() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return can_close();
+  }
+
   int run() {
     auto startup =
         options_.startup_timeout.count() > 0 ? options_.startup_timeout : kDefaultStartupTimeout;
@@ -121,7 +136,7 @@ class Worker {
         send(link_.heartbeat(now_ms()));
         next_heartbeat = now + heartbeat_interval_;
       }
-      if (silence_.at(now) > silence_limit_) {
+      if (!options_.in_process && silence_.at(now) > silence_limit_) {
         spdlog::error("lost the controller at {}: nothing heard for {} s", options_.connect,
                       std::chrono::duration_cast<std::chrono::seconds>(silence_limit_).count());
         exit_code_ = 1;
@@ -190,6 +205,10 @@ class Worker {
     const auto& sha256 = assign_->plugin_sha256;
     waiting_for_plugin_ = false;
     try {
+      if (user_plugin_unchanged()) {
+        start_training(options_.plugin);
+        return;
+      }
       std::optional<std::filesystem::path> cached;
       if (auto settled = DownloadClaim::try_take(options_.cache_dir, sha256, Kind::kShared)) {
         cached = find_cached_plugin(options_.cache_dir, sha256);
@@ -219,6 +238,17 @@ class Worker {
     }
     fetcher_.emplace(protocol::kPluginSource, std::vector<uint64_t>{assign_->plugin_size});
     request_chunks();
+  }
+
+  // Whether the user's plugin file (an in-process worker's) is still the one
+  // the controller sent; one that is gone or changed is fetched as usual.
+  bool user_plugin_unchanged() const {
+    if (options_.plugin.empty()) return false;
+    try {
+      return sha256_file(options_.plugin) == assign_->plugin_sha256;
+    } catch (const std::exception&) {
+      return false;
+    }
   }
 
   void request_chunks() {
@@ -333,29 +363,51 @@ void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options,
   protocol::connect_dealer(socket, options.connect);
 }
 
-int run_worker(const WorkerOptions& options) {
-  // Line-buffered stdout: the controller forwards lines as they are printed,
-  // and a crash loses at most a partial line.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  spdlog::set_pattern("[trainrun worker] %^%l%$: %v");
-  stacks::install();
+namespace {
+
+// Runs a worker to its end; returns its exit code and whether its train
+// thread is still running.
+std::pair<int, bool> serve(const WorkerOptions& options) {
   int code = 1;
+  bool left_running = false;
   try {
     auto worker = std::make_unique<Worker>(options);
     code = worker->run();
-    if (worker->can_close()) {
+    // A worker process's end stops its train thread; in a process that goes
+    // on, a train function that has returned is let finish.
+    if (options.in_process ? worker->can_close_within(kInProcessCloseWait) : worker->can_close()) {
       worker.reset();
     } else {
-      (void)worker.release();  // its thread is still running; _Exit ends both
+      (void)worker.release();  // its thread is still running with the worker's sockets
+      left_running = true;
     }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
   }
   remove_handed_over_checkpoints();  // what an unfinished run never uploaded
+  return {code, left_running};
+}
+
+}  // namespace
+
+void run_worker(const WorkerOptions& options) {
+  // Line-buffered stdout: the controller forwards lines as they are printed,
+  // and a crash loses at most a partial line.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  spdlog::set_pattern("[trainrun worker] %^%l%$: %v");
+  stacks::install();
+  const int code = serve(options).first;
   std::fflush(stdout);
   std::fflush(stderr);
   // Skip static destructors: the train thread may still be inside LibTorch.
   std::_Exit(code);
+}
+
+int run_worker_in_process(const WorkerOptions& options, bool& train_left_running) {
+  // The process's own: no handlers of a worker's, no pattern of its log.
+  const auto [code, left_running] = serve(options);
+  train_left_running = left_running;
+  return code;
 }
 
 }  // namespace trainrun

@@ -26,6 +26,13 @@ struct WorkerOptions {
   std::string interface;  // the network interface Gloo binds, when the controller leaves it open
   int attempt = 0;        // a node agent's worker: the attempt it was started for; 0 = any
   int64_t agent_pid = 0;  // a node agent's worker: the agent's pid; 0 = none
+  // A thread of the controller's own process (common/in_process.h): the
+  // controller cannot go silent without this process ending, and a debugger
+  // that stops every thread for minutes must not part them.
+  bool in_process = false;
+  // An in-process worker's: the user's plugin file, loaded where it is (so
+  // that a debugger names it) when it is still the one the controller sent.
+  std::filesystem::path plugin;
 };
 
 /// Connects `socket` to the controller, with CURVE when there is a run key.
@@ -36,7 +43,13 @@ struct WorkerOptions {
 void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options,
                            const char* channel = nullptr);
 
-/// Runs the worker; returns the process exit code.
-int run_worker(const WorkerOptions& options);
+/// Runs the worker and ends the process with its exit code.
+[[noreturn]] void run_worker(const WorkerOptions& options);
+
+/// Runs the worker on this thread of the controller's process; returns its
+/// exit code. `train_left_running` is set when the train function was still
+/// running when the worker stopped: its thread goes on, and only the
+/// process's end stops it.
+int run_worker_in_process(const WorkerOptions& options, bool& train_left_running);
 
 }  // namespace trainrun
