@@ -44,6 +44,12 @@ RunOutput run_shell(const std::string& line) {
 
 RunOutput Sandbox::run(const std::string& args) const { return run_shell(command(args)); }
 
+RunOutput Sandbox::run_wrapped(const std::string& wrapper, const std::string& args) const {
+  return run_shell("export TRAINRUN_CACHE_DIR='" + (root_ / "cache").string() + "'; exec " +
+                   wrapper + " '" TRAINRUN_EXE "' --storage-path '" + results().string() + "' " +
+                   args);
+}
+
 RunOutput Sandbox::run_in_root(const std::string& args) const {
   return run_shell("cd '" + root_.string() + "' && export TRAINRUN_CACHE_DIR='" +
                    (root_ / "cache").string() + "' && exec '" TRAINRUN_EXE "' " + args);

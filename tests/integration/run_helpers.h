@@ -29,6 +29,9 @@ class Sandbox {
 
   /// Runs `trainrun --storage-path <root>/results ARGS` to completion.
   RunOutput run(const std::string& args) const;
+  /// `WRAPPER trainrun --storage-path <root>/results ARGS` (a debugger's
+  /// command line, say) to completion.
+  RunOutput run_wrapped(const std::string& wrapper, const std::string& args) const;
   /// `trainrun ARGS` with the sandbox as its working directory and no
   /// --storage-path of its own.
   RunOutput run_in_root(const std::string& args) const;

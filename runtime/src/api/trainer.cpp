@@ -184,7 +184,7 @@ void check_in_process(TrainerOptions& options) {
   if (!options.network.listen.empty()) {
     throw UsageError(local + ": it takes no --listen (no worker connects to it)");
   }
-  if (scaling.local_workers != 1) {
+  if (scaling.local_workers != -1 && scaling.local_workers != 1) {
     throw UsageError(local + ": it takes no --local-workers " +
                      std::to_string(scaling.local_workers));
   }
@@ -350,8 +350,8 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
     throw UsageError("the progress interval must be 0 to 86400 seconds, got " +
                      std::to_string(options_.progress_interval.count()));
   }
-  check_network(options_);
   if (scaling.in_process) check_in_process(options_);
+  check_network(options_);
   auto& run = options_.run;
   if (s3::is_s3_url(run.resume_from.string())) {
     // A checkpoint in object storage: its manifest, read with this process's

@@ -1,0 +1,200 @@
+// `trainrun --local` (ScalingConfig::in_process): the train function on a
+// thread of the trainrun process itself, for a debugger or a sanitizer; what
+// it leaves is what a one-worker run leaves.
+
+#include <trainrun/trainer.h>
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "run_helpers.h"
+
+namespace {
+
+const std::string kTestPlugin = std::string("--plugin '") + TEST_PLUGIN + "'";
+
+// The keys of each report's metrics, in order: a run's shape, not its values.
+std::vector<std::set<std::string>> metric_keys(const std::filesystem::path& run_dir) {
+  std::vector<std::set<std::string>> keys;
+  for (const auto& report : read_reports(run_dir / "result.jsonl")) {
+    auto& these = keys.emplace_back();
+    for (const auto& [key, value] : report["metrics"].items()) these.insert(key);
+  }
+  return keys;
+}
+
+// The files of a run directory, relative to it, without the ones a run names
+// by its time, host or pid (TensorBoard's) and without the logs.
+std::set<std::string> run_files(const std::filesystem::path& run_dir) {
+  std::set<std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(run_dir)) {
+    auto relative = entry.path().lexically_relative(run_dir).string();
+    if (relative.rfind("logs", 0) == 0 || relative.rfind("events.out.tfevents.", 0) == 0) continue;
+    files.insert(relative);
+  }
+  return files;
+}
+
+// Runs `args` with one worker process and again with --local, and checks that
+// both left runs of the same shape.
+void check_same_shape(const Sandbox& box, const std::string& args) {
+  auto worker = box.run(args + " --name worker");
+  INFO(worker.output);
+  REQUIRE(worker.exit_code == 0);
+  auto local = box.run(args + " --name local --local");
+  INFO(local.output);
+  REQUIRE(local.exit_code == 0);
+  CHECK(local.output.find("running the train function in this process (pid ") !=
+        std::string::npos);
+  const auto worker_dir = box.run_dir("worker"), local_dir = box.run_dir("local");
+  CHECK(metric_keys(local_dir) == metric_keys(worker_dir));
+  CHECK_FALSE(metric_keys(local_dir).empty());
+  CHECK(run_files(local_dir) == run_files(worker_dir));
+  CHECK(read_text(local_dir / "progress.csv").substr(0, 40) ==
+        read_text(worker_dir / "progress.csv").substr(0, 40));
+  auto info = read_json(local_dir / "run.json");
+  CHECK(info["status"] == "finished");
+  CHECK(info["scaling"]["in_process"] == true);
+  REQUIRE(info["attempts"].size() == 1);
+  CHECK(info["attempts"][0]["world_size"] == 1);
+  // The plugin ran from the user's own file, and no worker process was started.
+  CHECK_FALSE(box.any_worker_alive());
+  auto results = box.run_in_root("results results/local");
+  CHECK(results.exit_code == 0);
+}
+
+// Waits until the run started in the background printed `line`.
+bool wait_for_output(const Sandbox& box, const std::string& line) {
+  for (int i = 0; i < 1200; ++i) {
+    if (box.output_so_far().find(line) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("--local runs the quickstart with results of the same shape as one worker's") {
+  Sandbox box;
+  check_same_shape(box, std::string("--plugin '") + QUICKSTART_PLUGIN + "'");
+}
+
+TEST_CASE("--local runs the Trainer example, checkpoints and all, as one worker does") {
+  Sandbox box;
+  check_same_shape(box, std::string("--plugin '") + LIGHTNING_FASHION_MNIST_PLUGIN +
+                            "' --config epochs=1 --config max_steps=3 --config val_batches=1 "
+                            "--config batch_size=16");
+  auto reports = read_reports(box.run_dir("local") / "result.jsonl");
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].contains("checkpoint"));
+  CHECK(std::filesystem::exists(box.run_dir("local") / "checkpoint_000000" / "manifest.json"));
+}
+
+TEST_CASE("gdb --args trainrun --local breaks in the train function") {
+  Sandbox box;
+  REQUIRE_MESSAGE(::access("/usr/bin/gdb", X_OK) == 0,
+                  "gdb is missing: tools/setup.sh --tests installs it");
+  // Pending: the plugin is loaded later, by the run.
+  auto run = box.run_wrapped(
+      "timeout 240 gdb -batch -nx -ex 'set breakpoint pending on' -ex 'break quickstart' "
+      "-ex run -ex bt -ex kill --args",
+      std::string("--plugin '") + QUICKSTART_PLUGIN + "' --local --name g");
+  INFO(run.output);
+  CHECK(run.output.find("hit Breakpoint 1, ") != std::string::npos);
+  CHECK(run.output.find("in quickstart(train::Config const&)") != std::string::npos);
+  // The train thread of the trainrun process, in the user's own file.
+  CHECK(run.output.find("trainrun::run_train_thread") != std::string::npos);
+  CHECK(run.output.find(std::string("from ") + QUICKSTART_PLUGIN) != std::string::npos);
+  CHECK(run.output.find("running the train function in this process") != std::string::npos);
+}
+
+TEST_CASE("--local refuses what needs worker processes, in one line, before the run starts") {
+  Sandbox box;
+  const std::pair<const char*, const char*> refused[] = {
+      {"-n 2", "it takes no --num-workers 2"},
+      {"-n 1:2", "it takes no --num-workers 2"},
+      {"--listen tcp://127.0.0.1:0", "it takes no --listen"},
+      {"--max-failures 1", "it takes no --max-failures"},
+      {"--max-failures -1", "it takes no --max-failures"},
+      {"--local-workers 0", "it takes no --local-workers 0"},
+  };
+  for (const auto& [option, why] : refused) {
+    auto run = box.run(kTestPlugin + " --entry steps --local --name r " + option);
+    const std::string said = std::string(option) + ": " + run.output;
+    INFO(said);
+    CHECK(run.exit_code == 2);
+    CHECK(run.output.find(why) != std::string::npos);
+    CHECK(run.output.rfind("trainrun: --local runs the train function in this process", 0) == 0);
+    CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+  }
+  CHECK_FALSE(std::filesystem::exists(box.run_dir("r")));
+}
+
+TEST_CASE("--local: a train function that raises fails the run as a worker's would") {
+  Sandbox box;
+  auto run = box.run(kTestPlugin + " --entry throws --config fail_rank=0 --local --name t");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  auto error = read_json(box.run_dir("t") / "error.json");
+  CHECK(error["kind"] == "exception");
+  CHECK(error["rank"] == 0);
+  CHECK(error["message"].get<std::string>().find("boom on rank 0") != std::string::npos);
+  // What it reported before is kept.
+  CHECK(read_jsonl(box.run_dir("t") / "result.jsonl").size() == 1);
+}
+
+TEST_CASE("--local: Ctrl-C ends a run whose train function never returns, and trainrun stacks "
+          "shows it") {
+  Sandbox box;
+  pid_t pid = box.start(kTestPlugin + " --entry sleeps --local --name s");
+  REQUIRE(wait_for_output(box, "sleeping"));
+  auto stacks = box.run_in_root("stacks results/s");
+  INFO(stacks.output);
+  CHECK(stacks.exit_code == 0);
+  // One process: the controller's threads and the train thread.
+  CHECK(stacks.output.find("sleeps(train::Config const&) at ") != std::string::npos);
+  CHECK(stacks.output.find("trainrun::Controller::run") != std::string::npos);
+  ::kill(pid, SIGINT);
+  CHECK(Sandbox::wait(pid) == 130);
+  INFO(box.output_so_far());
+  CHECK(box.output_so_far().find("run interrupted: interrupted by SIGINT") != std::string::npos);
+  auto info = read_json(box.run_dir("s") / "run.json");
+  CHECK(info["attempts"][0]["error"]["kind"] == "interrupted");
+}
+
+TEST_CASE("Trainer with ScalingConfig::in_process runs the train function in the host program") {
+  Sandbox box;
+  ::setenv("TRAINRUN_CACHE_DIR", (box.root() / "cache").c_str(), 1);
+  trainrun::TrainerOptions options;
+  options.plugin = TEST_PLUGIN;
+  options.entry = "checkpoints";
+  options.config = {{"reports", 3}};
+  options.scaling.in_process = true;
+  options.run.storage_path = box.results();
+  options.run.name = "api";
+  options.verbose = false;
+  std::vector<int64_t> iterations;
+  trainrun::Callbacks callbacks;
+  callbacks.on_report = [&](const trainrun::ReportRecord& report) {
+    iterations.push_back(report.iteration);
+  };
+  trainrun::Trainer trainer(options, callbacks);
+  auto result = trainer.fit();
+  REQUIRE_FALSE(result.error);
+  CHECK(iterations == std::vector<int64_t>{1, 2, 3});
+  REQUIRE_FALSE(result.checkpoint.empty());
+  CHECK(std::filesystem::exists(result.checkpoint / "manifest.json"));
+  // The train function ran here: this process holds LibTorch now.
+  CHECK(read_text("/proc/self/maps").find("libtorch_cpu") != std::string::npos);
+  // Another fit() in the same process.
+  options.run.name = "api2";
+  auto again = trainrun::Trainer(options).fit();
+  CHECK_FALSE(again.error);
+}
