@@ -33,6 +33,8 @@ test_packages=(
   python3-torch
   # tools/setup_s3.sh's and tools/setup_tensorboard.sh's virtual environments.
   python3-venv
+  # --local under a debugger.
+  gdb
 )
 bench_packages=(
   python3

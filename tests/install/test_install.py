@@ -118,6 +118,12 @@ def main():
                    "--name", "installed"], env=env, cwd=tmp)
         if "run finished: 5 reports" not in out:
             raise SystemExit(f"FAIL: the installed trainrun did not finish 5 reports:\n{out}")
+        # The in-process worker module, found from the installed trainrun.
+        out = run([os.path.join(prefix, "bin", "trainrun"), "--plugin", plugin, "--local",
+                   "--config", "steps=3", "--storage-path", os.path.join(tmp, "results"),
+                   "--name", "installed-local"], env=env, cwd=tmp)
+        if "run finished: 3 reports" not in out or "in this process" not in out:
+            raise SystemExit(f"FAIL: the installed trainrun --local did not finish 3 reports:\n{out}")
         out = run([os.path.join(embedding, "embedding"), plugin, os.path.join(tmp, "results")],
                   env=env, cwd=tmp)
         if "iteration 10:" not in out or "finished: 10 reports" not in out:

@@ -51,8 +51,7 @@ void check_same_shape(const Sandbox& box, const std::string& args) {
   auto local = box.run(args + " --name local --local");
   INFO(local.output);
   REQUIRE(local.exit_code == 0);
-  CHECK(local.output.find("running the train function in this process (pid ") !=
-        std::string::npos);
+  CHECK(local.output.find("running the train function in this process (pid ") != std::string::npos);
   const auto worker_dir = box.run_dir("worker"), local_dir = box.run_dir("local");
   CHECK(metric_keys(local_dir) == metric_keys(worker_dir));
   CHECK_FALSE(metric_keys(local_dir).empty());
@@ -115,6 +114,18 @@ TEST_CASE("gdb --args trainrun --local breaks in the train function") {
   CHECK(run.output.find("running the train function in this process") != std::string::npos);
 }
 
+TEST_CASE("a sanitizer reaches the train function under --local") {
+  Sandbox box;
+  REQUIRE_MESSAGE(std::filesystem::exists(LIBASAN), "the compiler has no libasan.so: " LIBASAN);
+  auto run = box.run_wrapped("env LD_PRELOAD='" LIBASAN "' ASAN_OPTIONS=detect_leaks=0",
+                             std::string("--plugin '") + ASAN_PLUGIN + "' --local --name a");
+  INFO(run.output);
+  CHECK(run.exit_code != 0);
+  CHECK(run.output.find("ERROR: AddressSanitizer: heap-buffer-overflow") != std::string::npos);
+  CHECK(run.output.find("in overflow(train::Config const&) ") != std::string::npos);
+  CHECK(run.output.find("asan_plugin.cpp:11") != std::string::npos);
+}
+
 TEST_CASE("--local refuses what needs worker processes, in one line, before the run starts") {
   Sandbox box;
   const std::pair<const char*, const char*> refused[] = {
@@ -150,8 +161,9 @@ TEST_CASE("--local: a train function that raises fails the run as a worker's wou
   CHECK(read_jsonl(box.run_dir("t") / "result.jsonl").size() == 1);
 }
 
-TEST_CASE("--local: Ctrl-C ends a run whose train function never returns, and trainrun stacks "
-          "shows it") {
+TEST_CASE(
+    "--local: Ctrl-C ends a run whose train function never returns, and trainrun stacks "
+    "shows it") {
   Sandbox box;
   pid_t pid = box.start(kTestPlugin + " --entry sleeps --local --name s");
   REQUIRE(wait_for_output(box, "sleeping"));

@@ -189,8 +189,9 @@ void check_in_process(TrainerOptions& options) {
                      std::to_string(scaling.local_workers));
   }
   if (options.failure.max_failures != 0) {
-    throw UsageError(local + ": it takes no --max-failures (a failure ends it; run it again to "
-                             "resume from its latest checkpoint)");
+    throw UsageError(local +
+                     ": it takes no --max-failures (a failure ends it; run it again to "
+                     "resume from its latest checkpoint)");
   }
   options.failure.standby = false;
 }
@@ -457,8 +458,7 @@ Result Trainer::fit() {
         // The train function's own output, in this process, goes straight to
         // the terminal: a live status line would be drawn over it.
         options_.status_line && !options_.scaling.in_process && options_.verbose &&
-            options_.progress_interval.count() > 0 &&
-            Console::stdout_is_terminal(),
+            options_.progress_interval.count() > 0 && Console::stdout_is_terminal(),
         Console::stdout_is_terminal() && std::getenv("NO_COLOR") == nullptr);
   }
   // Outlives the controller.

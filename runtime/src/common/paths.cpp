@@ -1,7 +1,5 @@
 #include "common/paths.h"
 
-#include "common/in_process.h"
-
 #include <trainrun/error.h>
 
 #include <dlfcn.h>
@@ -12,6 +10,8 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+
+#include "common/in_process.h"
 
 // bin/ relative to lib/ in an installed prefix (set by the build).
 #ifndef TRAINRUN_BIN_FROM_LIB
@@ -74,8 +74,10 @@ std::filesystem::path find_in_process_module(const std::filesystem::path& worker
     auto candidate = (dir / kInProcessModule).lexically_normal();
     if (::access(candidate.c_str(), R_OK) == 0) return candidate;
   }
-  throw UsageError(std::string("cannot find ") + kInProcessModule + ", which runs a train function "
-                   "in this process, beside " + worker_executable.string() + " or in " +
+  throw UsageError(std::string("cannot find ") + kInProcessModule +
+                   ", which runs a train function "
+                   "in this process, beside " +
+                   worker_executable.string() + " or in " +
                    (bin / TRAINRUN_LIB_FROM_BIN / "trainrun").lexically_normal().string());
 }
 

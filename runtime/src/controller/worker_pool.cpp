@@ -112,8 +112,7 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
     auto process = spawn_local_worker(
         launch.executable,
         {"--connect", launch.endpoint, "--index", std::to_string(i), "--cache-dir",
-         launch.cache_dir.string(), "--startup-timeout",
-         seconds_arg(launch.startup_timeout)},
+         launch.cache_dir.string(), "--startup-timeout", seconds_arg(launch.startup_timeout)},
         {"OMP_NUM_THREADS=" + threads, "MKL_NUM_THREADS=" + threads, "TMPDIR=" + scratch.string(),
          std::string(kSecretVariable) + "=" + launch.secret});
     // The output owns the pipes from here; epoll watches them by number.

@@ -46,9 +46,9 @@ struct WorkerSlot {
   std::filesystem::path scratch;  // its TMPDIR, removed when it exits
   Fd pidfd;                       // a local worker's: readable once it exits (watched by epoll)
   std::shared_ptr<InProcessThread> thread;  // an in-process one's, in place of a process
-  int rank = -1;                  // once assigned
-  bool started = false;           // its train function was called (STARTED)
-  bool shares_storage = false;    // a remote worker that sees the run directory (STARTED)
+  int rank = -1;                            // once assigned
+  bool started = false;                     // its train function was called (STARTED)
+  bool shares_storage = false;              // a remote worker that sees the run directory (STARTED)
   bool done = false;
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;

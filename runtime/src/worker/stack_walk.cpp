@@ -153,7 +153,7 @@ std::string read_until(int fd, SteadyClock::time_point deadline) {
   return text;
 }
 
-std::mutex g_walking;  // one walk at a time
+std::mutex g_walking;                     // one walk at a time
 std::string g_helper = "/proc/self/exe";  // set before the first walk
 
 }  // namespace

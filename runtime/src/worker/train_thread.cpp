@@ -389,10 +389,10 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     // Beside the run's results where this worker sees them (a local worker,
     // or a remote one that shares the storage), else in its cache.
     const bool sees_run_dir = !state.run_dir.empty() && (options.index >= 0 || sees_storage);
-    const auto profile_path = (sees_run_dir ? state.run_dir / "profiles"
-                                            : std::filesystem::path(options.cache_dir) / "profiles" /
-                                                  assign.run_name) /
-                              ("rank-" + std::to_string(assign.world_rank) + ".json");
+    const auto profile_path =
+        (sees_run_dir ? state.run_dir / "profiles"
+                      : std::filesystem::path(options.cache_dir) / "profiles" / assign.run_name) /
+        ("rank-" + std::to_string(assign.world_rank) + ".json");
     const auto profile_text = profile_path.string();
     host.profile_first = assign.profile_first;
     host.profile_last = assign.profile_last;
