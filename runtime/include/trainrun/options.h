@@ -45,10 +45,15 @@ struct ScalingConfig {
   /// a thread of its own (Ray Train's local mode, `trainrun --local`): the
   /// same SDK calls, storage, checkpoints and Result, where a debugger or a
   /// sanitizer attached to this process reaches the user's code. Loads
-  /// LibTorch into this process. Takes one worker, no `listen`, and no
-  /// retries (FailureConfig::max_failures 0); no timeout ends it for
-  /// silence, since a debugger stops every thread. A train function still
-  /// running when the run is stopped runs on until the process ends.
+  /// LibTorch into this process and exports RANK=0, WORLD_SIZE=1 and the
+  /// rest of torchrun's variables in it. Takes one worker, no `listen`, and
+  /// no retries (FailureConfig::max_failures 0); no timeout ends it for
+  /// silence, since a debugger stops every thread. The train function's
+  /// output and the worker's messages are this process's own: not through
+  /// Callbacks::on_output or log_sink, nor in logs/. A stopped run's train
+  /// function raises at its next report(); one that never reports runs on
+  /// until the process ends (the log says so). A plugin file rebuilt since
+  /// this process loaded it is loaded from the plugin cache.
   bool in_process = false;
 };
 

@@ -19,6 +19,7 @@ extern "C" __attribute__((visibility("default"))) int trainrun_in_process_worker
   options.secret = args->secret;
   options.in_process = true;
   options.plugin = args->plugin;
+  options.stop_fd = args->stop_fd;
   // Walks of this process's stacks (`trainrun stacks`) run trainrun-worker:
   // this process's own executable is the controller's.
   trainrun::stacks::set_helper_executable(args->helper_executable);

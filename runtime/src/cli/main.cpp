@@ -42,15 +42,15 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
   const bool in_process = options.scaling.in_process;
   trainrun::Trainer trainer(std::move(options));
   auto result = trainer.fit();
-  if (!result.error) return kExitOk;
   // A plugin the workers could not load is a plugin error, as when the
   // controller refuses one.
-  int code = result.interrupted()                                   ? kExitInterrupted
-             : result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage
-                                                                    : kExitFailed;
+  const int code = !result.error                                          ? kExitOk
+                   : result.interrupted()                                 ? kExitInterrupted
+                   : result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage
+                                                                          : kExitFailed;
   if (in_process) {
-    // The train function may still be running on its thread, inside
-    // LibTorch: static destructors must not run under it.
+    // LibTorch is in this process, and the train thread may be still inside
+    // it: as a worker process does, it ends without static destructors.
     std::cout.flush();
     std::fflush(nullptr);
     std::_Exit(code);

@@ -26,8 +26,9 @@ typedef struct trainrun_in_process_v1 {
   int64_t startup_timeout_ms;     // waiting for ASSIGN
   const char* helper_executable;  // trainrun-worker, which walks this process's stacks
   const char* plugin;             // the user's plugin file, loaded in place when unchanged
-  // Out: the train function was still running when the worker stopped (a
-  // run interrupted or failed with it inside); its thread goes on.
+  int stop_fd;  // readable when the controller stops the worker (its SIGTERM): the worker ends
+  // Out: the train function had not returned when the worker stopped (a run
+  // interrupted or failed with it inside); its thread goes on.
   int train_left_running;
 } trainrun_in_process_v1;
 

@@ -153,7 +153,9 @@ void Controller::check_timers() {
     next_drop_summary_ = now + std::chrono::seconds(1);
   }
   const auto& run = setup_.options.run;
-  bool starting = now - attempt_->started > run.startup_timeout;
+  // An in-process worker cannot fail to connect while this process runs,
+  // and a debugger's pause is not a slow start.
+  bool starting = now - attempt_->started > run.startup_timeout && !launch_.in_process;
   if (starting) check_startup();
   check_report_wait();
   if (attempt_->stacks && now >= attempt_->stacks->deadline) finish_stacks(true);
@@ -257,6 +259,12 @@ void Controller::stop_workers(bool graceful, bool restart) {
     // signalled.
     if (worker.main_id && !worker.exited && (graceful || worker.remote || worker.in_process())) {
       to_main(worker, protocol::Shutdown{reason, restart});
+    }
+    // An in-process train function that reports again, or waits in a report,
+    // is told too: report() raises, and its thread ends rather than stay in
+    // this process.
+    if (worker.in_process() && worker.train_id && !worker.exited) {
+      to_train(worker, protocol::Shutdown{reason, restart});
     }
   }
   if (!graceful) pool().signal_all(SIGTERM);

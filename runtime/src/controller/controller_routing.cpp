@@ -278,6 +278,9 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   } else if (type == protocol::Done::kType) {
     on_done(worker);
   } else if (type == protocol::Failed::kType) {
+    // An in-process train function told to stop (stop_workers) raises from
+    // report(): what the stop did, not news.
+    if (worker.in_process() && stopping()) return;
     auto failed = message.as<protocol::Failed>();
     auto kind = worker_failure_kind(failed.kind, FailureKind::kException);
     if (kind != FailureKind::kException) {

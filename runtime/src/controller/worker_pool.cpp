@@ -32,10 +32,15 @@ struct InProcessThread {
   trainrun_in_process_v1 args{};
   std::thread thread;
   Fd done_fd;  // an eventfd, written as the entry returns
+  Fd stop_fd;  // an eventfd the pool writes to end it: its SIGTERM
   std::atomic<bool> done{false};
   int code = 1;
   ~InProcessThread() {
     if (thread.joinable()) thread.detach();
+  }
+  void stop() {
+    uint64_t one = 1;
+    [[maybe_unused]] auto written = ::write(stop_fd.get(), &one, sizeof(one));
   }
 };
 
@@ -91,7 +96,12 @@ WorkerPool::WorkerPool() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
   if (!epoll_fd_) throw IoError(std::string("cannot create an epoll set: ") + strerror(errno));
 }
 
-WorkerPool::~WorkerPool() = default;
+// A worker thread still running is told to end; it holds what it uses.
+WorkerPool::~WorkerPool() {
+  for (auto& worker : workers_) {
+    if (worker.in_process() && !worker.exited) worker.thread->stop();
+  }
+}
 
 void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   logs_dir_ = launch.logs_dir;
@@ -157,7 +167,15 @@ void WorkerPool::spawn_in_process(const LaunchOptions& launch) {
   state->args.helper_executable = state->helper.c_str();
   state->args.plugin = state->plugin.c_str();
   state->done_fd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!state->done_fd) throw IoError(std::string("cannot create an eventfd: ") + strerror(errno));
+  state->stop_fd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!state->done_fd || !state->stop_fd) {
+    throw IoError(std::string("cannot create an eventfd: ") + strerror(errno));
+  }
+  state->args.stop_fd = state->stop_fd.get();
+  // What torchrun exports, for code written for it: set here, on the
+  // controller's thread, before any thread of the worker's reads it.
+  for (const char* name : {"RANK", "LOCAL_RANK", "GROUP_RANK"}) ::setenv(name, "0", 1);
+  for (const char* name : {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}) ::setenv(name, "1", 1);
   auto& worker = workers_.emplace_back();
   worker.index = 0;
   worker.process.pid = ::getpid();
@@ -324,7 +342,11 @@ bool WorkerPool::train_left_running() const {
 
 void WorkerPool::signal_all(int signal) {
   for (auto& worker : workers_) {
-    if (worker.exited || worker.remote || worker.in_process()) continue;
+    if (worker.exited || worker.remote) continue;
+    if (worker.in_process()) {  // this process: the thread is told instead
+      worker.thread->stop();
+      continue;
+    }
     ::kill(-worker.process.pid, signal);
     // A stopped process (SIGSTOP) takes SIGTERM only once it continues.
     if (signal == SIGTERM) ::kill(-worker.process.pid, SIGCONT);

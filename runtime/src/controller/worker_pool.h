@@ -135,8 +135,8 @@ class WorkerPool {
   /// (none when another part of this process collected it first).
   std::vector<std::pair<WorkerSlot*, std::optional<int>>> reap();
   bool all_exited() const;
-  /// Sends `signal` to the process group of every local worker still running
-  /// (not to an in-process one: it is this process).
+  /// Sends `signal` to the process group of every local worker still running;
+  /// an in-process one, which is this process, is told to end instead.
   void signal_all(int signal);
   /// Whether an in-process worker left its train function running: only
   /// this process's end stops it.

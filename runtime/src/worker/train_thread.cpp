@@ -309,11 +309,16 @@ bool is_inside(const std::string& path, const std::string& dir) {
 }  // namespace
 
 void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
-                      const protocol::Assign& assign, const std::filesystem::path& plugin_path) {
+                      const protocol::Assign& assign, const std::filesystem::path& plugin_path,
+                      std::atomic<bool>& returned) {
   // Its stack is the one a hang's message names; an overflow of it still gets
-  // a report.
+  // a report (not in-process, where no handler of the worker's is installed).
   stacks::mark_train_thread();
-  stacks::give_this_thread_a_signal_stack();
+  if (!options.in_process) stacks::give_this_thread_a_signal_stack();
+  struct Returned {
+    std::atomic<bool>& flag;
+    ~Returned() { flag = true; }
+  };
   zmq::socket_t controller(context, zmq::socket_type::dealer);
   controller.set(zmq::sockopt::linger, 2000);  // DONE or FAILED gets out before the process ends
   connect_to_controller(controller, options, protocol::kTrainChannel);
@@ -402,7 +407,11 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});
     std::vector<char> error(16 * 1024, '\0');
     stacks::forget_last_throw();
-    int rc = entry(&host, error.data(), error.size());
+    int rc = 0;
+    {
+      Returned on_return{returned};
+      rc = entry(&host, error.data(), error.size());
+    }
     state.remove_downloads();
     // The run ends with the last checkpoint uploaded (the controller commits
     // it once every rank's is in).
@@ -427,6 +436,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
   } catch (const std::exception& e) {
     failed_message = e.what();
   }
+  returned = true;
   protocol::send(controller, protocol::Failed{failed_message, std::string(to_string(failed_kind)),
                                               std::move(failed_stack)});
   // A worker process ends without destroying it (above). An in-process one's

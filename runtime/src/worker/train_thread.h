@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 
 #include <filesystem>
+#include <atomic>
 #include <string>
 
 #include "protocol/messages.h"
@@ -21,7 +22,9 @@ namespace trainrun {
 
 /// Runs the assigned entry to completion on the calling thread, connected to
 /// the controller as `options` say; always ends by sending DONE or FAILED.
+/// `returned` is set once the entry has returned (or could not be called).
 void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
-                      const protocol::Assign& assign, const std::filesystem::path& plugin_path);
+                      const protocol::Assign& assign, const std::filesystem::path& plugin_path,
+                      std::atomic<bool>& returned);
 
 }  // namespace trainrun

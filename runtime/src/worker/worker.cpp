@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -86,6 +88,9 @@ class Worker {
   /// inside LibTorch, its socket open, it would wait for it forever.
   bool can_close() const { return !train_thread_.joinable() || train_finished_; }
 
+  /// Whether the train function was called and has not returned.
+  bool in_train_function() const { return train_thread_.joinable() && !entry_returned_; }
+
   /// Whether the worker can be closed within `bound`: its train thread, done
   /// or failed, ends a moment after the controller has its last message.
   bool can_close_within(std::chrono::milliseconds bound) const {
@@ -121,8 +126,10 @@ class Worker {
       zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
                                  {resets_[0].handle(), 0, ZMQ_POLLIN, 0},
                                  {resets_[1].handle(), 0, ZMQ_POLLIN, 0},
-                                 {resets_[2].handle(), 0, ZMQ_POLLIN, 0}};
-      protocol::poll(items, 4, std::chrono::milliseconds(100));
+                                 {resets_[2].handle(), 0, ZMQ_POLLIN, 0},
+                                 {nullptr, options_.stop_fd, ZMQ_POLLIN, 0}};
+      protocol::poll(items, options_.stop_fd >= 0 ? 5 : 4, std::chrono::milliseconds(100));
+      if (items[4].revents & ZMQ_POLLIN) exit_code_ = 1;  // an in-process worker's SIGTERM
       if (items[0].revents & ZMQ_POLLIN) on_controller_message();
       for (size_t i = 0; i < resets_.size(); ++i) {
         if (items[i + 1].revents & ZMQ_POLLIN) on_reset(i);
@@ -192,7 +199,8 @@ class Worker {
     if (assign.heartbeat_timeout_ms > 0) {
       silence_limit_ = std::chrono::milliseconds(assign.heartbeat_timeout_ms);
     }
-    export_torchrun_environment(assign);
+    // An in-process worker's: set by the controller's thread before it started.
+    if (!options_.in_process) export_torchrun_environment(assign);
     obtain_plugin();
   }
 
@@ -241,11 +249,18 @@ class Worker {
   }
 
   // Whether the user's plugin file (an in-process worker's) is still the one
-  // the controller sent; one that is gone or changed is fetched as usual.
+  // the controller sent, and can be loaded in place: one that is gone or
+  // changed is fetched as usual, and so is one rebuilt since this process
+  // loaded that path (the loader would hand back the old one, which stays).
   bool user_plugin_unchanged() const {
     if (options_.plugin.empty()) return false;
+    static std::mutex mutex;
+    static std::map<std::filesystem::path, std::string> loaded;  // path -> sha256
     try {
-      return sha256_file(options_.plugin) == assign_->plugin_sha256;
+      const auto& sha256 = assign_->plugin_sha256;
+      if (sha256_file(options_.plugin) != sha256) return false;
+      std::lock_guard lock(mutex);
+      return loaded.emplace(options_.plugin, sha256).first->second == sha256;
     } catch (const std::exception&) {
       return false;
     }
@@ -279,7 +294,7 @@ class Worker {
 
   void start_training(const std::filesystem::path& plugin_path) {
     train_thread_ = std::thread([this, plugin_path] {
-      run_train_thread(context_, options_, *assign_, plugin_path);
+      run_train_thread(context_, options_, *assign_, plugin_path, entry_returned_);
       train_finished_ = true;
     });
   }
@@ -345,6 +360,7 @@ class Worker {
   std::future<std::vector<stacks::ThreadStack>> walk_;  // every thread's stack, while walked
   int64_t walk_id_ = 0;                                 // the request it answers
   std::atomic<bool> train_finished_{false};
+  std::atomic<bool> entry_returned_{false};  // the train function returned
   Silence silence_;  // the controller's
   std::chrono::milliseconds silence_limit_{0};
   std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;
@@ -366,7 +382,7 @@ void connect_to_controller(zmq::socket_t& socket, const WorkerOptions& options,
 namespace {
 
 // Runs a worker to its end; returns its exit code and whether its train
-// thread is still running.
+// function had not returned (its thread goes on).
 std::pair<int, bool> serve(const WorkerOptions& options) {
   int code = 1;
   bool left_running = false;
@@ -378,8 +394,10 @@ std::pair<int, bool> serve(const WorkerOptions& options) {
     if (options.in_process ? worker->can_close_within(kInProcessCloseWait) : worker->can_close()) {
       worker.reset();
     } else {
+      left_running = worker->in_train_function();
       (void)worker.release();  // its thread is still running with the worker's sockets
-      left_running = true;
+      // What it handed over for upload is its own still.
+      if (options.in_process) return {code, left_running};
     }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -33,6 +33,7 @@ struct WorkerOptions {
   // An in-process worker's: the user's plugin file, loaded where it is (so
   // that a debugger names it) when it is still the one the controller sent.
   std::filesystem::path plugin;
+  int stop_fd = -1;  // an in-process worker's: readable when the controller stops it
 };
 
 /// Connects `socket` to the controller, with CURVE when there is a run key.
