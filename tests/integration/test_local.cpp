@@ -214,8 +214,14 @@ TEST_CASE("Trainer with ScalingConfig::in_process runs the train function in the
   CHECK(iterations == std::vector<int64_t>{1, 2, 3});
   REQUIRE_FALSE(result.checkpoint.empty());
   CHECK(std::filesystem::exists(result.checkpoint / "manifest.json"));
-  // The train function ran here: this process holds LibTorch now.
+  // The train function ran here: this process holds LibTorch now, beside the
+  // TensorBoard writer's protobuf, which wrote the run's events.
   CHECK(read_text("/proc/self/maps").find("libtorch_cpu") != std::string::npos);
+  bool events = false;
+  for (const auto& entry : std::filesystem::directory_iterator(box.run_dir("api"))) {
+    events = events || entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  CHECK(events);
   // Another fit() in the same process.
   options.run.name = "api2";
   auto again = trainrun::Trainer(options).fit();
