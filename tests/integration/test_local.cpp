@@ -46,7 +46,8 @@ std::set<std::string> run_files(const std::filesystem::path& run_dir) {
 int cached_plugins(const Sandbox& box) {
   int count = 0;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(box.root() / "cache", ec)) {
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(box.root() / "cache", ec)) {
     if (entry.path().extension() == ".so") ++count;
   }
   return count;
@@ -228,8 +229,9 @@ TEST_CASE("Trainer with ScalingConfig::in_process runs the train function in the
   CHECK_FALSE(again.error);
 }
 
-TEST_CASE("Trainer::stop() ends an in-process train function at its next report, and the next "
-          "fit() loads a plugin rebuilt at the same path") {
+TEST_CASE(
+    "Trainer::stop() ends an in-process train function at its next report, and the next "
+    "fit() loads a plugin rebuilt at the same path") {
   Sandbox box;
   // A copy, replaced below as a linker replaces its output (a new file).
   const auto plugin = box.root() / "libmodel.so";
@@ -266,4 +268,30 @@ TEST_CASE("Trainer::stop() ends an in-process train function at its next report,
   INFO((again.error ? again.error->message : std::string()));
   CHECK_FALSE(again.error);
   CHECK(again.iterations == 2);
+}
+
+TEST_CASE("Trainer::stop() as an in-process attempt starts ends it, the worker thread and all") {
+  Sandbox box;
+  trainrun::TrainerOptions options;
+  options.cache_dir = box.root() / "cache";
+  options.plugin = TEST_PLUGIN;
+  options.entry = "steps";
+  options.config = {{"steps", 100000}, {"sleep_ms", 20}};
+  options.scaling.in_process = true;
+  options.run.storage_path = box.results();
+  options.run.name = "early";
+  options.verbose = false;
+  trainrun::Callbacks callbacks;
+  trainrun::Trainer* running = nullptr;
+  // Before the worker has said HELLO, or just after: either way it ends.
+  callbacks.on_attempt_start = [&](const trainrun::AttemptInfo&) { running->stop(); };
+  trainrun::Trainer trainer(options, callbacks);
+  running = &trainer;
+  auto result = trainer.fit();
+  REQUIRE(result.error);
+  CHECK(result.interrupted());
+  const auto log = read_text(box.run_dir("early") / "logs" / "controller.log");
+  INFO(log);
+  CHECK(log.find("did not end") == std::string::npos);
+  CHECK(log.find("did not exit") == std::string::npos);
 }

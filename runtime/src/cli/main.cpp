@@ -18,6 +18,7 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <optional>
 
 #include "cli/config_args.h"
 #include "cli/stacks_command.h"
@@ -41,16 +42,31 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
   options.handle_signals = true;  // Ctrl-C, kill and a closed terminal end the run in order
   const bool in_process = options.scaling.in_process;
   trainrun::Trainer trainer(std::move(options));
-  auto result = trainer.fit();
+  std::optional<trainrun::Result> finished;
+  try {
+    finished = trainer.fit();
+  } catch (const std::exception& e) {
+    if (!in_process) throw;
+    // LibTorch is in this process, the train thread perhaps still in it: no
+    // static destructor may run under it.
+    std::cerr << "trainrun: " << e.what() << std::endl;
+    std::fflush(nullptr);
+    const bool usage = dynamic_cast<const trainrun::UsageError*>(&e) != nullptr ||
+                       dynamic_cast<const trainrun::PluginError*>(&e) != nullptr;
+    std::_Exit(usage ? kExitUsage : kExitFailed);
+  }
+  const auto& result = *finished;
   // A plugin the workers could not load is a plugin error, as when the
   // controller refuses one.
   const int code = !result.error                                          ? kExitOk
                    : result.interrupted()                                 ? kExitInterrupted
                    : result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage
                                                                           : kExitFailed;
-  if (in_process) {
-    // LibTorch is in this process, and the train thread may be still inside
-    // it: as a worker process does, it ends without static destructors.
+  if (in_process && result.error) {
+    // A stopped or failed train function may be running still, inside
+    // LibTorch: as a worker process does, this one ends without static
+    // destructors. A finished one has ended: the process ends as usual, and
+    // a sanitizer's or coverage's exit handlers run.
     std::cout.flush();
     std::fflush(nullptr);
     std::_Exit(code);

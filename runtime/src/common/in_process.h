@@ -10,7 +10,8 @@
 //
 // The module and the controller are built together, but a module left over
 // from another build may be found: the entry's name carries the version of
-// this table, and struct_size says how much of it the caller filled.
+// this table, fields are only ever appended, and struct_size says how much of
+// it the caller filled.
 
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +33,8 @@ typedef struct trainrun_in_process_v1 {
   int train_left_running;
 } trainrun_in_process_v1;
 
-/// Runs the worker until the controller says SHUTDOWN; returns its exit code.
+/// Runs the worker until the controller says SHUTDOWN or writes stop_fd;
+/// returns its exit code.
 typedef int (*trainrun_in_process_fn_v1)(trainrun_in_process_v1* args);
 }
 

@@ -235,6 +235,9 @@ class Controller {
   void send_heartbeats();
   /// `restart`: node agents stay, to start the next attempt's workers.
   void stop_workers(bool graceful, bool restart = false);
+  /// An in-process worker's train thread and upload thread, which no signal
+  /// ends, are told the run stops: what waits on the controller there raises.
+  void tell_in_process_threads(const WorkerSlot& worker);
 
   // --- Node agents (controller_agents.cpp) ------------------------------------
   void on_agent_hello(const std::string& id, const protocol::AgentHello& hello);

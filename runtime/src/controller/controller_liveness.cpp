@@ -243,6 +243,15 @@ void Controller::send_heartbeats() {
   for (auto& [id, agent] : agents_) to_agent(id, agent, agent.link.heartbeat());
 }
 
+// A train function that reports again, or waits in a report, raises there,
+// and its thread ends rather than stay in this process; an upload under way
+// stops. Those that attach later are told as they do (on_attach).
+void Controller::tell_in_process_threads(const WorkerSlot& worker) {
+  const protocol::Shutdown stop{"the run is stopping", false};
+  if (worker.train_id) to_train(worker, stop);
+  if (worker.upload_id) protocol::send(router_, stop, {}, *worker.upload_id);
+}
+
 // Ends every worker: SHUTDOWN when the run succeeded, SIGTERM to each worker's
 // process group otherwise; SIGKILL for any still alive after the grace period.
 void Controller::stop_workers(bool graceful, bool restart) {
@@ -260,12 +269,7 @@ void Controller::stop_workers(bool graceful, bool restart) {
     if (worker.main_id && !worker.exited && (graceful || worker.remote || worker.in_process())) {
       to_main(worker, protocol::Shutdown{reason, restart});
     }
-    // An in-process train function that reports again, or waits in a report,
-    // is told too: report() raises, and its thread ends rather than stay in
-    // this process.
-    if (worker.in_process() && worker.train_id && !worker.exited) {
-      to_train(worker, protocol::Shutdown{reason, restart});
-    }
+    if (worker.in_process() && !worker.exited) tell_in_process_threads(worker);
   }
   if (!graceful) pool().signal_all(SIGTERM);
   // The loop goes on meanwhile: node agents report their workers' exits and
@@ -286,7 +290,9 @@ void Controller::stop_workers(bool graceful, bool restart) {
   pool().end_groups();
   pool().drain_output();  // the last lines before each exit
   if (pool().train_left_running()) {
-    log_.warn("the train function did not return: it runs on in this process until it ends");
+    log_.warn(
+        "the train thread did not end (its train function had not returned): it runs on "
+        "in this process");
   }
   // What the workers sent before they exited, while they are still known.
   for (int i = 0; i < 100000 && on_router_readable(); ++i) {

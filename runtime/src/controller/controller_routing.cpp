@@ -218,6 +218,7 @@ void Controller::on_attach(const std::string& id, const protocol::Attach& attach
     pool().set_train_id(*worker, id);
   }
   worker->last_heard = now();
+  if (worker->in_process() && stopping() && !store) tell_in_process_threads(*worker);
 }
 
 void Controller::handle_main(WorkerSlot& worker, protocol::Incoming& message) {
@@ -278,10 +279,12 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   } else if (type == protocol::Done::kType) {
     on_done(worker);
   } else if (type == protocol::Failed::kType) {
-    // An in-process train function told to stop (stop_workers) raises from
-    // report(): what the stop did, not news.
-    if (worker.in_process() && stopping()) return;
     auto failed = message.as<protocol::Failed>();
+    // An in-process train function told to stop (tell_in_process_threads)
+    // raised from report(): what the stop did, not news.
+    if (worker.in_process() && stopping() && failed.kind == to_string(FailureKind::kInterrupted)) {
+      return;
+    }
     auto kind = worker_failure_kind(failed.kind, FailureKind::kException);
     if (kind != FailureKind::kException) {
       fail(worker, kind, failed.message);

@@ -55,7 +55,7 @@ struct WorkerSlot {
   Clock::time_point last_heard;
   protocol::LinkTally main_link;  // its main connection's messages, both ways
 
-  /// A thread of this process: never signalled, and ended only by SHUTDOWN.
+  /// A thread of this process: never signalled; SHUTDOWN or its stop eventfd ends it.
   bool in_process() const { return thread != nullptr; }
   /// Its rank, or before ranks are assigned its launch index (its rank-to-be).
   int display_rank() const { return rank < 0 ? index : rank; }

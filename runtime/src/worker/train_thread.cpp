@@ -45,6 +45,7 @@ struct HostState {
   protocol::Attach attach;  // as the train thread's, for the upload thread's
   int world_rank = 0;
   int64_t reports = 0;
+  bool stopped = false;           // a report's wait got SHUTDOWN: the run stops (in-process)
   std::string checkpoint_dir;     // the checkpoint to resume from, or empty
   bool fetch_checkpoint = false;  // ... on the controller's side: fetch it
   bool checkpoint_ready = false;  // verified, or fetched: local_checkpoint is it
@@ -103,6 +104,7 @@ template <typename Ack = protocol::ReportAck>
 int await_ack(HostState& state, int64_t iteration, char* error, size_t error_size) {
   auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
   if (reply.type() == Ack::kType && reply.as<Ack>().iteration == iteration) return 0;
+  state.stopped = state.stopped || reply.type() == protocol::Shutdown::kType;
   copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
   return 1;
 }
@@ -431,6 +433,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     }
     failed_message = error.data();
     if (rc != TRAIN_ERROR_EXCEPTION) failed_kind = FailureKind::kPlugin;
+    if (state.stopped) failed_kind = FailureKind::kInterrupted;  // what a stop made it raise
     // The entry caught it; the last throw on this thread is where it began.
     if (rc == TRAIN_ERROR_EXCEPTION) failed_stack = stacks::last_throw(failed_message);
   } catch (const std::exception& e) {

@@ -3,6 +3,7 @@
 #include <trainrun/error.h>
 #include <trainrun/options.h>
 
+#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -39,6 +40,8 @@ using Clock = std::chrono::steady_clock;
 // How long an in-process worker waits, once stopped, for its train thread to
 // end (it closes its connections after its last message).
 constexpr auto kInProcessCloseWait = std::chrono::seconds(2);
+// ... and longer once its train function has returned: it only closes.
+constexpr auto kInProcessTeardownWait = std::chrono::seconds(10);
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -88,7 +91,8 @@ class Worker {
   /// inside LibTorch, its socket open, it would wait for it forever.
   bool can_close() const { return !train_thread_.joinable() || train_finished_; }
 
-  /// Whether the train function was called and has not returned.
+  /// Whether the train thread started and its train function has not
+  /// returned (or was not reached: it is stuck before it).
   bool in_train_function() const { return train_thread_.joinable() && !entry_returned_; }
 
   /// Whether the worker can be closed within `bound`: its train thread, done
@@ -129,7 +133,10 @@ class Worker {
                                  {resets_[2].handle(), 0, ZMQ_POLLIN, 0},
                                  {nullptr, options_.stop_fd, ZMQ_POLLIN, 0}};
       protocol::poll(items, options_.stop_fd >= 0 ? 5 : 4, std::chrono::milliseconds(100));
-      if (items[4].revents & ZMQ_POLLIN) exit_code_ = 1;  // an in-process worker's SIGTERM
+      if (items[4].revents & ZMQ_POLLIN) {  // an in-process worker's SIGTERM: nothing more starts
+        exit_code_ = 1;
+        break;
+      }
       if (items[0].revents & ZMQ_POLLIN) on_controller_message();
       for (size_t i = 0; i < resets_.size(); ++i) {
         if (items[i + 1].revents & ZMQ_POLLIN) on_reset(i);
@@ -255,12 +262,21 @@ class Worker {
   bool user_plugin_unchanged() const {
     if (options_.plugin.empty()) return false;
     static std::mutex mutex;
-    static std::map<std::filesystem::path, std::string> loaded;  // path -> sha256
+    static std::map<std::filesystem::path, std::string> loaded;  // path -> sha256 loaded there
     try {
       const auto& sha256 = assign_->plugin_sha256;
       if (sha256_file(options_.plugin) != sha256) return false;
+      const auto path = std::filesystem::canonical(options_.plugin);
       std::lock_guard lock(mutex);
-      return loaded.emplace(options_.plugin, sha256).first->second == sha256;
+      // Whether the loader holds an image of this file (by its name or its
+      // inode): then only one of this very content may be used again.
+      if (void* image = ::dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD)) {
+        ::dlclose(image);
+        auto found = loaded.find(path);
+        return found != loaded.end() && found->second == sha256;
+      }
+      loaded[path] = sha256;
+      return true;
     } catch (const std::exception&) {
       return false;
     }
@@ -361,7 +377,7 @@ class Worker {
   int64_t walk_id_ = 0;                                 // the request it answers
   std::atomic<bool> train_finished_{false};
   std::atomic<bool> entry_returned_{false};  // the train function returned
-  Silence silence_;  // the controller's
+  Silence silence_;                          // the controller's
   std::chrono::milliseconds silence_limit_{0};
   std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;
   int exit_code_ = -1;
@@ -391,7 +407,10 @@ std::pair<int, bool> serve(const WorkerOptions& options) {
     code = worker->run();
     // A worker process's end stops its train thread; in a process that goes
     // on, a train function that has returned is let finish.
-    if (options.in_process ? worker->can_close_within(kInProcessCloseWait) : worker->can_close()) {
+    if (options.in_process
+            ? worker->can_close_within(worker->in_train_function() ? kInProcessCloseWait
+                                                                   : kInProcessTeardownWait)
+            : worker->can_close()) {
       worker.reset();
     } else {
       left_running = worker->in_train_function();
