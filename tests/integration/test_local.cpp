@@ -81,6 +81,47 @@ void check_same_shape(const Sandbox& box, const std::string& args) {
   CHECK(results.exit_code == 0);
 }
 
+// A run of `entry` in this process, in the sandbox, with nothing on the terminal.
+trainrun::TrainerOptions in_process_run(const Sandbox& box, const std::filesystem::path& plugin,
+                                        const std::string& entry, nlohmann::json config,
+                                        const std::string& name) {
+  trainrun::TrainerOptions options;
+  options.cache_dir = box.root() / "cache";
+  options.plugin = plugin;
+  options.entry = entry;
+  options.config = std::move(config);
+  options.scaling.in_process = true;
+  options.run.storage_path = box.results();
+  options.run.name = name;
+  options.verbose = false;
+  return options;
+}
+
+// Runs `options`, which Callbacks::on_report or on_attempt_start stop
+// (`stop_at` sets which), and checks that the run was interrupted with
+// nothing of the train function's left running.
+void check_stopped(const Sandbox& box, const trainrun::TrainerOptions& options, int64_t stop_at) {
+  trainrun::Callbacks callbacks;
+  trainrun::Trainer* running = nullptr;
+  if (stop_at > 0) {
+    callbacks.on_report = [&](const trainrun::ReportRecord& report) {
+      if (report.iteration == stop_at) running->stop();
+    };
+  } else {  // before the worker has said HELLO, or just after: either way it ends
+    callbacks.on_attempt_start = [&](const trainrun::AttemptInfo&) { running->stop(); };
+  }
+  trainrun::Trainer trainer(options, callbacks);
+  running = &trainer;
+  auto result = trainer.fit();
+  REQUIRE(result.error);
+  CHECK(result.interrupted());
+  const auto log = read_text(box.run_dir(options.run.name) / "logs" / "controller.log");
+  INFO(log);
+  CHECK(log.find("the train thread did not end") == std::string::npos);
+  CHECK(log.find("did not exit") == std::string::npos);
+  CHECK(log.find("raised") == std::string::npos);
+}
+
 // Waits until the run started in the background printed `line`.
 bool wait_for_output(const Sandbox& box, const std::string& line) {
   for (int i = 0; i < 1200; ++i) {
@@ -195,15 +236,7 @@ TEST_CASE(
 
 TEST_CASE("Trainer with ScalingConfig::in_process runs the train function in the host program") {
   Sandbox box;
-  trainrun::TrainerOptions options;
-  options.cache_dir = box.root() / "cache";
-  options.plugin = TEST_PLUGIN;
-  options.entry = "checkpoints";
-  options.config = {{"reports", 3}};
-  options.scaling.in_process = true;
-  options.run.storage_path = box.results();
-  options.run.name = "api";
-  options.verbose = false;
+  auto options = in_process_run(box, TEST_PLUGIN, "checkpoints", {{"reports", 3}}, "api");
   std::vector<int64_t> iterations;
   trainrun::Callbacks callbacks;
   callbacks.on_report = [&](const trainrun::ReportRecord& report) {
@@ -236,35 +269,14 @@ TEST_CASE(
   // A copy, replaced below as a linker replaces its output (a new file).
   const auto plugin = box.root() / "libmodel.so";
   std::filesystem::copy_file(TEST_PLUGIN, plugin);
-  trainrun::TrainerOptions options;
-  options.cache_dir = box.root() / "cache";
-  options.plugin = plugin;
-  options.entry = "steps";
-  options.config = {{"steps", 100000}, {"sleep_ms", 20}};
-  options.scaling.in_process = true;
-  options.run.storage_path = box.results();
-  options.run.name = "stopped";
-  options.verbose = false;
-  trainrun::Callbacks callbacks;
-  trainrun::Trainer* running = nullptr;
-  callbacks.on_report = [&](const trainrun::ReportRecord& report) {
-    if (report.iteration == 3) running->stop();
-  };
-  trainrun::Trainer trainer(options, callbacks);
-  running = &trainer;
-  auto result = trainer.fit();
-  REQUIRE(result.error);
-  CHECK(result.interrupted());
-  // Told at its next report, the train function returned: nothing was left running.
-  const auto log = read_text(box.run_dir("stopped") / "logs" / "controller.log");
-  INFO(log);
-  CHECK(log.find("did not return") == std::string::npos);
+  auto options =
+      in_process_run(box, plugin, "steps", {{"steps", 100000}, {"sleep_ms", 20}}, "stopped");
+  // Told at its next report, the train function returns.
+  check_stopped(box, options, 3);
   std::filesystem::remove(plugin);
   std::filesystem::copy_file(QUICKSTART_PLUGIN, plugin);
-  options.entry = "quickstart";
-  options.config = {{"steps", 2}};
-  options.run.name = "rebuilt";
-  auto again = trainrun::Trainer(options).fit();
+  auto again =
+      trainrun::Trainer(in_process_run(box, plugin, "quickstart", {{"steps", 2}}, "rebuilt")).fit();
   INFO((again.error ? again.error->message : std::string()));
   CHECK_FALSE(again.error);
   CHECK(again.iterations == 2);
@@ -272,26 +284,7 @@ TEST_CASE(
 
 TEST_CASE("Trainer::stop() as an in-process attempt starts ends it, the worker thread and all") {
   Sandbox box;
-  trainrun::TrainerOptions options;
-  options.cache_dir = box.root() / "cache";
-  options.plugin = TEST_PLUGIN;
-  options.entry = "steps";
-  options.config = {{"steps", 100000}, {"sleep_ms", 20}};
-  options.scaling.in_process = true;
-  options.run.storage_path = box.results();
-  options.run.name = "early";
-  options.verbose = false;
-  trainrun::Callbacks callbacks;
-  trainrun::Trainer* running = nullptr;
-  // Before the worker has said HELLO, or just after: either way it ends.
-  callbacks.on_attempt_start = [&](const trainrun::AttemptInfo&) { running->stop(); };
-  trainrun::Trainer trainer(options, callbacks);
-  running = &trainer;
-  auto result = trainer.fit();
-  REQUIRE(result.error);
-  CHECK(result.interrupted());
-  const auto log = read_text(box.run_dir("early") / "logs" / "controller.log");
-  INFO(log);
-  CHECK(log.find("did not end") == std::string::npos);
-  CHECK(log.find("did not exit") == std::string::npos);
+  check_stopped(
+      box,
+      in_process_run(box, TEST_PLUGIN, "steps", {{"steps", 100000}, {"sleep_ms", 20}}, "early"), 0);
 }
