@@ -32,6 +32,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::Report::kType] =
         sample_body(p::Report{1, std::vector<char>(metrics.begin(), metrics.end()), true, {file}});
     m[p::Arrive::kType] = sample_body(p::Arrive{1});
+    m[p::StepVote::kType] = sample_body(p::StepVote{1, 0});
     m[p::UploadChunk::kType] = sample_body(p::UploadChunk{0, 0});
     m[p::Uploaded::kType] = sample_body(p::Uploaded{1, {file}, ""});
     m[p::FetchCheckpoint::kType] = sample_body(p::FetchCheckpoint{"checkpoint_000001"});
@@ -58,6 +59,8 @@ const std::map<std::string, std::string>& samples() {
     m[p::Shutdown::kType] = sample_body(p::Shutdown{"x", true});
     m[p::Restart::kType] = sample_body(p::Restart{2});
     m[p::Refused::kType] = sample_body(p::Refused{"x"});
+    m[p::PeerLost::kType] = sample_body(p::PeerLost{1, {0, 2}, {1}});
+    m[p::StepDecision::kType] = sample_body(p::StepDecision{1, true});
     return m;
   }();
   return bodies;

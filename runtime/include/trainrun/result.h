@@ -64,6 +64,23 @@ struct ReportRecord {
 
 /// One start of the group of workers: the first, and one after each failure
 /// that --max-failures allows.
+/// A rank lost while the others went on in place, in a smaller group
+/// (FailureConfig::in_place): no restart, no step thrown away.
+struct InPlaceRecovery {
+  int rank = -1;  // the world rank lost
+  std::string host;
+  int64_t pid = 0;
+  std::string cause;   // how it ended: "was killed by SIGKILL"
+  std::string at;      // UTC, ISO 8601
+  int world_size = 0;  // the group's size after it
+  int64_t step = 0;    // the synchronised step in flight (the survivors' count from 1)
+  /// Steps no rank applied because of it: the survivors' first step applied
+  /// after it, less the one after their last applied before it (0: the step
+  /// in flight was done again in the new group). -1 until the first step.
+  int64_t steps_lost = -1;
+  double seconds = -1;  // from the loss to the survivors' first applied step; -1 until then
+};
+
 struct AttemptInfo {
   int attempt = 1;
   int world_size = 0;
@@ -72,6 +89,7 @@ struct AttemptInfo {
   std::string resumed_from;       // the checkpoint it started from, or empty
   std::optional<RunError> error;  // the root cause that ended it, if it failed
   bool regrouped = false;         // an elastic group stopped at a checkpoint to take more workers
+  std::vector<InPlaceRecovery> recoveries;  // ranks lost while it went on without them
 };
 
 /// A committed checkpoint.

@@ -87,6 +87,14 @@ std::string describe(const Result& result) {
     out << "profiles:     (Chrome traces: ui.perfetto.dev, or TensorBoard)\n";
     for (const auto& profile : profiles) out << "  " << profile << "\n";
   }
+  // Ranks lost while the others went on in place.
+  for (const auto& a : result.attempts) {
+    for (const auto& r : a.recoveries) {
+      out << "recovered:    rank " << r.rank << " " << r.cause << " at step " << r.step << "; "
+          << r.world_size << " went on in place (attempt " << a.attempt << "), steps lost "
+          << r.steps_lost << ", " << r.seconds << " s to the next step\n";
+    }
+  }
   // A run that restarted: each attempt and what ended it.
   if (result.attempts.size() > 1) {
     out << "attempts:\n";

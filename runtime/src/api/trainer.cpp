@@ -338,6 +338,15 @@ Trainer::Trainer(TrainerOptions options, Callbacks callbacks)
     throw UsageError("max_failures must be -1 (no limit) or more, got " +
                      std::to_string(options_.failure.max_failures));
   }
+  if (options_.failure.in_place && options_.failure.max_failures == 0) {
+    throw UsageError(
+        "recovery in place needs failures to survive: pass --max-failures N (or -1) with it");
+  }
+  if (options_.failure.in_place && options_.scaling.use_gpu) {
+    throw UsageError(
+        "recovery in place works on the CPU (Gloo) only: a GPU run restarts its group "
+        "(--recovery restart)");
+  }
   if (const auto [first, last] = options_.profile_steps;
       (first != 0 || last != 0) && (first < 1 || last < first)) {
     throw UsageError("profile steps must be FIRST:LAST with 1 <= FIRST <= LAST, got " +

@@ -222,6 +222,12 @@ int main(int argc, char** argv) {
       "--no-standby", [&](int64_t) { options.failure.standby = false; },
       "with --max-failures, do not start the next attempt's local workers ahead of a failure "
       "(saves an idle process per local worker; restarts take longer)");
+  std::string recovery = "restart";
+  app.add_option("--recovery", recovery,
+                 "with --max-failures, what a rank that dies does to the others: restart them "
+                 "all from the latest checkpoint, or let them go on in-place without it (CPU)")
+      ->check(CLI::IsMember({"restart", "in-place"}))
+      ->capture_default_str();
   std::string profile_steps;
   app.add_option("--profile-steps", profile_steps,
                  "profile steps FIRST to LAST (a step: one backward pass through a prepared model) "
@@ -268,6 +274,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     parse_num_workers(num_workers, options.scaling);
     if (!profile_steps.empty()) options.profile_steps = parse_profile_steps(profile_steps);
+    options.failure.in_place = recovery == "in-place";
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;

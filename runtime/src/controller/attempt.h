@@ -69,6 +69,13 @@ struct Attempt {
     bool stacks_taken = false;
   };
 
+  /// In-place recovery: the open vote on a synchronised step, which every
+  /// member of the current generation must cast before any applies it.
+  struct StepVotes {
+    int64_t step = 0;
+    std::vector<int> ranks;  // who voted, by arrival
+  };
+
   bool assigned() const { return assigned_at.has_value(); }
 
   const int number;
@@ -95,6 +102,15 @@ struct Attempt {
   // rank), and the file: what a report's timeout names.
   std::map<int, std::string> train_places;
   std::string stacks_file;
+  // In-place recovery (controller_recovery.cpp): the group's generation (0:
+  // the ranks as assigned), its members' world ranks in group rank order,
+  // the open vote, the last step applied, and the recoveries not yet timed
+  // (indices into the attempt's AttemptInfo::recoveries, with when each began).
+  int64_t generation = 0;
+  std::vector<int> members;
+  std::optional<StepVotes> votes;
+  int64_t applied_step = 0;
+  std::vector<std::pair<size_t, Clock::time_point>> untimed_recoveries;
 };
 
 }  // namespace trainrun

@@ -158,6 +158,16 @@ class Controller {
   void fail(WorkerSlot& worker, FailureKind kind, const std::string& message,
             std::vector<std::string> stack = {});
   void fail_storage(const std::string& message);
+
+  // --- Recovery in place (controller_recovery.cpp) -----------------------------
+  /// Why `lost` cannot be survived in place: nullopt when the run does not
+  /// recover in place at all, "" when it can.
+  std::optional<std::string> in_place_refusal(const WorkerSlot& lost) const;
+  /// Drops `lost` (which ended as `cause` says) from the group and lets the
+  /// others go on without it, when the run recovers in place and can;
+  /// false when the failure takes its usual course.
+  bool recover_in_place(WorkerSlot& lost, const std::string& cause);
+  void on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote);
   void abort_upload(const std::string& message);
 
   // The phase, as the handlers ask it.

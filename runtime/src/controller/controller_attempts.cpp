@@ -107,7 +107,7 @@ std::optional<Controller::AttemptEnd> Controller::attempt_end() const {
   if ((phase_ == RunPhase::kTraining || phase_ == RunPhase::kRegrouping) &&
       !attempt_->async_checkpoint &&
       std::all_of(pool().workers().begin(), pool().workers().end(),
-                  [](const WorkerSlot& w) { return w.done; })) {
+                  [](const WorkerSlot& w) { return w.done || w.departed; })) {
     return AttemptEnd{};
   }
   if (phase_ == RunPhase::kRegrouping) return AttemptEnd{std::nullopt, true};
@@ -205,6 +205,8 @@ void Controller::assign_ranks() {
   std::vector<int> ranks;
   for (const auto& place : placements) ranks.push_back(place.world_rank);
   pool().assign(ranks);
+  attempt.members.clear();
+  for (int rank = 0; rank < attempt.world_size; ++rank) attempt.members.push_back(rank);
   // Where the ranks run, a line per node: a node's ranks are consecutive.
   std::vector<std::pair<int, int>> node_ranks;  // first and last rank, by node rank
   for (const auto& place : placements) {
@@ -236,6 +238,7 @@ void Controller::assign_ranks() {
   assign.heartbeat_interval_ms = heartbeat_interval(setup_.options.run.heartbeat_timeout).count();
   assign.collective_timeout_ms = setup_.options.run.collective_timeout.count();
   assign.checkpoint_dir = checkpoints_.resume_dir().string();
+  assign.in_place = setup_.options.failure.in_place;
   for (auto& worker : pool().workers()) {
     // A remote worker's own default unless the run names a thread count.
     assign.num_threads =

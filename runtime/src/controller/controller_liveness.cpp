@@ -128,6 +128,7 @@ void Controller::on_worker_exit(WorkerSlot& worker, std::optional<int> code, int
   worker.exited = true;
   if (worker.rank >= 0) attempt_->store.forget(worker.rank);
   if (stopping() || (worker.done && code == 0)) return;
+  if (recover_in_place(worker, exit_description(code, signal))) return;
   if (code) {
     fail(worker, FailureKind::kExit, exit_description(code, signal) + " before finishing");
     return;

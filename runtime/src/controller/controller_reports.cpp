@@ -14,7 +14,8 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   // workers are about to stop.
   if (!records()) return;
   nlohmann::json metrics;
-  if (worker.rank == 0) {
+  // The group's first rank's are recorded: rank 0's, unless it was lost.
+  if (!attempt_->members.empty() && worker.rank == attempt_->members.front()) {
     try {
       metrics = protocol::decode_metrics(report.metrics);
     } catch (const ProtocolError& e) {
@@ -56,7 +57,7 @@ void Controller::on_arrive(WorkerSlot& worker, const protocol::Arrive& arrive) {
     return;
   }
   reports.release_early();
-  for (int rank = 0; rank < world_size(); ++rank) {
+  for (int rank : attempt_->members) {
     to_train(*pool().at_rank(rank), protocol::ArriveAck{arrive.iteration});
   }
 }
@@ -77,8 +78,13 @@ void Controller::on_progress(const WorkerSlot& worker, const protocol::Progress&
     throw ProtocolError("PROGRESS with counts out of range");
   }
   if (worker.rank != 0 || !setup_.on_progress || !healthy()) return;
-  ProgressSample sample{setup_.attempt_offset + attempt_->number, world_size(),   progress.epoch,  progress.batch,
-                        progress.batches, progress.steps, progress.samples};
+  ProgressSample sample{setup_.attempt_offset + attempt_->number,
+                        world_size(),
+                        progress.epoch,
+                        progress.batch,
+                        progress.batches,
+                        progress.steps,
+                        progress.samples};
   // A sampler that yields more than the loader counted: the epoch is done.
   if (sample.batches > 0) sample.batch = std::min(sample.batch, sample.batches);
   // At most one every kProgressGap. An epoch's end passes too, so the display
@@ -124,7 +130,7 @@ void Controller::release_report() {
   record.attempt = setup_.attempt_offset + attempt.number;
   // The ranks go on while the report is recorded: its checkpoint, if any, is
   // committed, and this loop records it before it reads another message.
-  for (int rank = 0; rank < world_size(); ++rank) {
+  for (int rank : attempt.members) {
     to_train(*pool().at_rank(rank), protocol::ReportAck{attempt.reports.iteration() - 1});
   }
   try {

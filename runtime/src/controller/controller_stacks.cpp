@@ -163,7 +163,7 @@ void Controller::check_report_wait() {
                std::chrono::milliseconds(static_cast<int64_t>(kMaxTimeoutSeconds * 1000)));
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - wait.since);
   std::vector<int> waiting, missing;
-  for (int rank = 0; rank < world_size(); ++rank) {
+  for (int rank : attempt.members) {
     const WorkerSlot* worker = pool().at_rank(rank);
     if (reports.waiting(rank)) {
       waiting.push_back(rank);

@@ -12,17 +12,26 @@ std::optional<std::string> ReportBarrier::arrive(int rank, int64_t iteration,
   }
   waiting_[static_cast<size_t>(rank)] = true;
   ++arrived_;
-  if (rank == 0) rank0_metrics_ = std::move(metrics);
+  if (!metrics.is_null()) metrics_ = std::move(metrics);
   return std::nullopt;
 }
 
-bool ReportBarrier::complete() const { return arrived_ == static_cast<int>(waiting_.size()); }
+bool ReportBarrier::complete() const { return arrived_ == expected_; }
 
 nlohmann::json ReportBarrier::release() {
   std::fill(waiting_.begin(), waiting_.end(), false);
   arrived_ = 0;
   ++iteration_;
-  return std::exchange(rank0_metrics_, nullptr);
+  return std::exchange(metrics_, nullptr);
+}
+
+void ReportBarrier::depart(int rank) {
+  auto index = static_cast<size_t>(rank);
+  if (waiting_[index]) {  // its metrics, if it was the group's first rank, still count
+    waiting_[index] = false;
+    --arrived_;
+  }
+  --expected_;
 }
 
 }  // namespace trainrun

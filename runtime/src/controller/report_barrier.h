@@ -14,15 +14,20 @@ namespace trainrun {
 
 class ReportBarrier {
  public:
-  explicit ReportBarrier(int world_size) : waiting_(static_cast<size_t>(world_size), false) {}
+  explicit ReportBarrier(int world_size)
+      : waiting_(static_cast<size_t>(world_size), false), expected_(world_size) {}
 
-  /// Records rank's arrival at `iteration`. Returns an error message when the
-  /// rank is out of step (reports an iteration other than the current one).
+  /// Records rank's arrival at `iteration`, with the metrics to record (the
+  /// group's first rank's; null from the others). Returns an error message
+  /// when the rank is out of step (reports an iteration other than the
+  /// current one).
   std::optional<std::string> arrive(int rank, int64_t iteration, nlohmann::json metrics);
   /// Whether every rank has arrived at the current iteration.
   bool complete() const;
-  /// Rank 0's metrics of the completed iteration; starts the next iteration.
+  /// The recorded metrics of the completed iteration; starts the next iteration.
   nlohmann::json release();
+  /// `rank` left the group (in-place recovery): no iteration waits for it.
+  void depart(int rank);
   bool waiting(int rank) const { return waiting_[static_cast<size_t>(rank)]; }
   /// How many ranks have arrived at the current iteration.
   int arrived() const { return arrived_; }
@@ -32,8 +37,9 @@ class ReportBarrier {
  private:
   std::vector<bool> waiting_;
   int arrived_ = 0;  // ranks waiting_: complete() must not scan a thousand ranks per report
+  int expected_;     // the ranks still in the group
   int64_t iteration_ = 1;
-  nlohmann::json rank0_metrics_;
+  nlohmann::json metrics_;
 };
 
 }  // namespace trainrun

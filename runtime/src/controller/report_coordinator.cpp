@@ -55,6 +55,15 @@ ReportRecord ReportCoordinator::release() {
   return ReportRecord{iteration, 0, 0, barrier_.release(), ""};
 }
 
+void ReportCoordinator::depart(int rank) {
+  barrier_.depart(rank);
+  if (early_[static_cast<size_t>(rank)]) {
+    early_[static_cast<size_t>(rank)] = false;
+    --early_count_;
+  }
+  --world_size_;
+}
+
 void ReportCoordinator::finished(int rank) {
   TRAINRUN_CHECK(!waiting(rank), "a rank finished while waiting in a report");
   ++finished_;

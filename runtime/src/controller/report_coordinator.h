@@ -59,6 +59,11 @@ class ReportCoordinator {
 
   /// A rank returned from train_func; it must not be waiting.
   void finished(int rank);
+  /// A rank left the group while the others went on (in-place recovery): no
+  /// report waits for it. Then early_complete() or complete() may hold.
+  void depart(int rank);
+  /// Whether some rank waits before the current report (ARRIVE).
+  bool any_early() const { return early_count_ > 0; }
   /// A rank that returns while others wait in report would leave them waiting
   /// forever: when every rank has either returned or is waiting, and both
   /// kinds exist, the rank to blame and the usage error.

@@ -52,6 +52,7 @@ struct WorkerSlot {
   bool done = false;
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;
+  bool departed = false;  // lost, and the group went on without it (in-place recovery)
   Clock::time_point last_heard;
   protocol::LinkTally main_link;  // its main connection's messages, both ways
 

@@ -124,6 +124,15 @@ struct Arrive {
   MSGPACK_DEFINE_MAP(iteration);
 };
 
+/// In-place recovery: this rank's collectives of synchronised step `step`
+/// completed in the group of `generation`. Answered by STEP_DECISION.
+struct StepVote {
+  static constexpr const char* kType = "STEP_VOTE";
+  int64_t step = 0;
+  int64_t generation = 0;
+  MSGPACK_DEFINE_MAP(step, generation);
+};
+
 struct UploadChunk {  // followed by one blob frame with the bytes
   static constexpr const char* kType = "UPLOAD_CHUNK";
   uint32_t file = 0;  // index into the REPORT's files
@@ -287,11 +296,33 @@ struct Assign {
   // find out whether it shares the controller's filesystem (empty: it streams).
   std::string storage_probe;
   std::string storage_token;
+  bool in_place = false;  // survivors of a lost rank go on in a new group (PEER_LOST)
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size, store_prefix,
                      bind_host, num_threads, device, heartbeat_timeout_ms, heartbeat_interval_ms,
                      collective_timeout_ms, checkpoint_dir, fetch_checkpoint, attach_secret,
-                     storage_probe, storage_token, plugin_name, profile_first, profile_last);
+                     storage_probe, storage_token, plugin_name, profile_first, profile_last,
+                     in_place);
+};
+
+/// In-place recovery, on the main connection: ranks were lost, and the
+/// survivors form the group of `generation` under the attempt's store prefix
+/// plus "/gen-<generation>". `ranks`: its members' world ranks, by group rank.
+struct PeerLost {
+  static constexpr const char* kType = "PEER_LOST";
+  int64_t generation = 0;
+  std::vector<int32_t> ranks;
+  std::vector<int32_t> lost;  // the world ranks lost since the last generation
+  MSGPACK_DEFINE_MAP(generation, ranks, lost);
+};
+
+/// The answer to STEP_VOTE: `apply` when every rank of the group voted,
+/// false once the group ended (the step is done again in the next one).
+struct StepDecision {
+  static constexpr const char* kType = "STEP_DECISION";
+  int64_t step = 0;
+  bool apply = false;
+  MSGPACK_DEFINE_MAP(step, apply);
 };
 
 struct AgentAccepted {

@@ -102,6 +102,17 @@ json attempt_json(const AttemptInfo& a) {
   if (!a.resumed_from.empty()) j["resumed_from"] = a.resumed_from;
   if (a.error) j["error"] = error_json(*a.error);
   if (a.regrouped) j["regrouped"] = true;
+  for (const auto& r : a.recoveries) {
+    j["recoveries"].push_back({{"rank", r.rank},
+                               {"host", r.host},
+                               {"pid", r.pid},
+                               {"cause", r.cause},
+                               {"at", r.at},
+                               {"world_size", r.world_size},
+                               {"step", r.step},
+                               {"steps_lost", r.steps_lost},
+                               {"seconds", r.seconds}});
+  }
   return j;
 }
 
@@ -114,6 +125,15 @@ AttemptInfo attempt_from_json(const json& j) {
   a.resumed_from = j.value("resumed_from", "");
   if (j.contains("error") && j["error"].is_object()) a.error = error_from_json(j["error"]);
   a.regrouped = j.value("regrouped", false);
+  if (j.contains("recoveries") && j["recoveries"].is_array()) {
+    for (const auto& r : j["recoveries"]) {
+      if (!r.is_object()) continue;
+      a.recoveries.push_back({r.value("rank", -1), r.value("host", ""), r.value("pid", int64_t{0}),
+                              r.value("cause", ""), r.value("at", ""), r.value("world_size", 0),
+                              r.value("step", int64_t{0}), r.value("steps_lost", int64_t{-1}),
+                              r.value("seconds", -1.0)});
+    }
+  }
   return a;
 }
 

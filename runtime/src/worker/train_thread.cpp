@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +56,14 @@ struct HostState {
   std::thread::id train_thread = std::this_thread::get_id();
   std::chrono::steady_clock::time_point progress_sent;  // the last PROGRESS
   std::filesystem::path run_dir, storage_root, cache_dir;
+  // In-place recovery: the groups the controller announces, and what forms
+  // one (the attempt's ASSIGN, the rendezvous store). The groups formed are
+  // never destroyed: an old one's threads may wait for a dead peer until its
+  // timeout, and destroying it would wait with them.
+  const GroupAnnouncements* groups = nullptr;
+  const protocol::Assign* assign = nullptr;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::vector<c10d::ProcessGroup*> formed;  // released, newest last
   // Declared last: destroyed first, its thread stopped before the rest goes.
   std::optional<CheckpointUploader> uploader;  // from the first asynchronous checkpoint on
 
@@ -168,6 +177,96 @@ int host_report_checkpoint(void* handle, const uint8_t* metrics, size_t metrics_
   return 1;
 }
 
+std::chrono::milliseconds collective_timeout(const protocol::Assign& assign) {
+  return assign.collective_timeout_ms > 0 ? std::chrono::milliseconds(assign.collective_timeout_ms)
+                                          : kProcessGroupDefaultTimeout;
+}
+
+int64_t host_group_generation(void* handle) {
+  return static_cast<HostState*>(handle)->groups->generation();
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
+    const protocol::Assign& assign, const WorkerOptions& options,
+    const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int size);
+
+// Joins the newest group announced after `after`: waits for its announcement,
+// then for its members in the store. A member lost meanwhile fails the
+// rendezvous, and the next generation is tried; all of it within the
+// collective timeout.
+void* host_regroup(void* handle, int64_t after, int64_t* generation, int32_t* rank, int32_t* size,
+                   char* error, size_t error_size) {
+  auto& state = *static_cast<HostState*>(handle);
+  try {
+    const auto timeout = collective_timeout(*state.assign);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string last_error;
+    while (true) {
+      while (state.groups->generation() <= after) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw Error(last_error.empty()
+                          ? "the controller announced no group within the collective timeout (" +
+                                std::to_string(timeout.count() / 1000) + " s)"
+                          : last_error);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      auto [formed, members] = state.groups->newest();
+      auto me = std::find(members.begin(), members.end(), state.world_rank);
+      if (me == members.end()) throw Error("this rank is not in the group of the ranks left");
+      const int my_rank = static_cast<int>(me - members.begin());
+      const int my_size = static_cast<int>(members.size());
+      try {
+        auto group = create_process_group(
+            *state.assign, *state.options, state.store,
+            state.assign->store_prefix + "/gen-" + std::to_string(formed), my_rank, my_size);
+        state.formed.push_back(group.release());
+        *generation = formed;
+        *rank = my_rank;
+        *size = my_size;
+        return state.formed.back();
+      } catch (const std::exception& e) {
+        last_error = e.what();  // a member lost while it formed: the next generation is tried
+        after = formed;
+      }
+    }
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+  }
+  return nullptr;
+}
+
+// The vote on a synchronised step: answered by the controller once every
+// rank of the group voted, or the group ended.
+int host_step_vote(void* handle, int64_t step, int64_t generation, char* error, size_t error_size) {
+  auto& state = *static_cast<HostState*>(handle);
+  try {
+    protocol::send(*state.controller, protocol::StepVote{step, generation});
+    const auto timeout = collective_timeout(*state.assign);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    zmq::pollitem_t item{state.controller->handle(), 0, ZMQ_POLLIN, 0};
+    while (true) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        throw Error("no decision on step " + std::to_string(step) + " within the collective " +
+                    "timeout (" + std::to_string(timeout.count() / 1000) + " s)");
+      }
+      auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+      if (protocol::poll(&item, 1, std::min(wait, std::chrono::milliseconds(1000))) > 0) break;
+    }
+    auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
+    if (reply.type() == protocol::StepDecision::kType) {
+      auto decision = reply.as<protocol::StepDecision>();
+      if (decision.step == step) return decision.apply ? 1 : 0;
+    }
+    state.stopped = state.stopped || reply.type() == protocol::Shutdown::kType;
+    copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+  }
+  return -1;
+}
+
 int host_arrive(void* handle, char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
@@ -260,11 +359,9 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const protocol::Assign& a
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
     const protocol::Assign& assign, const WorkerOptions& options,
-    const c10::intrusive_ptr<c10d::Store>& store) {
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(assign.store_prefix, store);
-  const auto timeout = assign.collective_timeout_ms > 0
-                           ? std::chrono::milliseconds(assign.collective_timeout_ms)
-                           : kProcessGroupDefaultTimeout;
+    const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int size) {
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+  const auto timeout = collective_timeout(assign);
   c10::Device device(assign.device);
   if (device.is_cuda()) {
 #ifdef USE_C10D_NCCL
@@ -275,14 +372,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
                   visible_devices_note());
     }
     c10::cuda::set_device(device.index());  // the train function runs on this thread
-    return train::compat::make_nccl_group(prefixed, assign.world_rank, assign.world_size, device,
+    return train::compat::make_nccl_group(prefixed, rank, size, device,
                                           gloo_device(assign, options), timeout);
 #else
     throw Error("device " + assign.device + " needs a LibTorch built with CUDA and NCCL");
 #endif
   }
-  return train::compat::make_gloo_group(prefixed, assign.world_rank, assign.world_size,
-                                        gloo_device(assign, options), timeout);
+  return train::compat::make_gloo_group(prefixed, rank, size, gloo_device(assign, options),
+                                        timeout);
 }
 
 // Whether this worker shares the controller's run directory: the probe file
@@ -312,7 +409,7 @@ bool is_inside(const std::string& path, const std::string& dir) {
 
 void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path,
-                      std::atomic<bool>& returned) {
+                      std::atomic<bool>& returned, const GroupAnnouncements& groups) {
   // Its stack is the one a hang's message names; an overflow of it still gets
   // a report (not in-process, where no handler of the worker's is installed).
   stacks::mark_train_thread();
@@ -351,7 +448,8 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     auto entry = plugin.entry(assign.entry);
     failed_kind = FailureKind::kSetup;
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
-    group = create_process_group(assign, options, store);
+    group = create_process_group(assign, options, store, assign.store_prefix, assign.world_rank,
+                                 assign.world_size);
 
     state_holder = std::make_unique<HostState>();
     auto& state = *state_holder;
@@ -360,6 +458,9 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     state.options = &options;
     state.attach = attach;
     state.world_rank = assign.world_rank;
+    state.groups = &groups;
+    state.assign = &assign;
+    state.store = store;
     state.checkpoint_dir = assign.checkpoint_dir;
     if (!s3::is_s3_url(assign.storage_path)) {  // nothing on this host to keep
       state.storage_root = assign.storage_path;
@@ -404,6 +505,10 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.profile_first = assign.profile_first;
     host.profile_last = assign.profile_last;
     host.profile_path = profile_text.c_str();
+    host.in_place = assign.in_place && c10::Device(assign.device).is_cpu() ? 1 : 0;
+    host.group_generation = &host_group_generation;
+    host.regroup = &host_regroup;
+    host.step_vote = &host_step_vote;
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});
@@ -424,7 +529,13 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
         // Closes this rank's Gloo connections, as a process that exits does: a
         // rank still in (or entering) a collective with it fails at once, not
         // at the collective timeout. Every collective this rank took part in
-        // is complete here, its bytes sent.
+        // is complete here, its bytes sent. After a recovery in place that is
+        // the newest group; the older ones may still wait for a lost peer.
+        if (!state.formed.empty()) {
+          (void)group.release();
+          group = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim(state.formed.back());
+          state.formed.pop_back();
+        }
         group.reset();
       } else {
         (void)group.release();  // NCCL: its peers cannot be told this way

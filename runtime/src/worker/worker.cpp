@@ -183,6 +183,9 @@ class Worker {
         on_assign(message.as<protocol::Assign>());
       } else if (type == protocol::Chunk::kType) {
         on_plugin_chunk(message);
+      } else if (type == protocol::PeerLost::kType) {
+        auto lost = message.as<protocol::PeerLost>();
+        groups_.announce(lost.generation, std::move(lost.ranks));
       } else if (type == protocol::Shutdown::kType) {
         exit_code_ = 0;
       } else if (type == protocol::Refused::kType) {
@@ -310,7 +313,7 @@ class Worker {
 
   void start_training(const std::filesystem::path& plugin_path) {
     train_thread_ = std::thread([this, plugin_path] {
-      run_train_thread(context_, options_, *assign_, plugin_path, entry_returned_);
+      run_train_thread(context_, options_, *assign_, plugin_path, entry_returned_, groups_);
       train_finished_ = true;
     });
   }
@@ -377,6 +380,7 @@ class Worker {
   int64_t walk_id_ = 0;                                 // the request it answers
   std::atomic<bool> train_finished_{false};
   std::atomic<bool> entry_returned_{false};  // the train function returned
+  GroupAnnouncements groups_;                // in-place recovery's, for the train thread
   Silence silence_;                          // the controller's
   std::chrono::milliseconds silence_limit_{0};
   std::chrono::milliseconds heartbeat_interval_ = kHeartbeatInterval;

@@ -92,6 +92,30 @@ typedef struct train_host_v1_s {
   int64_t profile_first;
   int64_t profile_last;
   const char* profile_path;
+
+  /* In-place recovery (docs/design.md, "Recovery in place"). in_place is 1
+   * when the run lets the survivors of a lost rank go on in a new group, 0
+   * when a lost rank restarts the whole group.
+   *
+   * group_generation: the newest generation of the group the controller has
+   * announced (0 is the group of process_group); it grows by one each time
+   * ranks are lost. Never blocks; callable from any thread. */
+  int32_t in_place;
+  int64_t (*group_generation)(void* handle);
+
+  /* Joins the group of the newest generation after `after`, waiting (bounded
+   * by the collective timeout) for the controller to announce one: returns
+   * its c10d::ProcessGroup* (owned by the worker) and writes its generation,
+   * this rank's rank in it and its size; NULL with a message when it cannot. */
+  void* (*regroup)(void* handle, int64_t after, int64_t* generation, int32_t* rank, int32_t* size,
+                   char* error, size_t error_size);
+
+  /* Whether synchronised step `step` (counted from 1 on each rank) is applied:
+   * this rank's collectives of it completed in group `generation`. Waits for
+   * every rank of that group to vote, or for the generation to end. Returns
+   * 1 (apply it), 0 (a rank was lost: the step is done again in the next
+   * group), or -1 with a message. */
+  int (*step_vote)(void* handle, int64_t step, int64_t generation, char* error, size_t error_size);
 } train_host_v1_t;
 
 /* report_checkpoint's upload_mode. */

@@ -6,12 +6,7 @@
 
 namespace train::detail {
 
-c10::intrusive_ptr<c10d::ProcessGroup> run_group_or_null() {
-  const auto* host = current_host_or_null();
-  if (host == nullptr || host->world_size <= 1) return {};
-  auto* group = static_cast<c10d::ProcessGroup*>(host->process_group);
-  return c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(group);
-}
+c10::intrusive_ptr<c10d::ProcessGroup> run_group_or_null() { return current_membership().group; }
 
 uint64_t fnv1a(const std::string& text) {
   uint64_t hash = 14695981039346656037ull;

@@ -1,5 +1,6 @@
 #include "core/host.h"
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -11,7 +12,79 @@ const train_host_v1_t* g_host = nullptr;
 std::thread::id g_entry_thread;
 uint64_t g_entry_serial = 0;
 std::vector<std::function<void()>> g_cleanups;
+Membership g_membership;  // the entry's group once it changed; else the host's
+int64_t g_synchronised_steps = 0;
+
+// The slice a collective is waited for before the host's generation is
+// looked at again: a lost rank is noticed within it.
+constexpr auto kWaitSlice = std::chrono::milliseconds(10);
+
+bool has_recovery(const train_host_v1_t* host) {
+  return host != nullptr && TRAIN_HOST_HAS(host, step_vote) && host->in_place != 0 &&
+         host->group_generation != nullptr && host->regroup != nullptr &&
+         host->step_vote != nullptr;
+}
 }  // namespace
+
+Membership current_membership() {
+  if (g_membership.group) return g_membership;
+  const auto* host = g_host;
+  if (host == nullptr || host->world_size <= 1 || host->process_group == nullptr) return {};
+  auto* group = static_cast<c10d::ProcessGroup*>(host->process_group);
+  return {c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(group), 0};
+}
+
+bool recovers_in_place() { return has_recovery(g_host); }
+
+bool group_ended(int64_t generation) {
+  return has_recovery(g_host) && g_host->group_generation(g_host->handle) > generation;
+}
+
+Membership regroup_after(int64_t generation) {
+  const auto& host = current_host("train::detail::regroup_after");
+  if (!has_recovery(&host)) throw std::logic_error("regroup_after without in-place recovery");
+  int64_t formed = 0;
+  int32_t rank = 0, size = 0;
+  char error[1024] = "";
+  void* group = host.regroup(host.handle, generation, &formed, &rank, &size, error, sizeof(error));
+  if (group == nullptr) {
+    throw std::runtime_error(std::string("cannot form the group of the ranks left: ") + error);
+  }
+  g_membership = {c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(
+                      static_cast<c10d::ProcessGroup*>(group)),
+                  formed};
+  return g_membership;
+}
+
+bool wait_unless_group_ended(c10d::Work& work, int64_t generation) {
+  if (!has_recovery(g_host)) {
+    work.wait();
+    return true;
+  }
+  while (true) {
+    try {
+      work.wait(kWaitSlice);
+      return true;
+    } catch (const std::exception&) {
+      // A slice that ran out leaves the work pending; a completed one failed.
+      // With in-place recovery a failed collective is the group's end: a
+      // peer's connection closed. The controller confirms it with a new
+      // generation, or the regroup's wait runs out and raises.
+      if (work.isCompleted()) return false;
+    }
+    if (group_ended(generation)) return false;
+  }
+}
+
+int64_t next_synchronised_step() { return ++g_synchronised_steps; }
+
+bool vote_step(int64_t step, int64_t generation) {
+  const auto& host = current_host("train::detail::vote_step");
+  char error[1024] = "";
+  const int vote = host.step_vote(host.handle, step, generation, error, sizeof(error));
+  if (vote < 0) throw std::runtime_error(std::string("the step's vote failed: ") + error);
+  return vote == 1;
+}
 
 void at_entry_end(std::function<void()> cleanup) { g_cleanups.push_back(std::move(cleanup)); }
 
@@ -39,6 +112,10 @@ HostScope::HostScope(const train_host_v1_t* host)
 }
 HostScope::~HostScope() {
   for (auto& cleanup : std::exchange(g_cleanups, {})) cleanup();
+  // Groups formed in place are the worker's; this entry's view of them ends.
+  (void)g_membership.group.release();
+  g_membership = {};
+  g_synchronised_steps = 0;
   g_host = previous_;
   g_entry_thread = previous_thread_;
 }

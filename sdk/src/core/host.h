@@ -7,6 +7,8 @@
 #include <train/abi.h>
 #include <train/report.h>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -34,6 +36,40 @@ void at_entry_end(std::function<void()> cleanup);
 /// `upload_mode` is TRAIN_UPLOAD_SYNC or TRAIN_UPLOAD_ASYNC.
 void report_with(const Metrics& metrics, const char* checkpoint_dir,
                  uint32_t upload_mode = TRAIN_UPLOAD_SYNC);
+
+/// The process group the running entry's collectives use, and its
+/// generation: the host's group at first, the survivors' after an in-place
+/// recovery. Null outside an entry of more than one worker.
+struct Membership {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  int64_t generation = 0;
+};
+Membership current_membership();
+
+/// Whether the run recovers in place: survivors of a lost rank go on.
+bool recovers_in_place();
+
+/// Whether the host has announced a group newer than `generation`.
+bool group_ended(int64_t generation);
+
+/// Joins the group after `generation` (host->regroup), makes it the current
+/// membership and returns it. Throws std::runtime_error when none forms.
+Membership regroup_after(int64_t generation);
+
+/// Waits for `work` of the group of `generation`: true once it completed,
+/// false when the group ended under it (a rank was lost, or the collective
+/// failed with in-place recovery on: the survivors regroup). Throws the
+/// collective's error otherwise. Waits in slices, so that a collective with a
+/// dead peer ends when the controller says so, not at its timeout.
+bool wait_unless_group_ended(c10d::Work& work, int64_t generation);
+
+/// The next synchronised step of the running entry, counted from 1 across
+/// its prepared models: the same on every rank, as their backward passes are.
+int64_t next_synchronised_step();
+
+/// host->step_vote: whether synchronised step `step` in `generation` is
+/// applied on every rank (true) or done again in the next group (false).
+bool vote_step(int64_t step, int64_t generation);
 
 /// Installs `host` for the lifetime of the guard.
 class HostScope {

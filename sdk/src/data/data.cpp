@@ -168,9 +168,9 @@ void check_same_dataset_size(size_t size, const char* caller) {
   for (const auto& t : allgather(*group, mine)) sizes.push_back(t.item<int64_t>());
   std::string others;
   int first = -1;
-  for (int r = 1; r < ctx.world_size(); ++r) {
+  for (size_t r = 1; r < sizes.size(); ++r) {  // the group's ranks (fewer after a recovery)
     if (sizes[r] == sizes[0]) continue;
-    if (first < 0) first = r;
+    if (first < 0) first = static_cast<int>(r);
     others += (others.empty() ? "" : ", ") + std::to_string(r);
   }
   if (first < 0) return;

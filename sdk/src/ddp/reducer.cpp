@@ -73,6 +73,7 @@ std::string backend_name(const c10d::ProcessGroup& group) {
 Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
                  const ModelOptions& options)
     : group_(std::move(group)),
+      generation_(current_membership().generation),
       buffers_(module.buffers()),
       find_unused_(options.find_unused_parameters()),
       broadcast_buffers_(options.broadcast_buffers()),
@@ -82,6 +83,9 @@ Reducer::Reducer(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGrou
   // allgather of their bits (seen as fp16), which is what a ring allreduce
   // sends, summed here in fp32.
   scatter_bf16_ = compression_ == Compression::kBF16 && backend_name(*group_) == "gloo";
+  // In place over Gloo only: NCCL's collectives cannot be waited for in
+  // slices from the host, nor abandoned (docs/design.md, "Recovery in place").
+  in_place_ = recovers_in_place() && backend_name(*group_) == "gloo";
   // Reverse registration order approximates the order gradients become ready.
   auto named = module.named_parameters();
   for (auto it = named.end(); it != named.begin();) {
@@ -143,41 +147,52 @@ void Reducer::build_buckets(const ModelOptions& options) {
     }
     buckets_[b].slots = std::move(assignment[b]);
   }
-  torch::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
-    int64_t total = 0;
-    for (size_t s : bucket.slots) total += slots_[s].param.numel();
-    const auto& first = slots_[bucket.slots.front()].param;
-    bucket.contents = torch::zeros({total}, first.options().requires_grad(false));
-    int64_t offset = 0;
-    for (size_t s : bucket.slots) {
-      auto& slot = slots_[s];
-      // Shares the bucket's storage without being an autograd view, so that
-      // LibTorch's Optimizer::zero_grad (which detaches .grad in place) works.
-      slot.view = torch::empty({0}, bucket.contents.options())
-                      .set_(bucket.contents.storage(), offset, slot.param.sizes());
-      offset += slot.param.numel();
-      // Autograd accumulates into the bucket from here on. An undefined .grad
-      // stays undefined until a gradient comes, as in one process: an
-      // optimizer skips such a parameter (no weight decay, no momentum).
-      if (slot.param.grad().defined()) {
-        slot.view.copy_(slot.param.grad());
-        slot.param.mutable_grad() = slot.view;
-      }
-    }
+    renew_storage(bucket);
     bucket.pending = bucket.slots.size();
-    if (auto wire = wire_type(bucket.contents.scalar_type(), compression_)) {
-      const auto options = bucket.contents.options().dtype(*wire);
-      if (scatter_bf16_) {
-        const int64_t world = group_->getSize();
-        bucket.chunk = std::max<int64_t>(1, (total + world - 1) / world);  // 0 would mean allreduce
-        bucket.wire = torch::zeros({world * bucket.chunk}, options);       // the padding stays 0
-        bucket.scattered = torch::empty({world * bucket.chunk}, options);
-        bucket.own = torch::empty({bucket.chunk}, options);
-        bucket.sum = torch::empty({bucket.chunk}, bucket.contents.options());
-      } else {
-        bucket.wire = torch::empty({total}, options);
-      }
+    if (in_place_) bucket.local = torch::empty_like(bucket.contents);
+  }
+}
+
+void Reducer::renew_storage(Bucket& bucket) {
+  torch::NoGradGuard no_grad;
+  int64_t total = 0;
+  for (size_t s : bucket.slots) total += slots_[s].param.numel();
+  const auto& first = slots_[bucket.slots.front()].param;
+  bucket.contents = torch::zeros({total}, first.options().requires_grad(false));
+  int64_t offset = 0;
+  for (size_t s : bucket.slots) {
+    auto& slot = slots_[s];
+    // Shares the bucket's storage without being an autograd view, so that
+    // LibTorch's Optimizer::zero_grad (which detaches .grad in place) works.
+    auto view = torch::empty({0}, bucket.contents.options())
+                    .set_(bucket.contents.storage(), offset, slot.param.sizes());
+    offset += slot.param.numel();
+    // Autograd accumulates into the bucket from here on. An undefined .grad
+    // stays undefined until a gradient comes, as in one process: an
+    // optimizer skips such a parameter (no weight decay, no momentum).
+    auto& grad = slot.param.mutable_grad();
+    if (slot.view.defined()) {  // renewed: a .grad in the old storage moves along
+      if (grad.defined() && grad.is_same(slot.view)) grad = view;
+    } else if (grad.defined()) {
+      view.copy_(grad);
+      grad = view;
+    }
+    slot.view = view;
+  }
+  bucket.wire = bucket.scattered = bucket.own = bucket.sum = torch::Tensor();
+  bucket.chunk = 0;
+  if (auto wire = wire_type(bucket.contents.scalar_type(), compression_)) {
+    const auto options = bucket.contents.options().dtype(*wire);
+    if (scatter_bf16_) {
+      const int64_t world = group_->getSize();
+      bucket.chunk = std::max<int64_t>(1, (total + world - 1) / world);  // 0 would mean allreduce
+      bucket.wire = torch::zeros({world * bucket.chunk}, options);       // the padding stays 0
+      bucket.scattered = torch::empty({world * bucket.chunk}, options);
+      bucket.own = torch::empty({bucket.chunk}, options);
+      bucket.sum = torch::empty({bucket.chunk}, bucket.contents.options());
+    } else {
+      bucket.wire = torch::empty({total}, options);
     }
   }
 }
@@ -300,6 +315,8 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     auto& bucket = buckets_[next_bucket_++];
     wait_for_gradients(bucket);
+    if (bucket.local.defined()) bucket.local.copy_(bucket.contents);
+    if (launch_failed_) continue;  // the group is broken: finalize regroups
     // Times 1/world, as DDP scales each gradient: the same bits. Before the
     // cast (DDP's compression hooks cast first): one rounding, and a local
     // gradient up to world x 65504 still fits fp16.
@@ -315,8 +332,13 @@ void Reducer::launch_ready_buckets() {
         std::vector<torch::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.contents};
         bucket.work = group_->allreduce(tensors);
       }
-    } catch (...) {  // a backend that refuses the type: the next backward starts clean
-      abandon_iteration();
+    } catch (...) {
+      // A group whose peer is gone: the step is done again in the survivors'.
+      if (in_place_) {
+        launch_failed_ = true;
+        continue;
+      }
+      abandon_iteration();  // a backend that refuses the type: the next backward starts clean
       throw;
     }
   }
@@ -334,8 +356,8 @@ void Reducer::wait_for_gradients(const Bucket& bucket) {
   }
 }
 
-void Reducer::gather_sums(Bucket& bucket) {
-  bucket.work->wait();
+bool Reducer::gather_sums(Bucket& bucket) {
+  if (!wait_unless_group_ended(*bucket.work, generation_)) return false;
   // Every rank's piece `rank`, summed in rank order in fp32 and rounded to
   // bf16 once: the same bits wherever it is computed.
   const int64_t world = group_->getSize();
@@ -349,7 +371,13 @@ void Reducer::gather_sums(Bucket& bucket) {
     outputs[0].push_back(wire.narrow(0, r * bucket.chunk, bucket.chunk));
   }
   std::vector<torch::Tensor> inputs{bucket.own.view(torch::kHalf)};
-  bucket.work = group_->allgather(outputs, inputs);
+  try {
+    bucket.work = group_->allgather(outputs, inputs);
+  } catch (...) {
+    if (!in_place_) throw;
+    return false;
+  }
+  return true;
 }
 
 void Reducer::finalize() {
@@ -379,32 +407,14 @@ void Reducer::finalize() {
     }
   }
   torch::NoGradGuard no_grad;
+  // With in-place recovery a step is applied only where every rank's
+  // collectives of it completed: each rank votes, and the controller answers
+  // the same to all. A step whose group lost a rank is done again, from
+  // every survivor's own gradients, in the survivors' group.
+  const int64_t step = in_place_ ? next_synchronised_step() : 0;
   try {
-    if (used_.defined()) {
-      // After every bucket, on every rank: the same collectives in the same order.
-      auto* flags = used_host_.data_ptr<int32_t>();
-      for (size_t i = 0; i < slots_.size(); ++i) {
-        flags[i] = slots_[i].unused && !slots_[i].accumulated ? 0 : 1;
-      }
-      used_.copy_(used_host_);
-      std::vector<torch::Tensor> tensors{used_};
-      used_work_ = group_->allreduce(tensors);
-    }
-    // In bucket order on every rank, as the collectives must be.
-    for (auto& bucket : buckets_) {
-      if (bucket.chunk > 0) gather_sums(bucket);
-    }
-    for (auto& bucket : buckets_) {
-      bucket.work->wait();
-      bucket.work.reset();
-      if (bucket.wire.defined()) {
-        bucket.contents.copy_(bucket.wire.narrow(0, 0, bucket.contents.numel()));
-      }
-    }
-    if (used_work_) {
-      used_work_->wait();
-      used_work_.reset();
-      settle_unused();
+    while (!complete_collectives() || (in_place_ && !vote_step(step, generation_))) {
+      redo_in_new_group();
     }
   } catch (...) {
     abandon_iteration();
@@ -412,7 +422,87 @@ void Reducer::finalize() {
   }
   for (auto& slot : slots_) slot.accumulated = false;  // synchronised
   reset_iteration();
-  if (broadcast_buffers_ && !buffers_.empty()) broadcast_from_rank0(*group_, buffers_);
+}
+
+bool Reducer::complete_collectives() {
+  if (launch_failed_) return false;
+  auto launched = [&](auto&& launch) {
+    try {
+      launch();
+      return true;
+    } catch (...) {
+      if (!in_place_) throw;
+      return false;
+    }
+  };
+  if (used_.defined()) {
+    // After every bucket, on every rank: the same collectives in the same order.
+    auto* flags = used_host_.data_ptr<int32_t>();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      flags[i] = slots_[i].unused && !slots_[i].accumulated ? 0 : 1;
+    }
+    used_.copy_(used_host_);
+    std::vector<torch::Tensor> tensors{used_};
+    if (!launched([&] { used_work_ = group_->allreduce(tensors); })) return false;
+  }
+  // In bucket order on every rank, as the collectives must be.
+  for (auto& bucket : buckets_) {
+    if (bucket.chunk > 0 && !gather_sums(bucket)) return false;
+  }
+  for (auto& bucket : buckets_) {
+    if (!wait_unless_group_ended(*bucket.work, generation_)) return false;
+    bucket.work.reset();
+    if (bucket.wire.defined()) {
+      bucket.contents.copy_(bucket.wire.narrow(0, 0, bucket.contents.numel()));
+    }
+  }
+  if (used_work_) {
+    if (!wait_unless_group_ended(*used_work_, generation_)) return false;
+    used_work_.reset();
+    settle_unused();
+  }
+  return !broadcast_buffers_ || buffers_.empty() || broadcast_buffers();
+}
+
+bool Reducer::broadcast_buffers() {
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
+  for (const auto& t : buffers_) by_type[t.scalar_type()].push_back(t);
+  for (auto& [type, tensors] : by_type) {
+    auto flat = torch::utils::flatten_dense_tensors(tensors);
+    std::vector<torch::Tensor> buffer{flat};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = group_->broadcast(buffer, options);
+    } catch (...) {
+      if (!in_place_) throw;
+      return false;
+    }
+    if (!wait_unless_group_ended(*work, generation_)) return false;
+    auto unflat = torch::utils::unflatten_dense_tensors(flat, tensors);
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(unflat[i]);
+  }
+  return true;
+}
+
+void Reducer::redo_in_new_group() {
+  // Whatever the old group still has in flight keeps its buffers; this rank
+  // goes on in new ones.
+  for (auto& bucket : buckets_) bucket.work.reset();
+  used_work_.reset();
+  if (used_.defined()) used_ = torch::empty_like(used_);
+  auto membership = regroup_after(generation_);
+  group_ = membership.group;
+  generation_ = membership.generation;
+  launch_failed_ = false;
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    renew_storage(bucket);
+    bucket.contents.copy_(bucket.local);
+  }
+  next_bucket_ = 0;  // every bucket is ready: all of them launch, in order
+  launch_ready_buckets();
 }
 
 void Reducer::take_unused(size_t index) {
@@ -445,6 +535,8 @@ void Reducer::settle_unused() {
 
 void Reducer::abandon_iteration() {
   // Nothing still in flight may write into a buffer the next iteration fills.
+  // With in-place recovery a collective may wait for a dead peer until its
+  // timeout: its buffers are left to it instead.
   auto drain = [](c10::intrusive_ptr<c10d::Work>& work) {
     if (!work) return;
     try {
@@ -453,8 +545,19 @@ void Reducer::abandon_iteration() {
     }
     work.reset();
   };
-  for (auto& bucket : buckets_) drain(bucket.work);
+  for (auto& bucket : buckets_) {
+    if (in_place_ && bucket.work && !bucket.work->isCompleted()) {
+      bucket.work.reset();
+      renew_storage(bucket);
+    }
+    drain(bucket.work);
+  }
+  if (in_place_ && used_work_ && !used_work_->isCompleted()) {
+    used_work_.reset();
+    used_ = torch::empty_like(used_);
+  }
   drain(used_work_);
+  launch_failed_ = false;
   reset_iteration();
 }
 

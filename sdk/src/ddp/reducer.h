@@ -62,6 +62,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     std::vector<size_t> slots;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
+    // In-place recovery: this rank's gradients as they were before the
+    // collective, for the step to be done again in the survivors' group.
+    torch::Tensor local;
   };
 
   void build_buckets(const ModelOptions& options);
@@ -80,8 +83,22 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void launch_ready_buckets();
   /// bf16 over Gloo: once a bucket's alltoall is done, sums this rank's piece
   /// and starts the allgather of the sums.
-  void gather_sums(Bucket& bucket);
+  bool gather_sums(Bucket& bucket);
   void finalize();
+  /// The step's collectives, launched (buckets first, by backward's hooks)
+  /// and waited for: false when the group ended under them (in-place
+  /// recovery), or a launch failed.
+  bool complete_collectives();
+  /// broadcast_buffers: the model's buffers from rank 0, after the buckets;
+  /// false when the group ended under it.
+  bool broadcast_buffers();
+  /// After the group ended mid-step: joins the survivors' group and launches
+  /// the step's collectives again from this rank's own gradients, in fresh
+  /// buffers (the old group's collectives may still write into theirs).
+  void redo_in_new_group();
+  /// Gives `bucket` new storage (contents, and the wire of compression) and
+  /// points its parameters' gradients there.
+  void renew_storage(Bucket& bucket);
   /// An error path: waits for every collective still in flight (they write
   /// into the buckets), then resets.
   void abandon_iteration();
@@ -91,6 +108,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void wait_for_gradients(const Bucket& bucket);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  int64_t generation_ = 0;      // group_'s
+  bool in_place_ = false;       // the run recovers in place: gradients are kept, steps voted on
+  bool launch_failed_ = false;  // a bucket's collective could not be started this step
   std::vector<torch::Tensor> buffers_;
   bool find_unused_;
   bool broadcast_buffers_;

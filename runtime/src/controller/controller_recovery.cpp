@@ -1,0 +1,154 @@
+// Recovery in place (FailureConfig::in_place): a rank that dies while every
+// rank trains leaves the group, and the others go on without it in a new
+// generation of the group, the step in flight done again there. Each
+// synchronised step is applied only once every member of the generation has
+// voted that its collectives completed: a step some rank could not complete is
+// applied by none, and done again by all. docs/design.md, "Recovery in place".
+
+#include <algorithm>
+
+#include "controller/controller.h"
+#include "storage/run_directory.h"
+
+namespace trainrun {
+
+std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) const {
+  const auto& failure = setup_.options.failure;
+  if (!failure.in_place || !attempt_ || lost.rank < 0 || lost.done || lost.departed) {
+    return std::nullopt;
+  }
+  if (!records()) return "the attempt was already failing";
+  if (failure.max_failures >= 0 && failures_used_ >= failure.max_failures) {
+    return "no failures left to survive";
+  }
+  const auto& attempt = *attempt_;
+  const int left = static_cast<int>(attempt.members.size()) - 1;
+  if (left < std::max(1, min_workers())) {
+    return std::to_string(left) + " ranks would be left, fewer than the run needs";
+  }
+  for (int rank : attempt.members) {
+    const WorkerSlot* member = attempt.pool->at_rank(rank);
+    if (rank == lost.rank || member == nullptr) continue;
+    if (!member->started) return "rank " + std::to_string(rank) + " had not started training";
+    if (member->failed || member->exited || member->done) {
+      return "rank " + std::to_string(rank) + " had ended too";
+    }
+  }
+  if (checkpoints_.staging() || attempt.async_checkpoint) return "a checkpoint was uploading";
+  return "";
+}
+
+bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
+  auto refusal = in_place_refusal(lost);
+  if (!refusal) return false;  // not asked for
+  if (!refusal->empty()) {
+    log_.warn("{} {}: no recovery in place ({}), the group restarts", lost.describe(), cause,
+              *refusal);
+    return false;
+  }
+  auto& attempt = *attempt_;
+  ++failures_used_;
+  lost.departed = true;
+  attempt.members.erase(std::remove(attempt.members.begin(), attempt.members.end(), lost.rank),
+                        attempt.members.end());
+  ++attempt.generation;
+  // The step being voted on is applied by no one: those who voted are told,
+  // the others find their group ended, and all do it again in the next one.
+  const int64_t step = attempt.votes ? attempt.votes->step : attempt.applied_step + 1;
+  if (attempt.votes) {
+    for (int rank : attempt.votes->ranks) {
+      if (rank != lost.rank) to_train(*pool().at_rank(rank), protocol::StepDecision{step, false});
+    }
+    attempt.votes.reset();
+  }
+  protocol::PeerLost message{attempt.generation,
+                             std::vector<int32_t>(attempt.members.begin(), attempt.members.end()),
+                             {lost.rank}};
+  for (int rank : attempt.members) to_main(*pool().at_rank(rank), message);
+  InPlaceRecovery record;
+  record.rank = lost.rank;
+  record.host = lost.host;
+  record.pid = lost.process.pid;
+  record.cause = cause;
+  record.at = run_directory::timestamp_now();
+  record.world_size = static_cast<int>(attempt.members.size());
+  record.step = step;
+  auto& recoveries = attempts_.back().recoveries;
+  recoveries.push_back(record);
+  attempt.untimed_recoveries.emplace_back(recoveries.size() - 1, now());
+  notify_attempts();
+  const int max_failures = setup_.options.failure.max_failures;
+  log_.warn("{} {}: the other {} go on in place at step {}{}", lost.describe(), cause,
+            attempt.members.size(), step,
+            max_failures < 0 ? ""
+                             : " (" + std::to_string(max_failures - failures_used_) +
+                                   " more failures survived)");
+  // A report, or the arrival before one, that waited for the lost rank.
+  attempt.reports.depart(lost.rank);
+  if (attempt.reports.any_early() && attempt.reports.early_complete()) {
+    const int64_t iteration = attempt.reports.iteration();
+    attempt.reports.release_early();
+    for (int rank : attempt.members) {
+      to_train(*pool().at_rank(rank), protocol::ArriveAck{iteration});
+    }
+  }
+  if (attempt.reports.complete()) {
+    release_report();
+  } else {
+    check_stalled();
+  }
+  return true;
+}
+
+void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote) {
+  if (!records()) return;  // the attempt fails or stops: its workers are about to
+  auto& attempt = *attempt_;
+  if (!setup_.options.failure.in_place) throw ProtocolError("STEP_VOTE without recovery in place");
+  if (worker.departed || std::find(attempt.members.begin(), attempt.members.end(), worker.rank) ==
+                             attempt.members.end()) {
+    throw ProtocolError("STEP_VOTE from a rank outside the group");
+  }
+  if (vote.generation < attempt.generation) {  // its group ended: the step is done again
+    to_train(worker, protocol::StepDecision{vote.step, false});
+    return;
+  }
+  if (vote.generation > attempt.generation || vote.step <= attempt.applied_step) {
+    throw ProtocolError("STEP_VOTE for step " + std::to_string(vote.step) + " of group " +
+                        std::to_string(vote.generation) + " while the group is " +
+                        std::to_string(attempt.generation) + " after step " +
+                        std::to_string(attempt.applied_step));
+  }
+  if (!attempt.votes) attempt.votes = Attempt::StepVotes{vote.step, {}};
+  auto& votes = *attempt.votes;
+  if (votes.step != vote.step) {
+    fail(worker, FailureKind::kUsage,
+         "synchronised its step " + std::to_string(vote.step) + " while rank " +
+             std::to_string(votes.ranks.front()) + " synchronised its step " +
+             std::to_string(votes.step) +
+             ": every rank must run as many backward passes through its prepared models");
+    return;
+  }
+  if (std::find(votes.ranks.begin(), votes.ranks.end(), worker.rank) != votes.ranks.end()) {
+    throw ProtocolError("a second STEP_VOTE on one step");
+  }
+  votes.ranks.push_back(worker.rank);
+  if (votes.ranks.size() < attempt.members.size()) return;
+  for (int rank : attempt.members) {
+    to_train(*pool().at_rank(rank), protocol::StepDecision{vote.step, true});
+  }
+  attempt.applied_step = vote.step;
+  attempt.votes.reset();
+  if (attempt.untimed_recoveries.empty()) return;
+  auto& recoveries = attempts_.back().recoveries;
+  for (auto [index, began] : attempt.untimed_recoveries) {
+    auto& record = recoveries[index];
+    record.seconds = std::chrono::duration<double>(now() - began).count();
+    record.steps_lost = vote.step - record.step;
+    log_.info("rank {} lost: the {} left applied step {} {:.3f} s later ({} steps lost)",
+              record.rank, attempt.members.size(), vote.step, record.seconds, record.steps_lost);
+  }
+  attempt.untimed_recoveries.clear();
+  notify_attempts();
+}
+
+}  // namespace trainrun
