@@ -33,6 +33,7 @@ const std::map<std::string, std::string>& samples() {
         sample_body(p::Report{1, std::vector<char>(metrics.begin(), metrics.end()), true, {file}});
     m[p::Arrive::kType] = sample_body(p::Arrive{1});
     m[p::StepVote::kType] = sample_body(p::StepVote{1, 0});
+    m[p::GroupTaken::kType] = sample_body(p::GroupTaken{});
     m[p::UploadChunk::kType] = sample_body(p::UploadChunk{0, 0});
     m[p::Uploaded::kType] = sample_body(p::Uploaded{1, {file}, ""});
     m[p::FetchCheckpoint::kType] = sample_body(p::FetchCheckpoint{"checkpoint_000001"});

@@ -6,9 +6,11 @@
 
 #include <torch/torch.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -366,3 +368,92 @@ void recovery(const train::Config& config) {
 }
 
 TRAIN_FUNC(recovery);
+
+// Recovery in place (--recovery in-place): the MLP under prepare_model (small
+// buckets, so that some collectives are in flight when a rank dies), Adam,
+// `steps` steps on each rank's own random batches of 8, a report every
+// `report_every` steps. Rank `kill_rank` kills itself with SIGKILL inside the
+// backward pass of step `kill_step`, once its last gradient is ready (and
+// rank `kill_rank2` at `kill_step2`; -1: none). With `checkpoint_every`, every
+// such report has a checkpoint (`upload_mode` sync or async, with a file of
+// 1 KiB per rank, `checkpoint_kb` KiB from the rank about to die), and with `marker` the kill is at
+// the end of step `kill_step`, after its report, once per run (the marker file says it happened). A
+// rank that finishes writes how many steps it applied and its parameters to <out>/rank<r>.txt.
+void survivors(const train::Config& config) {
+  auto ctx = train::get_context();
+  torch::manual_seed(0);
+  auto net = make_mlp();
+  auto checkpoint = train::get_checkpoint();
+  int start = 0;
+  if (checkpoint) {
+    torch::load(net, (checkpoint->path() / "model.pt").string());
+    std::ifstream(checkpoint->path() / "step.txt") >> start;
+  }
+  auto model = train::prepare_model(net, model_options(config));
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
+  if (checkpoint) torch::load(optimizer, (checkpoint->path() / "optimizer.pt").string());
+  const int steps = config.get<int>("steps", 30);
+  const int report_every = config.get<int>("report_every", 5);
+  const int checkpoint_every = config.get<int>("checkpoint_every", 0);
+  const int sleep_ms = config.get<int>("sleep_ms", 0);
+  const auto marker = config.get<std::string>("marker", "");
+  const auto mode = config.get<std::string>("upload_mode", "sync") == "async"
+                        ? train::CheckpointUploadMode::kAsync
+                        : train::CheckpointUploadMode::kSync;
+  int kill_step = -1;
+  if (ctx.world_rank() == config.get<int>("kill_rank", -1))
+    kill_step = config.get<int>("kill_step", -1);
+  if (ctx.world_rank() == config.get<int>("kill_rank2", -1)) {
+    kill_step = config.get<int>("kill_step2", -1);
+  }
+  if (!marker.empty() && std::filesystem::exists(marker)) kill_step = -1;
+  torch::manual_seed(100 + ctx.world_rank() + 1000 * start);
+  int applied = 0;
+  for (int step = start; step < steps; ++step) {
+    optimizer.zero_grad();
+    auto loss = torch::mse_loss(model->forward(torch::randn({8, 8})), torch::randn({8, 4}));
+    if (step == kill_step && marker.empty()) {
+      // The first layer's gradient comes last: the later layers' buckets are
+      // allreduced (or waiting for this rank) when it dies.
+      model->parameters().front().register_hook([](const torch::Tensor& grad) {
+        ::raise(SIGKILL);
+        return grad;
+      });
+    }
+    loss.backward();
+    optimizer.step();
+    ++applied;
+    const double loss_value = loss.item<double>();
+    if ((step + 1) % report_every == 0) {
+      train::Metrics metrics{{"step", step}, {"applied", applied}, {"loss", loss_value}};
+      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) {
+        train::TempDir dir;
+        if (ctx.world_rank() == 0) {
+          torch::save(net, (dir.path() / "model.pt").string());
+          torch::save(optimizer, (dir.path() / "optimizer.pt").string());
+          std::ofstream(dir.path() / "step.txt") << step + 1;
+        }
+        std::ofstream filler(dir.path() / ("filler-" + std::to_string(ctx.world_rank())));
+        const int kb = step == kill_step ? config.get<int>("checkpoint_kb", 1) : 1;
+        filler << std::string(static_cast<size_t>(kb) * 1024, 'x');
+        filler.close();
+        train::report(metrics, train::Checkpoint::from_directory(dir.path()), mode);
+      } else {
+        train::report(metrics);
+      }
+    }
+    if (step == kill_step && !marker.empty()) {
+      std::ofstream(marker) << "killed\n";
+      ::raise(SIGKILL);
+    }
+    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  }
+  std::ofstream out(config.get<std::string>("out") + "/rank" + std::to_string(ctx.world_rank()) +
+                    ".txt");
+  out.precision(17);
+  out << applied << "\n";
+  auto params = flat_parameters(*model);
+  for (int64_t i = 0; i < params.numel(); ++i) out << params[i].item<double>() << "\n";
+}
+
+TRAIN_FUNC(survivors);

@@ -110,6 +110,7 @@ struct Attempt {
   std::vector<int> members;
   std::optional<StepVotes> votes;
   int64_t applied_step = 0;
+  int group_taken_by = -1;  // a rank whose train function took the process group itself
   std::vector<std::pair<size_t, Clock::time_point>> untimed_recoveries;
 };
 

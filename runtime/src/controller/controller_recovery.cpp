@@ -23,7 +23,8 @@ std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) 
   }
   const auto& attempt = *attempt_;
   const int left = static_cast<int>(attempt.members.size()) - 1;
-  if (left < std::max(1, min_workers())) {
+  // An elastic run keeps its fewest; any other goes on while one rank is left.
+  if (left < (elastic() ? min_workers() : 1)) {
     return std::to_string(left) + " ranks would be left, fewer than the run needs";
   }
   for (int rank : attempt.members) {
@@ -35,6 +36,11 @@ std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) 
     }
   }
   if (checkpoints_.staging() || attempt.async_checkpoint) return "a checkpoint was uploading";
+  if (attempt.group_taken_by >= 0) {
+    return "rank " + std::to_string(attempt.group_taken_by) +
+           "'s train function took train::process_group() itself, and its own collectives "
+           "cannot be done again in a new group";
+  }
   return "";
 }
 
@@ -78,8 +84,10 @@ bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
   attempt.untimed_recoveries.emplace_back(recoveries.size() - 1, now());
   notify_attempts();
   const int max_failures = setup_.options.failure.max_failures;
-  log_.warn("{} {}: the other {} go on in place at step {}{}", lost.describe(), cause,
-            attempt.members.size(), step,
+  const auto others = attempt.members.size() == 1
+                          ? std::string("the last rank goes")
+                          : "the other " + std::to_string(attempt.members.size()) + " go";
+  log_.warn("{} {}: {} on in place at step {}{}", lost.describe(), cause, others, step,
             max_failures < 0 ? ""
                              : " (" + std::to_string(max_failures - failures_used_) +
                                    " more failures survived)");

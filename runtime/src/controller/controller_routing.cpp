@@ -257,6 +257,8 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
     on_arrive(worker, message.as<protocol::Arrive>());
   } else if (type == protocol::StepVote::kType) {
     on_step_vote(worker, message.as<protocol::StepVote>());
+  } else if (type == protocol::GroupTaken::kType) {
+    if (attempt_->group_taken_by < 0) attempt_->group_taken_by = worker.rank;
   } else if (type == protocol::UploadChunk::kType) {
     on_upload_chunk(worker, message, /*upload_channel=*/false);
   } else if (type == protocol::Uploaded::kType) {

@@ -82,13 +82,12 @@ std::optional<protocol::StoreReply> RendezvousStore::apply(int rank,
     return refused(request.id, "malformed " + request.op + " request");
   }
   if (request.keys.size() > kMaxKeysPerRequest) {
-    return refused(request.id, "more than " + std::to_string(kMaxKeysPerRequest) +
-                                   " keys in one request");
+    return refused(request.id,
+                   "more than " + std::to_string(kMaxKeysPerRequest) + " keys in one request");
   }
   for (const auto& key : request.keys) {
     if (key.size() > kMaxKeyBytes) {
-      return refused(request.id,
-                     "a key longer than " + std::to_string(kMaxKeyBytes) + " bytes");
+      return refused(request.id, "a key longer than " + std::to_string(kMaxKeyBytes) + " bytes");
     }
   }
   protocol::StoreReply reply;
@@ -134,12 +133,8 @@ std::optional<protocol::StoreReply> RendezvousStore::apply(int rank,
         reply.number = 1;
       }
       break;
-    case StoreOp::kCheck:
-      reply.number = has_all(request.keys) ? 1 : 0;
-      break;
-    case StoreOp::kNumKeys:
-      reply.number = static_cast<int64_t>(values_.size());
-      break;
+    case StoreOp::kCheck: reply.number = has_all(request.keys) ? 1 : 0; break;
+    case StoreOp::kNumKeys: reply.number = static_cast<int64_t>(values_.size()); break;
     case StoreOp::kGet:
     case StoreOp::kWait: {
       Waiter waiter{request.id, request.keys, *op == StoreOp::kGet};
@@ -165,8 +160,8 @@ bool RendezvousStore::fits(const std::string& key, size_t value_size) const {
 }
 
 protocol::StoreReply RendezvousStore::full(uint64_t id) const {
-  return refused(id, "the rendezvous store is full (it holds at most " +
-                         std::to_string(capacity_) + " bytes of keys and values)");
+  return refused(id, "the rendezvous store is full (it holds at most " + std::to_string(capacity_) +
+                         " bytes of keys and values)");
 }
 
 void RendezvousStore::put(const std::string& key, std::vector<uint8_t> value,

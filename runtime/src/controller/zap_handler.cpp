@@ -30,10 +30,15 @@ std::optional<std::string> ZapHandler::answer() {
     }
   }
   // Reply: version, request id, status code, status text, user id, metadata.
-  const std::string reply[] = {"1.0", text(1), allowed ? "200" : "400",
-                               allowed ? "OK" : "not this run's key", allowed ? "worker" : "", ""};
+  const std::string reply[] = {"1.0",
+                               text(1),
+                               allowed ? "200" : "400",
+                               allowed ? "OK" : "not this run's key",
+                               allowed ? "worker" : "",
+                               ""};
   for (size_t i = 0; i < 6; ++i) {
-    socket_.send(zmq::buffer(reply[i]), i + 1 < 6 ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    socket_.send(zmq::buffer(reply[i]),
+                 i + 1 < 6 ? zmq::send_flags::sndmore : zmq::send_flags::none);
   }
   if (allowed) return std::nullopt;
   return text(3).empty() ? std::string("an unknown address") : text(3);

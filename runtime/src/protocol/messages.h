@@ -133,6 +133,14 @@ struct StepVote {
   MSGPACK_DEFINE_MAP(step, generation);
 };
 
+/// In-place recovery: the rank's train function took the process group
+/// itself (train::process_group), so a lost rank restarts the group. No reply.
+struct GroupTaken {
+  static constexpr const char* kType = "GROUP_TAKEN";
+  bool taken = true;
+  MSGPACK_DEFINE_MAP(taken);
+};
+
 struct UploadChunk {  // followed by one blob frame with the bytes
   static constexpr const char* kType = "UPLOAD_CHUNK";
   uint32_t file = 0;  // index into the REPORT's files

@@ -64,6 +64,15 @@ struct HostState {
   const protocol::Assign* assign = nullptr;
   c10::intrusive_ptr<c10d::Store> store;
   std::vector<c10d::ProcessGroup*> formed;  // released, newest last
+  std::atomic<bool> group_taken{false};     // to tell the controller (GROUP_TAKEN)
+  bool group_taken_told = false;
+
+  // GROUP_TAKEN goes out on the train thread's connection, from that thread.
+  void tell_group_taken() {
+    if (!group_taken || group_taken_told || std::this_thread::get_id() != train_thread) return;
+    group_taken_told = true;
+    protocol::send(*controller, protocol::GroupTaken{});
+  }
   // Declared last: destroyed first, its thread stopped before the rest goes.
   std::optional<CheckpointUploader> uploader;  // from the first asynchronous checkpoint on
 
@@ -123,6 +132,7 @@ int host_report(void* handle, const uint8_t* metrics, size_t metrics_size,
   auto& state = *static_cast<HostState*>(handle);
   try {
     if (state.uploader) state.uploader->check();  // an upload that failed here fails this report
+    state.tell_group_taken();
     auto report = make_report(state, metrics, metrics_size);
     if (checkpoint_dir != nullptr) {
       report.checkpoint = true;
@@ -180,6 +190,15 @@ int host_report_checkpoint(void* handle, const uint8_t* metrics, size_t metrics_
 std::chrono::milliseconds collective_timeout(const protocol::Assign& assign) {
   return assign.collective_timeout_ms > 0 ? std::chrono::milliseconds(assign.collective_timeout_ms)
                                           : kProcessGroupDefaultTimeout;
+}
+
+void host_group_taken(void* handle) {
+  auto& state = *static_cast<HostState*>(handle);
+  state.group_taken = true;
+  try {
+    state.tell_group_taken();        // or with this thread's next message
+  } catch (const std::exception&) {  // the train thread's next message fails the same way
+  }
 }
 
 int64_t host_group_generation(void* handle) {
@@ -241,6 +260,7 @@ void* host_regroup(void* handle, int64_t after, int64_t* generation, int32_t* ra
 int host_step_vote(void* handle, int64_t step, int64_t generation, char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
+    state.tell_group_taken();
     protocol::send(*state.controller, protocol::StepVote{step, generation});
     const auto timeout = collective_timeout(*state.assign);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -270,6 +290,7 @@ int host_step_vote(void* handle, int64_t step, int64_t generation, char* error, 
 int host_arrive(void* handle, char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
+    state.tell_group_taken();
     const int64_t iteration = state.reports + 1;
     protocol::send(*state.controller, protocol::Arrive{iteration});
     return await_ack<protocol::ArriveAck>(state, iteration, error, error_size);
@@ -509,6 +530,7 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.group_generation = &host_group_generation;
     host.regroup = &host_regroup;
     host.step_vote = &host_step_vote;
+    host.group_taken = &host_group_taken;
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});

@@ -116,6 +116,11 @@ typedef struct train_host_v1_s {
    * 1 (apply it), 0 (a rank was lost: the step is done again in the next
    * group), or -1 with a message. */
   int (*step_vote)(void* handle, int64_t step, int64_t generation, char* error, size_t error_size);
+
+  /* The train function took the process group itself (train::process_group):
+   * its own collectives cannot be done again in a new group, so a lost rank
+   * restarts the group instead. Called once per entry; never blocks. */
+  void (*group_taken)(void* handle);
 } train_host_v1_t;
 
 /* report_checkpoint's upload_mode. */

@@ -8,6 +8,32 @@ namespace train::detail {
 
 c10::intrusive_ptr<c10d::ProcessGroup> run_group_or_null() { return current_membership().group; }
 
+void allreduce_surviving(torch::Tensor& tensor, const c10d::AllreduceOptions& options) {
+  auto membership = current_membership();
+  if (!membership.group) return;
+  if (!recovers_in_place()) {
+    std::vector<torch::Tensor> tensors{tensor};
+    membership.group->allreduce(tensors, options)->wait();
+    return;
+  }
+  const int64_t step = next_synchronised_step();
+  while (true) {
+    // A copy per try: a collective of an ended group may still write into its own.
+    std::vector<torch::Tensor> tensors{tensor.clone()};
+    bool completed = false;
+    try {
+      auto work = membership.group->allreduce(tensors, options);
+      completed = wait_unless_group_ended(*work, membership.generation);
+    } catch (const std::exception&) {  // a group whose peer is gone refuses to start one
+    }
+    if (completed && vote_step(step, membership.generation)) {
+      tensor.copy_(tensors[0]);
+      return;
+    }
+    membership = regroup_after(membership.generation);
+  }
+}
+
 uint64_t fnv1a(const std::string& text) {
   uint64_t hash = 14695981039346656037ull;
   for (unsigned char c : text) {

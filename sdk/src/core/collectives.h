@@ -20,6 +20,12 @@ namespace train::detail {
 /// null otherwise.
 c10::intrusive_ptr<c10d::ProcessGroup> run_group_or_null();
 
+/// An allreduce of `tensor` in place that survives a lost rank (in-place
+/// recovery): it runs on a copy, is applied once every rank voted that its
+/// copy completed, and otherwise runs again in the survivors' group. Without
+/// recovery, a plain allreduce. On the current group of the running entry.
+void allreduce_surviving(torch::Tensor& tensor, const c10d::AllreduceOptions& options = {});
+
 /// FNV-1a, 64 bits: a digest to compare texts across ranks (not a defence).
 uint64_t fnv1a(const std::string& text);
 

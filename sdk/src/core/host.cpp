@@ -20,7 +20,7 @@ int64_t g_synchronised_steps = 0;
 constexpr auto kWaitSlice = std::chrono::milliseconds(10);
 
 bool has_recovery(const train_host_v1_t* host) {
-  return host != nullptr && TRAIN_HOST_HAS(host, step_vote) && host->in_place != 0 &&
+  return host != nullptr && TRAIN_HOST_HAS(host, group_taken) && host->in_place != 0 &&
          host->group_generation != nullptr && host->regroup != nullptr &&
          host->step_vote != nullptr;
 }
@@ -36,6 +36,18 @@ Membership current_membership() {
 
 bool recovers_in_place() { return has_recovery(g_host); }
 
+void note_group_taken() {
+  static uint64_t told = 0;  // the entry told, by serial
+  if (!has_recovery(g_host) || g_host->group_taken == nullptr || told == g_entry_serial) return;
+  told = g_entry_serial;
+  g_host->group_taken(g_host->handle);
+}
+
+bool leads_group() {
+  if (g_membership.group) return g_membership.group->getRank() == 0;
+  return g_host == nullptr || g_host->world_rank == 0;
+}
+
 bool group_ended(int64_t generation) {
   return has_recovery(g_host) && g_host->group_generation(g_host->handle) > generation;
 }
@@ -43,6 +55,8 @@ bool group_ended(int64_t generation) {
 Membership regroup_after(int64_t generation) {
   const auto& host = current_host("train::detail::regroup_after");
   if (!has_recovery(&host)) throw std::logic_error("regroup_after without in-place recovery");
+  // Another collective of this rank joined a newer group already.
+  if (g_membership.group && g_membership.generation > generation) return g_membership;
   int64_t formed = 0;
   int32_t rank = 0, size = 0;
   char error[1024] = "";
@@ -66,11 +80,18 @@ bool wait_unless_group_ended(c10d::Work& work, int64_t generation) {
       work.wait(kWaitSlice);
       return true;
     } catch (const std::exception&) {
-      // A slice that ran out leaves the work pending; a completed one failed.
-      // With in-place recovery a failed collective is the group's end: a
-      // peer's connection closed. The controller confirms it with a new
-      // generation, or the regroup's wait runs out and raises.
-      if (work.isCompleted()) return false;
+      // A slice that ran out, or a collective that failed. With in-place
+      // recovery a failed collective is the group's end: a peer's connection
+      // closed. The controller confirms it with a new generation, or the
+      // regroup's wait runs out and raises.
+      if (work.isCompleted()) {  // (it may have completed since the slice ran out)
+        try {
+          work.wait();
+          return true;
+        } catch (const std::exception&) {
+          return false;
+        }
+      }
     }
     if (group_ended(generation)) return false;
   }

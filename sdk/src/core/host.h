@@ -46,6 +46,14 @@ struct Membership {
 };
 Membership current_membership();
 
+/// Whether this rank is its group's first: rank 0, unless rank 0 was lost
+/// and the others went on in place. It saves what one rank saves.
+bool leads_group();
+
+/// The train function took the group itself: tells the host once per entry
+/// (its collectives cannot be done again, so a lost rank restarts the group).
+void note_group_taken();
+
 /// Whether the run recovers in place: survivors of a lost rank go on.
 bool recovers_in_place();
 

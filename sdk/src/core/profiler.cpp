@@ -99,7 +99,8 @@ void finish() {
     if (!state.done) {
       say("no profile: steps " + std::to_string(state.first) + " to " + std::to_string(state.last) +
           " never began at a point where the profiler starts (a prepared loader's next batch, "
-          "train::report); " + std::to_string(state.steps()) + " steps were counted");
+          "train::report); " +
+          std::to_string(state.steps()) + " steps were counted");
     }
   } catch (const std::exception& e) {  // a profile is never worth failing the run
     say(std::string("the profile was not written: ") + e.what());

@@ -154,12 +154,14 @@ void Reducer::build_buckets(const ModelOptions& options) {
   }
 }
 
-void Reducer::renew_storage(Bucket& bucket) {
+void Reducer::renew_storage(Bucket& bucket, bool keep) {
   torch::NoGradGuard no_grad;
   int64_t total = 0;
   for (size_t s : bucket.slots) total += slots_[s].param.numel();
   const auto& first = slots_[bucket.slots.front()].param;
+  auto previous = bucket.contents;
   bucket.contents = torch::zeros({total}, first.options().requires_grad(false));
+  if (keep && previous.defined()) bucket.contents.copy_(previous);
   int64_t offset = 0;
   for (size_t s : bucket.slots) {
     auto& slot = slots_[s];
@@ -272,6 +274,18 @@ void Reducer::on_gradient_ready(size_t index) {
 void Reducer::begin_backward() {
   if (in_backward_) return;
   in_backward_ = true;
+  // Another collective of this rank (the Trainer's, or another model's) may
+  // have gone on to the survivors' group since this model's last step.
+  if (in_place_) {
+    auto membership = current_membership();
+    if (membership.generation > generation_) {
+      group_ = membership.group;
+      generation_ = membership.generation;
+      if (scatter_bf16_) {  // its pieces are cut by the group's size
+        for (auto& bucket : buckets_) renew_storage(bucket, /*keep=*/true);
+      }
+    }
+  }
   std::weak_ptr<Reducer> weak = shared_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([weak] {
     if (auto reducer = weak.lock()) reducer->finalize();
@@ -590,7 +604,7 @@ void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const Mode
   auto ctx = get_context();
   module->to(ctx.device());
   if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
-  auto prepared = replicate(module, process_group(), ctx.device(), options);
+  auto prepared = replicate(module, current_membership().group, ctx.device(), options);
 
   auto& models = registry();
   if (models.empty()) at_entry_end([] { registry().clear(); });
@@ -625,7 +639,7 @@ bool has_checked_models() {
 void check_prepared_models(const std::string& caller) {
   const auto& models = registry();
   if (models.empty()) return;  // one worker, or no model prepared
-  check_divergence(models, *process_group(), caller);
+  check_divergence(models, *current_membership().group, caller);
 }
 
 bool set_gradient_sync(const torch::nn::Module& module, bool enabled) {

@@ -97,8 +97,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// buffers (the old group's collectives may still write into theirs).
   void redo_in_new_group();
   /// Gives `bucket` new storage (contents, and the wire of compression) and
-  /// points its parameters' gradients there.
-  void renew_storage(Bucket& bucket);
+  /// points its parameters' gradients there; `keep`: with the contents it
+  /// had (nothing may be writing into them).
+  void renew_storage(Bucket& bucket, bool keep = false);
   /// An error path: waits for every collective still in flight (they write
   /// into the buckets), then resets.
   void abandon_iteration();

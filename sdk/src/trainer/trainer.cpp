@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "core/collectives.h"
+#include "core/host.h"
 #include "trainer/trainer_fit.h"
 
 namespace train {
@@ -195,7 +196,6 @@ Trainer::Fit::Fit(Context ctx, std::shared_ptr<LightningModule> m,
       module(std::move(m)),
       train(std::move(t)),
       val(std::move(v)),
-      group(detail::run_group_or_null()),
       device(context.device()) {}
 
 void Trainer::Fit::run(Trainer& trainer) {
@@ -243,7 +243,7 @@ bool Trainer::Fit::steps_done(const TrainerOptions& options) const {
 }
 
 void Trainer::Fit::check_same_setup(const Trainer& trainer) {
-  if (!group) return;
+  if (!group()) return;
   const auto& o = trainer.options_;
   std::ostringstream setup;
   setup << "max_epochs " << o.max_epochs() << ", max_steps " << o.max_steps()
@@ -266,7 +266,7 @@ void Trainer::Fit::check_same_setup(const Trainer& trainer) {
     setup << (i ? ", " : "") << c->state_key() << " every " << c->step_interval() << " steps";
   }
   setup << "]";
-  if (auto texts = detail::texts_if_different(*group, device, setup.str())) {
+  if (auto texts = detail::texts_if_different(*group(), device, setup.str())) {
     for (size_t rank = 1; rank < texts->size(); ++rank) {
       if ((*texts)[rank] == (*texts)[0]) continue;
       throw std::runtime_error(
@@ -320,7 +320,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   }
   module->on_train_epoch_end();
   for (const auto& [name, value] :
-       train_log.values(group.get(), device, detail::MetricLog::Which::kBoth)) {
+       train_log.values(group().get(), device, detail::MetricLog::Which::kBoth)) {
     callback_metrics[name] = value;
   }
   if (scheduler && interval == SchedulerInterval::kEpoch) {
@@ -422,7 +422,7 @@ void Trainer::Fit::validate(Trainer& trainer) {
   validated_epoch = true;
   module->train();
   for (const auto& [name, value] :
-       val_log.values(group.get(), device, detail::MetricLog::Which::kEpoch)) {
+       val_log.values(group().get(), device, detail::MetricLog::Which::kEpoch)) {
     callback_metrics[name] = value;
   }
   for (const auto& callback : trainer.callbacks_) callback->on_validation_end(trainer, *module);
@@ -430,7 +430,7 @@ void Trainer::Fit::validate(Trainer& trainer) {
 
 void Trainer::Fit::update_step_values() {
   for (const auto& [name, value] :
-       train_log.values(group.get(), device, detail::MetricLog::Which::kStep)) {
+       train_log.values(group().get(), device, detail::MetricLog::Which::kStep)) {
     callback_metrics[name] = value;
   }
 }
@@ -440,13 +440,14 @@ void Trainer::Fit::sync_point(Trainer& trainer, bool step_sync, int64_t batches)
   // The ranks' requests, combined: any rank's counts for all.
   auto flag = [](bool b) { return b ? 1.0 : 0.0; };
   std::array<double, 3> flags{flag(want_report), flag(want_checkpoint), flag(want_stop)};
-  if (group) {
-    std::vector<torch::Tensor> buffer{
-        torch::tensor(std::vector<double>(flags.begin(), flags.end()), torch::kFloat64).to(device)};
+  if (group()) {
+    auto buffer =
+        torch::tensor(std::vector<double>(flags.begin(), flags.end()), torch::kFloat64).to(device);
     c10d::AllreduceOptions max;
     max.reduceOp = c10d::ReduceOp::MAX;
-    group->allreduce(buffer, max)->wait();
-    auto agreed = buffer[0].cpu();
+    // Once a step: a rank lost here is survived like one lost in backward.
+    detail::allreduce_surviving(buffer, max);
+    auto agreed = buffer.cpu();
     for (size_t i = 0; i < flags.size(); ++i) {
       flags[i] = agreed[static_cast<int64_t>(i)].item<double>();
     }
@@ -454,7 +455,7 @@ void Trainer::Fit::sync_point(Trainer& trainer, bool step_sync, int64_t batches)
   want_report = want_checkpoint = want_stop = false;
   if (flags[2] > 0) stopping = true;
 
-  if (step_sync && divides(options.log_every_n_steps(), global_step) && context.world_rank() == 0 &&
+  if (step_sync && divides(options.log_every_n_steps(), global_step) && detail::leads_group() &&
       train_log.has_prog_bar()) {
     std::ostringstream line;
     line << "epoch " << epoch << " step " << batch << "/" << batches << ":";

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "core/collectives.h"
 #include "trainer/metric_log.h"
 
 namespace train {
@@ -55,7 +56,9 @@ struct Trainer::Fit {
   Context context;
   std::shared_ptr<LightningModule> module;
   std::unique_ptr<detail::BatchStream> train, val;
-  c10::intrusive_ptr<c10d::ProcessGroup> group;  // null with one worker
+  /// The run's group: null with one worker; after a recovery in place, the
+  /// survivors'.
+  static c10::intrusive_ptr<c10d::ProcessGroup> group() { return detail::run_group_or_null(); }
   torch::Device device;
 
   std::shared_ptr<torch::optim::Optimizer> optimizer;

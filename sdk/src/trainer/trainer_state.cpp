@@ -16,6 +16,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "core/host.h"
 #include "trainer/trainer_fit.h"
 
 namespace train {
@@ -157,7 +158,8 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
 }
 
 void Trainer::Fit::save_checkpoint(Trainer& trainer, const std::filesystem::path& dir) {
-  if (context.world_rank() == 0) {
+  // The group's first rank: rank 0, or after it was lost, the lowest one left.
+  if (detail::leads_group()) {
     std::shared_ptr<torch::nn::Module> model = module;
     torch::save(model, (dir / kModelFile).string());
     torch::save(*optimizer, (dir / kOptimizerFile).string());

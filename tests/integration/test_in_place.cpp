@@ -1,0 +1,212 @@
+// Recovery in place (--recovery in-place): a rank killed with SIGKILL in the
+// middle of a step, its peers inside the step's collectives, and the others go
+// on without it in a new group: no restart, no step thrown away, replicas
+// identical to the bit. Real worker processes, real kills, real Gloo.
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "run_helpers.h"
+
+namespace {
+
+const std::string kSurvivors = std::string("--plugin '") + DDP_PLUGIN +
+                               "' --entry survivors -n 3 --name s --recovery in-place"
+                               // small buckets: some are in flight when a rank dies
+                               " --config bucket_cap_mb=0.0005 --config first_bucket_cap_mb=0.0005";
+
+// <out>/rank<r>.txt: the steps rank r applied, then its parameters, one a line.
+std::vector<std::string> rank_file(const std::filesystem::path& out, int rank) {
+  std::ifstream in(out / ("rank" + std::to_string(rank) + ".txt"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("a rank killed mid-step: the others go on in place, every step applied, replicas equal") {
+  Sandbox box;
+  auto out = box.root() / "out";
+  std::filesystem::create_directories(out);
+  auto run = box.run(kSurvivors + " --max-failures 1 --config steps=30 --config kill_rank=1" +
+                     " --config kill_step=12 --config out=" + out.string());
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("was killed by SIGKILL (Killed): the other 2 go on in place at step 13") !=
+        std::string::npos);
+  CHECK(run.output.find("attempt 2") == std::string::npos);  // no restart
+  // Every survivor applied all 30 steps, as an undisturbed run does, and
+  // ends with the same parameters to the last bit.
+  auto rank0 = rank_file(out, 0);
+  auto rank2 = rank_file(out, 2);
+  REQUIRE(rank0.size() > 1);
+  CHECK(rank0.front() == "30");
+  CHECK(rank0 == rank2);
+  CHECK_FALSE(std::filesystem::exists(out / "rank1.txt"));
+  auto dir = box.run_dir("s");
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 6);
+  for (size_t i = 0; i < reports.size(); ++i) {
+    CHECK(reports[i]["attempt"] == 1);
+    CHECK(reports[i]["metrics"]["step"] == static_cast<int>(5 * i + 4));
+    CHECK(reports[i]["metrics"]["applied"] == static_cast<int>(5 * i + 5));
+  }
+  auto info = read_json(dir / "run.json");
+  CHECK(info["status"] == "finished");
+  REQUIRE(info["attempts"].size() == 1);
+  const auto& recoveries = info["attempts"][0]["recoveries"];
+  REQUIRE(recoveries.size() == 1);
+  CHECK(recoveries[0]["rank"] == 1);
+  CHECK(recoveries[0]["cause"] == "was killed by SIGKILL (Killed)");
+  CHECK(recoveries[0]["world_size"] == 2);
+  CHECK(recoveries[0]["step"] == 13);  // the survivors count steps from 1
+  CHECK(recoveries[0]["steps_lost"] == 0);
+  CHECK(recoveries[0]["seconds"].get<double>() >= 0);
+  auto described = box.run("results '" + dir.string() + "'");
+  CHECK(described.output.find("recovered:    rank 1 was killed by SIGKILL (Killed) at step 13; 2 "
+                              "went on in place (attempt 1), steps lost 0") != std::string::npos);
+  auto page = read_text(dir / "report.html");
+  CHECK(page.find("<h2>Recovered in place</h2>") != std::string::npos);
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("two ranks killed one after the other: the last one finishes alone") {
+  Sandbox box;
+  auto out = box.root() / "out";
+  std::filesystem::create_directories(out);
+  auto run = box.run(kSurvivors + " --max-failures 2 --config steps=30 --config kill_rank=1" +
+                     " --config kill_step=8 --config kill_rank2=0 --config kill_step2=20" +
+                     " --config out=" + out.string());
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  auto rank2 = rank_file(out, 2);
+  REQUIRE(rank2.size() > 1);
+  CHECK(rank2.front() == "30");
+  auto dir = box.run_dir("s");
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 1);
+  const auto& recoveries = info["attempts"][0]["recoveries"];
+  REQUIRE(recoveries.size() == 2);
+  CHECK(recoveries[0]["rank"] == 1);
+  CHECK(recoveries[0]["steps_lost"] == 0);
+  CHECK(recoveries[1]["rank"] == 0);
+  CHECK(recoveries[1]["world_size"] == 1);
+  CHECK(recoveries[1]["steps_lost"] == 0);
+  // Rank 0's reports were recorded until it died, rank 2's after.
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 6);
+  CHECK(reports.back()["metrics"]["applied"] == 30);
+}
+
+TEST_CASE("a kill with no failures left to survive ends the run as before") {
+  Sandbox box;
+  auto out = box.root() / "out";
+  std::filesystem::create_directories(out);
+  auto run = box.run(kSurvivors + " --max-failures 1 --config steps=30 --config kill_rank=1" +
+                     " --config kill_step=5 --config kill_rank2=2 --config kill_step2=15" +
+                     " --config out=" + out.string());
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("no recovery in place (no failures left to survive)") != std::string::npos);
+  auto info = read_json(box.run_dir("s") / "run.json");
+  CHECK(info["status"] == "failed");
+  CHECK(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK_FALSE(box.any_worker_alive());
+}
+
+TEST_CASE("--recovery in-place needs --max-failures, and the CPU") {
+  Sandbox box;
+  auto run = box.run(kSurvivors + " --config out=/nonexistent");
+  CHECK(run.exit_code == 2);
+  CHECK(run.output.find("recovery in place needs failures to survive") != std::string::npos);
+  run = box.run(kSurvivors + " --max-failures 1 --use-gpu --config out=/nonexistent");
+  CHECK(run.exit_code == 2);
+  // (A trainrun built with a CPU-only LibTorch refuses --use-gpu first.)
+  CHECK((run.output.find("works on the CPU (Gloo) only") != std::string::npos ||
+         run.output.find("--use-gpu needs a LibTorch built with CUDA") != std::string::npos));
+  run = box.run(kSurvivors + " --recovery sometimes");
+  CHECK(run.exit_code == 2);
+}
+
+TEST_CASE("a Trainer run whose rank 0 is killed goes on in place, rank 1 saving its checkpoints") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
+                     "' -n 3 --name t --recovery in-place --max-failures 1 --config epochs=3" +
+                     " --config batches=8 --config fail_step=10 --config fail_rank=0" +
+                     " --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("rank 0 (") != std::string::npos);
+  CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+  auto dir = box.run_dir("t");
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 3);  // an epoch each, as without the kill
+  for (const auto& report : reports) CHECK(report["attempt"] == 1);
+  CHECK(reports.back()["metrics"]["step"] == 24);  // as many optimizer steps
+  // Rank 1 leads the group once rank 0 is gone: it saves the model.
+  const auto last = dir / reports.back()["checkpoint"].get<std::string>();
+  CHECK(std::filesystem::exists(last / "model.pt"));
+  CHECK(std::filesystem::exists(last / "trainer.pt"));
+  CHECK_FALSE(std::filesystem::exists(last / "rank-0.pt"));
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 1);
+  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK(info["attempts"][0]["recoveries"][0]["rank"] == 0);
+  CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
+}
+
+TEST_CASE("a train function that takes the process group itself restarts the group, and says why") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(std::string("--plugin '") + TEST_PLUGIN +
+                     "' --entry resumable -n 2 --name r --recovery in-place --max-failures 1" +
+                     " --config steps=6 --config fail_step=3 --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  // Unless the survivor's collective failed first (then the attempt was
+  // failing already), the refusal names the reason.
+  const bool named = run.output.find(
+                         "'s train function took train::process_group() itself, and "
+                         "its own collectives cannot be done again in a new group), "
+                         "the group restarts") != std::string::npos;
+  const bool failing_first =
+      run.output.find(
+          "no recovery in place (the attempt was already failing), the group "
+          "restarts") != std::string::npos;
+  CHECK((named || failing_first));
+  CHECK(run.output.find("attempt 2/2 after rank 1") != std::string::npos);
+  auto info = read_json(box.run_dir("r") / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK_FALSE(info["attempts"][0].contains("recoveries"));
+}
+
+TEST_CASE(
+    "a rank killed while its asynchronous checkpoint uploads restarts the group from the last "
+    "one committed") {
+  Sandbox box;
+  auto out = box.root() / "out";
+  std::filesystem::create_directories(out);
+  auto marker = (box.root() / "killed").string();
+  auto run = box.run(
+      kSurvivors + " --max-failures 1 --config steps=30 --config kill_rank=1" +
+      " --config kill_step=14 --config checkpoint_every=5 --config upload_mode=async" +
+      " --config checkpoint_kb=100000 --config marker=" + marker + " --config out=" + out.string());
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("no recovery in place (a checkpoint was uploading), the group restarts") !=
+        std::string::npos);
+  auto info = read_json(box.run_dir("s") / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][1]["resumed_from"] == "checkpoint_000001");  // step 10's; 15's never was
+  // The restarted group ends as one: every rank the same parameters.
+  auto rank0 = rank_file(out, 0);
+  REQUIRE(rank0.size() > 1);
+  CHECK(rank0 == rank_file(out, 1));
+  CHECK(rank0 == rank_file(out, 2));
+}
