@@ -116,6 +116,12 @@ TEST_CASE("a kill with no failures left to survive ends the run as before") {
   auto info = read_json(box.run_dir("s") / "run.json");
   CHECK(info["status"] == "failed");
   CHECK(info["attempts"][0]["recoveries"].size() == 1);
+  // error.json names the failure that ended it, and the one survived before.
+  auto error = read_json(box.run_dir("s") / "error.json");
+  CHECK(error["rank"] == 2);
+  REQUIRE(error["recoveries"].size() == 1);
+  CHECK(error["recoveries"][0]["rank"] == 1);
+  CHECK(error["recoveries"][0]["attempt"] == 1);
   CHECK_FALSE(box.any_worker_alive());
 }
 

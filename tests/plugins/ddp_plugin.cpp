@@ -323,8 +323,8 @@ void log_event(const std::string& events, int rank, const char* event, int step)
 
 // The loop tools/bench/recovery.py restarts (its torchrun twin is
 // tools/bench/recovery_torchrun.py): an MLP under prepare_model, Adam, a batch
-// of 64 per rank, a checkpoint of model and optimizer every step. Each rank
-// logs "start" on entry, "loaded" once the checkpoint is read, and "step"
+// of 64 per rank, a checkpoint of model and optimizer every `checkpoint_every`
+// steps (1). Each rank logs "start" on entry, "loaded" once the checkpoint is read, and "step"
 // after each step, to config "events".
 void recovery(const train::Config& config) {
   auto ctx = train::get_context();
@@ -347,6 +347,7 @@ void recovery(const train::Config& config) {
   torch::manual_seed(ctx.world_rank());
   const int steps = config.get<int>("steps", 40);
   const int sleep_ms = config.get<int>("sleep_ms", 50);
+  const int checkpoint_every = std::max(1, config.get<int>("checkpoint_every", 1));
   for (int step = start; step < steps; ++step) {
     auto x = torch::randn({64, 64});
     auto y = torch::randint(0, 10, {64});
@@ -355,14 +356,18 @@ void recovery(const train::Config& config) {
     loss.backward();
     optimizer.step();
     log_event(events, ctx.world_rank(), "step", step);
-    train::TempDir dir;
-    if (ctx.world_rank() == 0) {
-      torch::save(model, (dir.path() / "model.pt").string());
-      torch::save(optimizer, (dir.path() / "optimizer.pt").string());
-      std::ofstream(dir.path() / "step.txt") << step + 1;
+    if ((step + 1) % checkpoint_every != 0) {
+      train::report({{"step", step}, {"loss", loss.item<double>()}});
+    } else {
+      train::TempDir dir;
+      if (ctx.world_rank() == 0) {
+        torch::save(model, (dir.path() / "model.pt").string());
+        torch::save(optimizer, (dir.path() / "optimizer.pt").string());
+        std::ofstream(dir.path() / "step.txt") << step + 1;
+      }
+      train::report({{"step", step}, {"loss", loss.item<double>()}},
+                    train::Checkpoint::from_directory(dir.path()));
     }
-    train::report({{"step", step}, {"loss", loss.item<double>()}},
-                  train::Checkpoint::from_directory(dir.path()));
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   }
 }

@@ -14,6 +14,13 @@ trainrun also runs with --no-standby (new worker processes started at the
 restart rather than during the attempt), for comparison.
 Target: trainrun / torchrun <= 0.25.
 
+Then, in the same invocation, what a failure costs in work: the same loop with
+a checkpoint every 10 steps and rank 1 killed at step IN_PLACE_KILL_AT, once
+restarting the group (--recovery restart) and once with the survivor going
+on in place (--recovery in-place): the time from the kill to the survivors'
+next step, and the steps done twice (0 in place; the steps since the last
+checkpoint on a restart).
+
   tools/bench/recovery.py [--build build] [--rounds 5]
 """
 import argparse
@@ -29,6 +36,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 30
 KILL_AT = 8
+IN_PLACE_KILL_AT = 17  # 8 steps after the checkpoint of step 9
 
 
 def read_events(events):
@@ -64,12 +72,12 @@ def first_after(rows, event, when):
     return min(t for e, _, t, _ in rows if e == event and t > when)
 
 
-def one_round(cmd, events, env, log_path):
+def one_round(cmd, events, env, log_path, kill_at=KILL_AT):
     os.makedirs(events)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            pid = wait_for_step(events, KILL_AT, time.time() + 120)
+            pid = wait_for_step(events, kill_at, time.time() + 120)
             killed = time.time()
             os.kill(pid, signal.SIGKILL)
             code = proc.wait(timeout=180)
@@ -83,6 +91,34 @@ def one_round(cmd, events, env, log_path):
     phases = {e: max(first_after(r, e, killed) for r in rows.values())
               for e in ("start", "loaded", "step")}
     return killed, phases
+
+
+def work_lost_round(trainrun, plugin, tmp, env, name, recovery):
+    """Kill to the survivors' next step, and the steps done twice."""
+    events = os.path.join(tmp, name)
+    os.makedirs(events)
+    cmd = [trainrun, "--plugin", plugin, "--entry", "recovery", "-n", "2", "-q",
+           "--max-failures", "1", "--recovery", recovery,
+           "--storage-path", os.path.join(tmp, "results"), "--name", name,
+           "--cpus-per-worker", "1", "--config", f"events={events}",
+           "--config", f"steps={STEPS}", "--config", "checkpoint_every=10"]
+    with open(os.path.join(tmp, f"{name}.log"), "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            pid = wait_for_step(events, IN_PLACE_KILL_AT, time.time() + 120)
+            killed = time.time()
+            os.kill(pid, signal.SIGKILL)
+            code = proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    if code != 0:
+        sys.exit(f"failed ({code}): {' '.join(cmd)}")
+    survivor = read_events(events)[0]  # rank 0 goes on (in place) or restarts
+    done = max(s for e, s, t, _ in survivor if e == "step" and t <= killed)
+    after = [(t, s) for e, s, t, _ in survivor if e == "step" and t > killed]
+    first_time, first_step = min(after)
+    return first_time - killed, done + 1 - first_step
 
 
 def controller_times(run_dir):
@@ -141,6 +177,11 @@ def main():
                  os.path.join(tmp, f"theirs{i}.pt"), str(STEPS)],
                 events, env, os.path.join(tmp, f"theirs{i}.log"))
             theirs.append(phases["step"] - killed)
+        lost = {"restart": [], "in-place": []}
+        for i in range(args.rounds):
+            for recovery in ("restart", "in-place"):
+                lost[recovery].append(
+                    work_lost_round(trainrun, plugin, tmp, env, f"{recovery}{i}", recovery))
     t, b = statistics.median(ours), statistics.median(theirs)
     print(f"recovery: kill -9 of rank 1 to every rank's first step after the restart "
           f"(2 workers, median of {args.rounds}):")
@@ -153,6 +194,17 @@ def main():
     print("  where trainrun's time goes (medians; the standby workers started during the attempt):")
     for key in parts[0]:
         print(f"    {key:22s} {statistics.median(p[key] for p in parts):7.3f} s")
+    print(f"work lost: a checkpoint every 10 steps, rank 1 killed after step {IN_PLACE_KILL_AT} "
+          f"(2 workers, median of {args.rounds}):")
+    for recovery, rounds in lost.items():
+        seconds = statistics.median(r[0] for r in rounds)
+        steps = statistics.median(r[1] for r in rounds)
+        print(f"  --recovery {recovery:8s} kill to the survivor's next step {seconds:7.3f} s, "
+              f"steps done twice {steps:g}   rounds: "
+              f"{' '.join(f'{r[0]:.3f}/{r[1]}' for r in rounds)}")
+    ratio = statistics.median(r[0] for r in lost["in-place"]) / statistics.median(
+        r[0] for r in lost["restart"])
+    print(f"  ratio in-place/restart (kill to next step) = {ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -613,7 +613,7 @@ Result Trainer::fit() {
   const std::string results_at = objects ? objects->url() : storage.dir().string();
   try {
     storage.write_run_info(info, /*push=*/false);
-    if (run.error) storage.write_error(run.error);
+    if (run.error) storage.write_error(run.error, info.attempts);
     page.write(/*live=*/false);
     // A run in object storage: the logs and the page too, once, and run.json
     // last, so that a stored status of finished comes with everything else.

@@ -138,8 +138,9 @@ void RunStorage::rewrite_progress_csv() {
   progress_.close();  // the rename replaced the file the descriptor pointed at
 }
 
-void RunStorage::write_error(const std::optional<RunError>& error) {
-  run_directory::write_error(dir_, error);
+void RunStorage::write_error(const std::optional<RunError>& error,
+                             const std::vector<AttemptInfo>& attempts) {
+  run_directory::write_error(dir_, error, attempts);
   if (objects_ == nullptr) return;
   if (error) {
     objects_->push(dir_, run_directory::kErrorFile);

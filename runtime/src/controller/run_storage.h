@@ -54,7 +54,8 @@ class RunStorage {
   const ReportRecord* last_result() const { return rows_.empty() ? nullptr : &rows_.back(); }
 
   /// Writes error.json (atomic replace); removes a stale one when `error` is empty.
-  void write_error(const std::optional<RunError>& error);
+  void write_error(const std::optional<RunError>& error,
+                   const std::vector<AttemptInfo>& attempts = {});
 
   /// A run in object storage: puts what changed since it was last put, and
   /// `also` (relative paths: logs, report.html). Nothing for a local run.

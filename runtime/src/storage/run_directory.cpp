@@ -338,14 +338,24 @@ std::optional<RunError> read_error(const std::filesystem::path& run_dir) {
   return parse_fields(path, [&] { return std::optional<RunError>(error_from_json(j)); });
 }
 
-void write_error(const std::filesystem::path& run_dir, const std::optional<RunError>& error) {
+void write_error(const std::filesystem::path& run_dir, const std::optional<RunError>& error,
+                 const std::vector<AttemptInfo>& attempts) {
   auto path = run_dir / kErrorFile;
   if (!error) {
     std::error_code ec;
     std::filesystem::remove(path, ec);
     return;
   }
-  write_file_atomic(path, dump(error_json(*error)) + "\n");
+  auto j = error_json(*error);
+  // The ranks lost before it while the others went on in place.
+  for (const auto& attempt : attempts) {
+    auto recoveries = attempt_json(attempt)["recoveries"];
+    for (auto& recovery : recoveries) {
+      recovery["attempt"] = attempt.attempt;
+      j["recoveries"].push_back(std::move(recovery));
+    }
+  }
+  write_file_atomic(path, dump(j) + "\n");
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& checkpoint) {

@@ -120,7 +120,9 @@ void write_checkpoint_state(const std::filesystem::path& run_dir, const Checkpoi
 /// error.json; nothing when it does not exist. Throws IoError when malformed.
 std::optional<RunError> read_error(const std::filesystem::path& run_dir);
 /// Writes error.json, or removes a stale one when `error` is empty.
-void write_error(const std::filesystem::path& run_dir, const std::optional<RunError>& error);
+/// error.json: the root cause, and the in-place recoveries of `attempts`.
+void write_error(const std::filesystem::path& run_dir, const std::optional<RunError>& error,
+                 const std::vector<AttemptInfo>& attempts = {});
 
 /// A checkpoint's manifest. Throws IoError naming the checkpoint when it is
 /// missing or malformed.

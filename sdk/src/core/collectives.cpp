@@ -34,6 +34,40 @@ void allreduce_surviving(torch::Tensor& tensor, const c10d::AllreduceOptions& op
   }
 }
 
+void run_collective(const std::function<c10::intrusive_ptr<c10d::Work>()>& launch) {
+  if (!recovers_in_place()) {
+    launch()->wait();
+    return;
+  }
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = launch();
+  } catch (const std::exception&) {  // a group whose peer is gone refuses to start one
+    throw GroupEnded();
+  }
+  if (!wait_unless_group_ended(*work, current_membership().generation)) throw GroupEnded();
+}
+
+void run_surviving(const std::function<void(c10d::ProcessGroup&)>& collectives) {
+  auto membership = current_membership();
+  if (!membership.group) return;
+  if (!recovers_in_place()) {
+    collectives(*membership.group);
+    return;
+  }
+  const int64_t step = next_synchronised_step();
+  while (true) {
+    bool completed = false;
+    try {
+      collectives(*membership.group);
+      completed = true;
+    } catch (const GroupEnded&) {
+    }
+    if (completed && vote_step(step, membership.generation)) return;
+    membership = regroup_after(membership.generation);
+  }
+}
+
 uint64_t fnv1a(const std::string& text) {
   uint64_t hash = 14695981039346656037ull;
   for (unsigned char c : text) {
@@ -47,7 +81,7 @@ std::vector<torch::Tensor> allgather(c10d::ProcessGroup& group, const torch::Ten
   std::vector<std::vector<torch::Tensor>> outputs(1);
   for (int rank = 0; rank < group.getSize(); ++rank) outputs[0].push_back(torch::empty_like(mine));
   std::vector<torch::Tensor> inputs{mine};
-  group.allgather(outputs, inputs)->wait();
+  run_collective([&] { return group.allgather(outputs, inputs); });
   std::vector<torch::Tensor> gathered;
   for (const auto& t : outputs[0]) gathered.push_back(t.cpu());
   return gathered;

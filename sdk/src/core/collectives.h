@@ -10,7 +10,9 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> run_group_or_null();
 /// copy completed, and otherwise runs again in the survivors' group. Without
 /// recovery, a plain allreduce. On the current group of the running entry.
 void allreduce_surviving(torch::Tensor& tensor, const c10d::AllreduceOptions& options = {});
+
+/// A collective that ended with its group (in-place recovery): a peer was
+/// lost. run_surviving does the collectives again in the survivors' group.
+struct GroupEnded : std::runtime_error {
+  GroupEnded() : std::runtime_error("a rank of the group was lost") {}
+};
+
+/// Starts a collective with `launch` and waits for it; with in-place
+/// recovery in slices, throwing GroupEnded when its group ends under it.
+void run_collective(const std::function<c10::intrusive_ptr<c10d::Work>()>& launch);
+
+/// Runs `collectives` (read-only ones, such as a check) on the current group;
+/// with in-place recovery, once every rank voted they completed, and again in
+/// the survivors' group when a rank was lost. Errors of their own propagate.
+void run_surviving(const std::function<void(c10d::ProcessGroup&)>& collectives);
 
 /// FNV-1a, 64 bits: a digest to compare texts across ranks (not a defence).
 uint64_t fnv1a(const std::string& text);

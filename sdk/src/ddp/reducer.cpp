@@ -16,6 +16,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "core/collectives.h"
 #include "core/host.h"
 #include "core/profiler.h"
 #include "ddp/bucket_assignment.h"
@@ -639,7 +640,8 @@ bool has_checked_models() {
 void check_prepared_models(const std::string& caller) {
   const auto& models = registry();
   if (models.empty()) return;  // one worker, or no model prepared
-  check_divergence(models, *current_membership().group, caller);
+  // A rank lost during the check: the survivors check again, in their group.
+  run_surviving([&](c10d::ProcessGroup& group) { check_divergence(models, group, caller); });
 }
 
 bool set_gradient_sync(const torch::nn::Module& module, bool enabled) {

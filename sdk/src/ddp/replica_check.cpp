@@ -197,7 +197,7 @@ void check_replicas_equal(const std::vector<ReplicaModel>& models, c10d::Process
   std::vector<torch::Tensor> extremes{torch::cat({sums, sums.bitwise_not()})};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
-  group.allreduce(extremes, max)->wait();
+  run_collective([&] { return group.allreduce(extremes, max); });
   auto reduced = extremes[0].cpu();
   if (torch::equal(reduced.narrow(0, 0, length), reduced.narrow(0, length, length).bitwise_not())) {
     return;

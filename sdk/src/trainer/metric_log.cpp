@@ -65,7 +65,7 @@ std::vector<WeightedSum> sum_across_ranks(c10d::ProcessGroup* group, torch::Devi
     }
     if (!flat.empty()) {
       std::vector<torch::Tensor> buffer{torch::tensor(flat, torch::kFloat64).to(device)};
-      group->allreduce(buffer)->wait();
+      run_collective([&] { return group->allreduce(buffer); });
       auto summed = buffer[0].cpu();
       std::copy(summed.data_ptr<double>(), summed.data_ptr<double>() + summed.numel(),
                 flat.begin());

@@ -238,6 +238,16 @@ void Trainer::Fit::run(Trainer& trainer) {
   for (const auto& callback : trainer.callbacks_) callback->on_fit_end(trainer, *module);
 }
 
+std::map<std::string, double> Trainer::Fit::synced_values(detail::MetricLog& log,
+                                                          detail::MetricLog::Which which) {
+  if (!group()) return log.values(nullptr, device, which);
+  // A rank lost meanwhile: the survivors average again, in their group.
+  std::map<std::string, double> values;
+  detail::run_surviving(
+      [&](c10d::ProcessGroup& group) { values = log.values(&group, device, which); });
+  return values;
+}
+
 bool Trainer::Fit::steps_done(const TrainerOptions& options) const {
   return options.max_steps() >= 0 && global_step >= options.max_steps();
 }
@@ -319,8 +329,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
     validate(trainer);
   }
   module->on_train_epoch_end();
-  for (const auto& [name, value] :
-       train_log.values(group().get(), device, detail::MetricLog::Which::kBoth)) {
+  for (const auto& [name, value] : synced_values(train_log, detail::MetricLog::Which::kBoth)) {
     callback_metrics[name] = value;
   }
   if (scheduler && interval == SchedulerInterval::kEpoch) {
@@ -421,16 +430,14 @@ void Trainer::Fit::validate(Trainer& trainer) {
   validation_ran = true;
   validated_epoch = true;
   module->train();
-  for (const auto& [name, value] :
-       val_log.values(group().get(), device, detail::MetricLog::Which::kEpoch)) {
+  for (const auto& [name, value] : synced_values(val_log, detail::MetricLog::Which::kEpoch)) {
     callback_metrics[name] = value;
   }
   for (const auto& callback : trainer.callbacks_) callback->on_validation_end(trainer, *module);
 }
 
 void Trainer::Fit::update_step_values() {
-  for (const auto& [name, value] :
-       train_log.values(group().get(), device, detail::MetricLog::Which::kStep)) {
+  for (const auto& [name, value] : synced_values(train_log, detail::MetricLog::Which::kStep)) {
     callback_metrics[name] = value;
   }
 }

@@ -59,6 +59,9 @@ struct Trainer::Fit {
   /// The run's group: null with one worker; after a recovery in place, the
   /// survivors'.
   static c10::intrusive_ptr<c10d::ProcessGroup> group() { return detail::run_group_or_null(); }
+  /// `log`'s values averaged across the group (MetricLog::values).
+  std::map<std::string, double> synced_values(detail::MetricLog& log,
+                                              detail::MetricLog::Which which);
   torch::Device device;
 
   std::shared_ptr<torch::optim::Optimizer> optimizer;
