@@ -17,8 +17,8 @@ Target: trainrun / torchrun <= 0.25.
 Then, in the same invocation, what a failure costs in work: the same loop with
 a checkpoint every 10 steps and rank 1 killed at step IN_PLACE_KILL_AT, once
 restarting the group (--recovery restart) and once with the survivor going
-on in place (--recovery in-place): the time from the kill to the survivors'
-next step, and the steps done twice (0 in place; the steps since the last
+on in place (--recovery in-place), 10 ms between steps: the time from the kill
+to the survivors' next step, and the steps done twice (0 in place; the steps since the last
 checkpoint on a restart).
 
   tools/bench/recovery.py [--build build] [--rounds 5]
@@ -101,7 +101,8 @@ def work_lost_round(trainrun, plugin, tmp, env, name, recovery):
            "--max-failures", "1", "--recovery", recovery,
            "--storage-path", os.path.join(tmp, "results"), "--name", name,
            "--cpus-per-worker", "1", "--config", f"events={events}",
-           "--config", f"steps={STEPS}", "--config", "checkpoint_every=10"]
+           "--config", f"steps={STEPS}", "--config", "checkpoint_every=10",
+           "--config", "sleep_ms=10"]
     with open(os.path.join(tmp, f"{name}.log"), "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -115,9 +116,11 @@ def work_lost_round(trainrun, plugin, tmp, env, name, recovery):
     if code != 0:
         sys.exit(f"failed ({code}): {' '.join(cmd)}")
     survivor = read_events(events)[0]  # rank 0 goes on (in place) or restarts
-    done = max(s for e, s, t, _ in survivor if e == "step" and t <= killed)
-    after = [(t, s) for e, s, t, _ in survivor if e == "step" and t > killed]
-    first_time, first_step = min(after)
+    # A restart's next step is the new group's first; a step rank 0 finished
+    # meanwhile in the old one is thrown away with it.
+    since = first_after(survivor, "loaded", killed) if recovery == "restart" else killed
+    done = max(s for e, s, t, _ in survivor if e == "step" and t <= since)
+    first_time, first_step = min((t, s) for e, s, t, _ in survivor if e == "step" and t > since)
     return first_time - killed, done + 1 - first_step
 
 
