@@ -37,7 +37,9 @@ TEST_CASE("a rank killed mid-step: the others go on in place, every step applied
                      " --config kill_step=12 --config out=" + out.string());
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
-  CHECK(run.output.find("was killed by SIGKILL (Killed): the other 2 go on in place at step 13") !=
+  // Synchronised steps, counted from 1: 12 backward passes and the replica
+  // checks of 2 reports before the 13th backward pass.
+  CHECK(run.output.find("was killed by SIGKILL (Killed): the other 2 go on in place at step 15") !=
         std::string::npos);
   CHECK(run.output.find("attempt 2") == std::string::npos);  // no restart
   // Every survivor applied all 30 steps, as an undisturbed run does, and
@@ -64,11 +66,11 @@ TEST_CASE("a rank killed mid-step: the others go on in place, every step applied
   CHECK(recoveries[0]["rank"] == 1);
   CHECK(recoveries[0]["cause"] == "was killed by SIGKILL (Killed)");
   CHECK(recoveries[0]["world_size"] == 2);
-  CHECK(recoveries[0]["step"] == 13);  // the survivors count steps from 1
+  CHECK(recoveries[0]["step"] == 15);
   CHECK(recoveries[0]["steps_lost"] == 0);
   CHECK(recoveries[0]["seconds"].get<double>() >= 0);
   auto described = box.run("results '" + dir.string() + "'");
-  CHECK(described.output.find("recovered:    rank 1 was killed by SIGKILL (Killed) at step 13; 2 "
+  CHECK(described.output.find("recovered:    rank 1 was killed by SIGKILL (Killed) at step 15; 2 "
                               "went on in place (attempt 1), steps lost 0") != std::string::npos);
   auto page = read_text(dir / "report.html");
   CHECK(page.find("<h2>Recovered in place</h2>") != std::string::npos);
@@ -80,13 +82,15 @@ TEST_CASE("two ranks killed one after the other: the last one finishes alone") {
   auto out = box.root() / "out";
   std::filesystem::create_directories(out);
   auto run = box.run(kSurvivors + " --max-failures 2 --config steps=30 --config kill_rank=1" +
-                     " --config kill_step=8 --config kill_rank2=0 --config kill_step2=20" +
+                     " --config kill_step=8 --config kill_rank2=2 --config kill_step2=20" +
                      " --config out=" + out.string());
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
-  auto rank2 = rank_file(out, 2);
-  REQUIRE(rank2.size() > 1);
-  CHECK(rank2.front() == "30");
+  // Synchronised steps: 20 backward passes and 4 reports' replica checks.
+  CHECK(run.output.find("the last rank goes on in place at step 25") != std::string::npos);
+  auto rank0 = rank_file(out, 0);
+  REQUIRE(rank0.size() > 1);
+  CHECK(rank0.front() == "30");
   auto dir = box.run_dir("s");
   auto info = read_json(dir / "run.json");
   REQUIRE(info["attempts"].size() == 1);
@@ -94,13 +98,27 @@ TEST_CASE("two ranks killed one after the other: the last one finishes alone") {
   REQUIRE(recoveries.size() == 2);
   CHECK(recoveries[0]["rank"] == 1);
   CHECK(recoveries[0]["steps_lost"] == 0);
-  CHECK(recoveries[1]["rank"] == 0);
+  CHECK(recoveries[1]["rank"] == 2);
   CHECK(recoveries[1]["world_size"] == 1);
   CHECK(recoveries[1]["steps_lost"] == 0);
-  // Rank 0's reports were recorded until it died, rank 2's after.
   auto reports = read_reports(dir / "result.jsonl");
   REQUIRE(reports.size() == 6);
   CHECK(reports.back()["metrics"]["applied"] == 30);
+}
+
+TEST_CASE("rank 0 killed restarts the group: its checkpoint files would pass to no one") {
+  Sandbox box;
+  auto out = box.root() / "out";
+  std::filesystem::create_directories(out);
+  auto run = box.run(kSurvivors + " --max-failures 1 --config steps=20 --config kill_rank=0" +
+                     " --config kill_step=8 --config out=" + out.string() +
+                     " --config marker=" + (box.root() / "killed").string());
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("no recovery in place (it was the group's first rank, whose checkpoint "
+                        "files no other rank writes), the group restarts") != std::string::npos);
+  auto info = read_json(box.run_dir("s") / "run.json");
+  CHECK(info["attempts"].size() == 2);
 }
 
 TEST_CASE("a kill with no failures left to survive ends the run as before") {
@@ -139,31 +157,29 @@ TEST_CASE("--recovery in-place needs --max-failures, and the CPU") {
   CHECK(run.exit_code == 2);
 }
 
-TEST_CASE("a Trainer run whose rank 0 is killed goes on in place, rank 1 saving its checkpoints") {
+TEST_CASE("a Trainer run whose rank is killed between steps goes on in place, as many steps") {
   Sandbox box;
   auto marker = (box.root() / "failed-once").string();
   auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
                      "' -n 3 --name t --recovery in-place --max-failures 1 --config epochs=3" +
-                     " --config batches=8 --config fail_step=10 --config fail_rank=0" +
+                     " --config batches=8 --config fail_step=10 --config fail_rank=2" +
                      " --config marker=" + marker);
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
-  CHECK(run.output.find("rank 0 (") != std::string::npos);
   CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
   auto dir = box.run_dir("t");
   auto reports = read_reports(dir / "result.jsonl");
   REQUIRE(reports.size() == 3);  // an epoch each, as without the kill
   for (const auto& report : reports) CHECK(report["attempt"] == 1);
   CHECK(reports.back()["metrics"]["step"] == 24);  // as many optimizer steps
-  // Rank 1 leads the group once rank 0 is gone: it saves the model.
   const auto last = dir / reports.back()["checkpoint"].get<std::string>();
   CHECK(std::filesystem::exists(last / "model.pt"));
   CHECK(std::filesystem::exists(last / "trainer.pt"));
-  CHECK_FALSE(std::filesystem::exists(last / "rank-0.pt"));
+  CHECK_FALSE(std::filesystem::exists(last / "rank-2.pt"));
   auto info = read_json(dir / "run.json");
   REQUIRE(info["attempts"].size() == 1);
   REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
-  CHECK(info["attempts"][0]["recoveries"][0]["rank"] == 0);
+  CHECK(info["attempts"][0]["recoveries"][0]["rank"] == 2);
   CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
 }
 

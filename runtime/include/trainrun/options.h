@@ -121,13 +121,14 @@ struct FailureConfig {
   /// then skips the slowest part of a worker's start. Costs an idle process
   /// per local worker (about 60 MB of private memory each on CPU).
   bool standby = true;
-  /// When a rank dies (a crash, a kill, a lost host) while every rank trains,
+  /// When a rank's process dies (a crash, a kill -9) while every rank trains,
   /// the others go on in place instead of restarting: the step in flight is
   /// done again in a group of the survivors, and no step is thrown away. Needs
   /// failures left (max_failures) and a CPU run (Gloo); the models prepared
-  /// with train::prepare_model are what goes on. A rank that raises, a loss
-  /// while a checkpoint uploads, or one before every train function started,
-  /// restarts the group as before. docs/design.md, "Recovery in place".
+  /// with train::prepare_model are what goes on. A rank that raises or falls
+  /// silent, rank 0, a loss while a checkpoint uploads or before every train
+  /// function started, and a train function that takes train::process_group()
+  /// itself, restart the group as before. docs/fault-tolerance.md.
   bool in_place = false;
 };
 

@@ -73,7 +73,10 @@ struct InPlaceRecovery {
   std::string cause;   // how it ended: "was killed by SIGKILL"
   std::string at;      // UTC, ISO 8601
   int world_size = 0;  // the group's size after it
-  int64_t step = 0;    // the synchronised step in flight (the survivors' count from 1)
+  // The synchronised step in flight, as the survivors count them from 1: each
+  // backward pass through a prepared model, and each check or average of the
+  // SDK's across the ranks (a report's replica check, the Trainer's).
+  int64_t step = 0;
   /// Steps no rank applied because of it: the survivors' first step applied
   /// after it, less the one after their last applied before it (0: the step
   /// in flight was done again in the new group). -1 until the first step.

@@ -110,7 +110,8 @@ struct Attempt {
   std::vector<int> members;
   std::optional<StepVotes> votes;
   int64_t applied_step = 0;
-  int group_taken_by = -1;  // a rank whose train function took the process group itself
+  int group_taken_by = -1;            // a rank whose train function took the process group itself
+  std::vector<int> lost_unannounced;  // left the group this pass; PEER_LOST goes at its end
   std::vector<std::pair<size_t, Clock::time_point>> untimed_recoveries;
 };
 

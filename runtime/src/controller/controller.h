@@ -168,6 +168,8 @@ class Controller {
   /// false when the failure takes its usual course.
   bool recover_in_place(WorkerSlot& lost, const std::string& cause);
   void on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote);
+  /// The next generation, to the members left, for the ranks lost this pass.
+  void announce_losses();
   void abort_upload(const std::string& message);
 
   // The phase, as the handlers ask it.

@@ -54,6 +54,7 @@ void Controller::serve_until(Clock::time_point deadline, const std::function<boo
     if (standby_) standby_->forward_output();
     if (pool().take_exits() || (standby_ && standby_->take_exits())) child_exited_ = true;
     on_exits();
+    announce_losses();
     if (!stopping()) check_timers();
     if (now() >= next_heartbeat_) {
       send_heartbeats();

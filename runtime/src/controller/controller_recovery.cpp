@@ -36,6 +36,11 @@ std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) 
     }
   }
   if (checkpoints_.staging() || attempt.async_checkpoint) return "a checkpoint was uploading";
+  // A train function written for rank 0 saves its checkpoint and says its
+  // progress there: no other rank would take that over.
+  if (lost.rank == attempt.members.front()) {
+    return "it was the group's first rank, whose checkpoint files no other rank writes";
+  }
   if (attempt.group_taken_by >= 0) {
     return "rank " + std::to_string(attempt.group_taken_by) +
            "'s train function took train::process_group() itself, and its own collectives "
@@ -57,20 +62,8 @@ bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
   lost.departed = true;
   attempt.members.erase(std::remove(attempt.members.begin(), attempt.members.end(), lost.rank),
                         attempt.members.end());
-  ++attempt.generation;
-  // The step being voted on is applied by no one: those who voted are told,
-  // the others find their group ended, and all do it again in the next one.
+  attempt.lost_unannounced.push_back(lost.rank);
   const int64_t step = attempt.votes ? attempt.votes->step : attempt.applied_step + 1;
-  if (attempt.votes) {
-    for (int rank : attempt.votes->ranks) {
-      if (rank != lost.rank) to_train(*pool().at_rank(rank), protocol::StepDecision{step, false});
-    }
-    attempt.votes.reset();
-  }
-  protocol::PeerLost message{attempt.generation,
-                             std::vector<int32_t>(attempt.members.begin(), attempt.members.end()),
-                             {lost.rank}};
-  for (int rank : attempt.members) to_main(*pool().at_rank(rank), message);
   InPlaceRecovery record;
   record.rank = lost.rank;
   record.host = lost.host;
@@ -106,6 +99,30 @@ bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
     check_stalled();
   }
   return true;
+}
+
+// Once per pass of the loop, so that ranks lost together (a node's) make one
+// generation, not one each whose rendezvous would wait for the next loss.
+void Controller::announce_losses() {
+  if (!attempt_ || attempt_->lost_unannounced.empty() || !records()) return;
+  auto& attempt = *attempt_;
+  ++attempt.generation;
+  // The step being voted on is applied by no one: those who voted are told,
+  // the others find their group ended, and all do it again in the next one.
+  if (attempt.votes) {
+    for (int rank : attempt.votes->ranks) {
+      const WorkerSlot* voter = pool().at_rank(rank);
+      if (voter != nullptr && !voter->departed) {
+        to_train(*voter, protocol::StepDecision{attempt.votes->step, false});
+      }
+    }
+    attempt.votes.reset();
+  }
+  protocol::PeerLost message{
+      attempt.generation, std::vector<int32_t>(attempt.members.begin(), attempt.members.end()),
+      std::vector<int32_t>(attempt.lost_unannounced.begin(), attempt.lost_unannounced.end())};
+  attempt.lost_unannounced.clear();
+  for (int rank : attempt.members) to_main(*pool().at_rank(rank), message);
 }
 
 void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote) {

@@ -64,6 +64,9 @@ bool Controller::on_router_readable() {
       on_new_peer(id, message);
       return true;
     }
+    // A rank the group went on without: what it sent before it died (a
+    // report, an arrival, a store request) must not count for the others.
+    if (worker->departed) return true;
     worker->last_heard = now();
     if (worker->train_id == id) {
       handle_train(*worker, message);

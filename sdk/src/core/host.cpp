@@ -75,25 +75,24 @@ bool wait_unless_group_ended(c10d::Work& work, int64_t generation) {
     work.wait();
     return true;
   }
-  while (true) {
-    try {
-      work.wait(kWaitSlice);
-      return true;
-    } catch (const std::exception&) {
-      // A slice that ran out, or a collective that failed. With in-place
-      // recovery a failed collective is the group's end: a peer's connection
-      // closed. The controller confirms it with a new generation, or the
-      // regroup's wait runs out and raises.
-      if (work.isCompleted()) {  // (it may have completed since the slice ran out)
-        try {
-          work.wait();
-          return true;
-        } catch (const std::exception&) {
-          return false;
-        }
-      }
-    }
+  // Polled, not waited for with a timeout: a timed-out wait throws, and
+  // LibTorch 1.13's exceptions record a backtrace. 50 us between looks for the
+  // first slice, then 200 us.
+  const auto began = std::chrono::steady_clock::now();
+  while (!work.isCompleted()) {
     if (group_ended(generation)) return false;
+    const bool early = std::chrono::steady_clock::now() - began < kWaitSlice;
+    std::this_thread::sleep_for(early ? std::chrono::microseconds(50)
+                                      : std::chrono::microseconds(200));
+  }
+  // With in-place recovery a failed collective is the group's end: a peer's
+  // connection closed. The controller confirms it with a new generation, or
+  // the regroup's wait runs out and raises.
+  try {
+    work.wait();
+    return true;
+  } catch (const std::exception&) {
+    return false;
   }
 }
 
@@ -133,8 +132,8 @@ HostScope::HostScope(const train_host_v1_t* host)
 }
 HostScope::~HostScope() {
   for (auto& cleanup : std::exchange(g_cleanups, {})) cleanup();
-  // Groups formed in place are the worker's; this entry's view of them ends.
-  (void)g_membership.group.release();
+  // Groups formed in place are the worker's (it keeps a reference to each);
+  // this entry's view of them ends.
   g_membership = {};
   g_synchronised_steps = 0;
   g_host = previous_;

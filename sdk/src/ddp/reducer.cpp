@@ -120,7 +120,8 @@ std::optional<torch::ScalarType> wire_type(torch::ScalarType type, Compression c
 void Reducer::build_buckets(const ModelOptions& options) {
   if (options.find_unused_parameters() && !slots_.empty()) {
     used_host_ = torch::zeros({static_cast<int64_t>(slots_.size())}, torch::kInt);
-    used_ = used_host_.to(slots_.front().param.device());
+    // Its own copy even on the CPU: an abandoned collective keeps the old one.
+    used_ = used_host_.to(slots_.front().param.device(), /*non_blocking=*/false, /*copy=*/true);
   }
   // DDP's layout, so that Gloo's ring adds every element up in DDP's order
   // (on 3 ranks or more the order shows in the last bits). With
