@@ -27,14 +27,21 @@ std::vector<std::string> rank_file(const std::filesystem::path& out, int rank) {
   return lines;
 }
 
+// Runs the `survivors` entry with `args`, writing into <sandbox>/out.
+RunOutput run_survivors(const Sandbox& box, const std::string& args) {
+  auto out = box.root() / "out";
+  std::filesystem::create_directories(out);
+  return box.run(kSurvivors + " " + args + " --config out=" + out.string());
+}
+
 }  // namespace
 
 TEST_CASE("a rank killed mid-step: the others go on in place, every step applied, replicas equal") {
   Sandbox box;
   auto out = box.root() / "out";
-  std::filesystem::create_directories(out);
-  auto run = box.run(kSurvivors + " --max-failures 1 --config steps=30 --config kill_rank=1" +
-                     " --config kill_step=12 --config out=" + out.string());
+  auto run = run_survivors(box,
+                           "--max-failures 1 --config steps=30 --config kill_rank=1"
+                           " --config kill_step=12");
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   // Synchronised steps, counted from 1: 12 backward passes and the replica
@@ -80,10 +87,9 @@ TEST_CASE("a rank killed mid-step: the others go on in place, every step applied
 TEST_CASE("two ranks killed one after the other: the last one finishes alone") {
   Sandbox box;
   auto out = box.root() / "out";
-  std::filesystem::create_directories(out);
-  auto run = box.run(kSurvivors + " --max-failures 2 --config steps=30 --config kill_rank=1" +
-                     " --config kill_step=8 --config kill_rank2=2 --config kill_step2=20" +
-                     " --config out=" + out.string());
+  auto run = run_survivors(box,
+                           "--max-failures 2 --config steps=30 --config kill_rank=1"
+                           " --config kill_step=8 --config kill_rank2=2 --config kill_step2=20");
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   // Synchronised steps: 20 backward passes and 4 reports' replica checks.
@@ -108,11 +114,10 @@ TEST_CASE("two ranks killed one after the other: the last one finishes alone") {
 
 TEST_CASE("rank 0 killed restarts the group: its checkpoint files would pass to no one") {
   Sandbox box;
-  auto out = box.root() / "out";
-  std::filesystem::create_directories(out);
-  auto run = box.run(kSurvivors + " --max-failures 1 --config steps=20 --config kill_rank=0" +
-                     " --config kill_step=8 --config out=" + out.string() +
-                     " --config marker=" + (box.root() / "killed").string());
+  auto run = run_survivors(box,
+                           "--max-failures 1 --config steps=20 --config kill_rank=0"
+                           " --config kill_step=8 --config marker=" +
+                               (box.root() / "killed").string());
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   CHECK(run.output.find("no recovery in place (it was the group's first rank, whose checkpoint "
@@ -123,11 +128,9 @@ TEST_CASE("rank 0 killed restarts the group: its checkpoint files would pass to 
 
 TEST_CASE("a kill with no failures left to survive ends the run as before") {
   Sandbox box;
-  auto out = box.root() / "out";
-  std::filesystem::create_directories(out);
-  auto run = box.run(kSurvivors + " --max-failures 1 --config steps=30 --config kill_rank=1" +
-                     " --config kill_step=5 --config kill_rank2=2 --config kill_step2=15" +
-                     " --config out=" + out.string());
+  auto run = run_survivors(box,
+                           "--max-failures 1 --config steps=30 --config kill_rank=1"
+                           " --config kill_step=5 --config kill_rank2=2 --config kill_step2=15");
   INFO(run.output);
   CHECK(run.exit_code == 1);
   CHECK(run.output.find("no recovery in place (no failures left to survive)") != std::string::npos);
@@ -213,12 +216,12 @@ TEST_CASE(
     "one committed") {
   Sandbox box;
   auto out = box.root() / "out";
-  std::filesystem::create_directories(out);
-  auto marker = (box.root() / "killed").string();
-  auto run = box.run(
-      kSurvivors + " --max-failures 1 --config steps=30 --config kill_rank=1" +
-      " --config kill_step=14 --config checkpoint_every=5 --config upload_mode=async" +
-      " --config checkpoint_kb=100000 --config marker=" + marker + " --config out=" + out.string());
+  auto run = run_survivors(box,
+                           "--max-failures 1 --config steps=30 --config kill_rank=1"
+                           " --config kill_step=14 --config checkpoint_every=5"
+                           " --config upload_mode=async --config checkpoint_kb=100000"
+                           " --config marker=" +
+                               (box.root() / "killed").string());
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   CHECK(run.output.find("no recovery in place (a checkpoint was uploading), the group restarts") !=

@@ -72,7 +72,8 @@ def first_after(rows, event, when):
     return min(t for e, _, t, _ in rows if e == event and t > when)
 
 
-def one_round(cmd, events, env, log_path, kill_at=KILL_AT):
+def run_and_kill(cmd, events, env, log_path, kill_at):
+    """Runs `cmd`, kill -9s rank 1 once it logged step `kill_at`; returns the kill's time."""
     os.makedirs(events)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -86,6 +87,11 @@ def one_round(cmd, events, env, log_path, kill_at=KILL_AT):
                 proc.kill()
     if code != 0:
         sys.exit(f"failed ({code}): {' '.join(cmd)}\n{open(log_path).read()[-4000:]}")
+    return killed
+
+
+def one_round(cmd, events, env, log_path):
+    killed = run_and_kill(cmd, events, env, log_path, KILL_AT)
     rows = read_events(events)
     # Every rank has done its first step after the restart.
     phases = {e: max(first_after(r, e, killed) for r in rows.values())
@@ -96,25 +102,13 @@ def one_round(cmd, events, env, log_path, kill_at=KILL_AT):
 def work_lost_round(trainrun, plugin, tmp, env, name, recovery):
     """Kill to the survivors' next step, and the steps done twice."""
     events = os.path.join(tmp, name)
-    os.makedirs(events)
     cmd = [trainrun, "--plugin", plugin, "--entry", "recovery", "-n", "2", "-q",
            "--max-failures", "1", "--recovery", recovery,
            "--storage-path", os.path.join(tmp, "results"), "--name", name,
            "--cpus-per-worker", "1", "--config", f"events={events}",
            "--config", f"steps={STEPS}", "--config", "checkpoint_every=10",
            "--config", "sleep_ms=10"]
-    with open(os.path.join(tmp, f"{name}.log"), "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            pid = wait_for_step(events, IN_PLACE_KILL_AT, time.time() + 120)
-            killed = time.time()
-            os.kill(pid, signal.SIGKILL)
-            code = proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    if code != 0:
-        sys.exit(f"failed ({code}): {' '.join(cmd)}")
+    killed = run_and_kill(cmd, events, env, os.path.join(tmp, f"{name}.log"), IN_PLACE_KILL_AT)
     survivor = read_events(events)[0]  # rank 0 goes on (in place) or restarts
     # A restart's next step is the new group's first; a step rank 0 finished
     # meanwhile in the old one is thrown away with it.
