@@ -146,6 +146,22 @@ TEST_CASE("a kill with no failures left to survive ends the run as before") {
   CHECK_FALSE(box.any_worker_alive());
 }
 
+TEST_CASE(
+    "a collective that fails with no rank lost raises within a heartbeat timeout, saying so") {
+  Sandbox box;
+  auto run = run_survivors(box,
+                           "--max-failures 1 --collective-timeout 1 --heartbeat-timeout 2"
+                           " --config steps=10 --config stall_rank=1 --config stall_step=3"
+                           " --config stall_ms=4000");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);  // it stalls again in the second attempt
+  // (Within the heartbeat timeout or the collective timeout, whichever is shorter.)
+  CHECK(run.output.find("a collective failed, and the controller announced no lost rank within "
+                        "1 s: the failure is not a lost rank's") != std::string::npos);
+  CHECK(run.output.find("go on in place") == std::string::npos);
+  CHECK_FALSE(box.any_worker_alive());
+}
+
 TEST_CASE("--recovery in-place needs --max-failures, and the CPU") {
   Sandbox box;
   auto run = box.run(kSurvivors + " --config out=/nonexistent");

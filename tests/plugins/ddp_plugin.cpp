@@ -381,9 +381,12 @@ TRAIN_FUNC(recovery);
 // backward pass of step `kill_step`, once its last gradient is ready (and
 // rank `kill_rank2` at `kill_step2`; -1: none). With `checkpoint_every`, every
 // such report has a checkpoint (`upload_mode` sync or async, with a file of
-// 1 KiB per rank, `checkpoint_kb` KiB from the rank about to die), and with `marker` the kill is at
-// the end of step `kill_step`, after its report, once per run (the marker file says it happened). A
-// rank that finishes writes how many steps it applied and its parameters to <out>/rank<r>.txt.
+// 1 KiB per rank, `checkpoint_kb` KiB from the rank about to die), and with
+// `marker` the kill is at the end of step `kill_step`, after its report, once
+// per run (the marker file says it happened). Rank `stall_rank` sleeps
+// `stall_ms` before the backward pass of step `stall_step`. A rank that
+// finishes writes how many steps it applied and its parameters to
+// <out>/rank<r>.txt.
 void survivors(const train::Config& config) {
   auto ctx = train::get_context();
   torch::manual_seed(0);
@@ -417,6 +420,10 @@ void survivors(const train::Config& config) {
   for (int step = start; step < steps; ++step) {
     optimizer.zero_grad();
     auto loss = torch::mse_loss(model->forward(torch::randn({8, 8})), torch::randn({8, 4}));
+    if (ctx.world_rank() == config.get<int>("stall_rank", -1) &&
+        step == config.get<int>("stall_step", -1)) {  // alive, but too slow for the collective
+      std::this_thread::sleep_for(std::chrono::milliseconds(config.get<int>("stall_ms", 0)));
+    }
     if (step == kill_step && marker.empty()) {
       // The first layer's gradient comes last: the later layers' buckets are
       // allreduced (or waiting for this rank) when it dies.

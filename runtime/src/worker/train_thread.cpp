@@ -24,6 +24,7 @@
 #include "common/fd.h"
 #include "common/network.h"
 #include "common/paths.h"
+#include "common/seconds.h"
 #include "protocol/message.h"
 #include "storage/run_directory.h"
 #include "storage/s3_config.h"
@@ -218,16 +219,26 @@ void* host_regroup(void* handle, int64_t after, int64_t* generation, int32_t* ra
   auto& state = *static_cast<HostState*>(handle);
   try {
     const auto timeout = collective_timeout(*state.assign);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto began = std::chrono::steady_clock::now();
+    const auto deadline = began + timeout;
+    // A lost rank is announced within moments of its death: a collective
+    // that failed with none announced within a heartbeat timeout failed for
+    // another reason, and says so rather than wait out the collective timeout.
+    const auto heartbeat = std::chrono::milliseconds(state.assign->heartbeat_timeout_ms);
+    const auto announced_by =
+        heartbeat.count() > 0 ? std::min(deadline, began + heartbeat) : deadline;
     std::string last_error;
     while (true) {
       while (state.groups->generation() <= after) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-          throw Error(last_error.empty()
-                          ? "the controller announced no group within the collective timeout (" +
-                                std::to_string(timeout.count() / 1000) + " s)"
-                          : last_error);
+        const auto now = std::chrono::steady_clock::now();
+        if (last_error.empty() && now >= announced_by) {
+          throw Error("a collective failed, and the controller announced no lost rank within " +
+                      seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(
+                          announced_by - began)) +
+                      ": the failure is not a lost rank's (a peer too slow for the collective "
+                      "timeout, or a collective the backend refuses)");
         }
+        if (now >= deadline) throw Error(last_error);
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
       auto [formed, members] = state.groups->newest();
