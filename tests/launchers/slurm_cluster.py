@@ -28,6 +28,7 @@ from sbatch), which is how teardown finds them.
 import atexit
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 15
@@ -50,11 +52,34 @@ def _die_with_parent():
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+def _ephemeral_ports():
+    """The kernel's range for outgoing connections' local ports (low, high)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_loopback_port():
-    """A TCP port nothing listens on now (the kernel's pick, on 127.0.0.1)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A TCP port nothing listens on now, on 127.0.0.1, below the ephemeral range.
+
+    The kernel's own pick (bind to port 0) comes from the range it also gives
+    outgoing connections, so one of those (a Gloo ring, a Slurm RPC) can take it
+    between this check and the real bind; a port below the range cannot be taken
+    that way."""
+    low, _ = _ephemeral_ports()
+    first = max(1024, low - 12000)
+    candidates = list(range(first, low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in [{first}, {low})")
 
 
 def _wait_until(predicate, timeout_s, what):
