@@ -34,6 +34,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::Arrive::kType] = sample_body(p::Arrive{1});
     m[p::StepVote::kType] = sample_body(p::StepVote{1, 0});
     m[p::GroupTaken::kType] = sample_body(p::GroupTaken{});
+    m[p::Joinable::kType] = sample_body(p::Joinable{});
     m[p::UploadChunk::kType] = sample_body(p::UploadChunk{0, 0});
     m[p::Uploaded::kType] = sample_body(p::Uploaded{1, {file}, ""});
     m[p::FetchCheckpoint::kType] = sample_body(p::FetchCheckpoint{"checkpoint_000001"});
@@ -61,7 +62,7 @@ const std::map<std::string, std::string>& samples() {
     m[p::Restart::kType] = sample_body(p::Restart{2});
     m[p::Refused::kType] = sample_body(p::Refused{"x"});
     m[p::PeerLost::kType] = sample_body(p::PeerLost{1, {0, 2}, {1}});
-    m[p::StepDecision::kType] = sample_body(p::StepDecision{1, true});
+    m[p::StepDecision::kType] = sample_body(p::StepDecision{1, true, 2, {0, 1, 2}, 3});
     return m;
   }();
   return bodies;

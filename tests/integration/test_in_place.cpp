@@ -49,6 +49,10 @@ TEST_CASE("a rank killed mid-step: the others go on in place, every step applied
   CHECK(run.output.find("was killed by SIGKILL (Killed): the other 2 go on in place at step 15") !=
         std::string::npos);
   CHECK(run.output.find("attempt 2") == std::string::npos);  // no restart
+  // A raw loop gets no replacement: nothing of its state is the SDK's to send.
+  CHECK(run.output.find("no replacement for rank 1 (rank 0's train function does not take one at "
+                        "its step boundaries (train::Trainer does)): the group goes on with 2 "
+                        "ranks") != std::string::npos);
   // Every survivor applied all 30 steps, as an undisturbed run does, and
   // ends with the same parameters to the last bit.
   auto rank0 = rank_file(out, 0);
@@ -176,30 +180,83 @@ TEST_CASE("--recovery in-place needs --max-failures, and the CPU") {
   CHECK(run.exit_code == 2);
 }
 
-TEST_CASE("a Trainer run whose rank is killed between steps goes on in place, as many steps") {
+TEST_CASE(
+    "a Trainer run whose rank is killed between steps goes on in place, and a replacement "
+    "catches up from a peer") {
   Sandbox box;
   auto marker = (box.root() / "failed-once").string();
   auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
                      "' -n 3 --name t --recovery in-place --max-failures 1 --config epochs=3" +
                      " --config batches=8 --config fail_step=10 --config fail_rank=2" +
+                     " --config await_replacement=true --config step_sleep_ms=20" +
                      " --config marker=" + marker);
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+  CHECK(run.output.find("in place of rank 2: it joins the group at a step boundary") !=
+        std::string::npos);
+  // The Trainer's state came from rank 0 over the group, not from a checkpoint.
+  CHECK(run.output.find("train::Trainer: rank 2 caught up from rank 0 at epoch 1") !=
+        std::string::npos);
+  CHECK(run.output.find("resuming") == std::string::npos);
   auto dir = box.run_dir("t");
   auto reports = read_reports(dir / "result.jsonl");
   REQUIRE(reports.size() == 3);  // an epoch each, as without the kill
   for (const auto& report : reports) CHECK(report["attempt"] == 1);
   CHECK(reports.back()["metrics"]["step"] == 24);  // as many optimizer steps
+  // Every report after the join checked the 3 replicas equal to the bit (a
+  // report fails otherwise); the replacement wrote its own part of the last
+  // checkpoint.
   const auto last = dir / reports.back()["checkpoint"].get<std::string>();
   CHECK(std::filesystem::exists(last / "model.pt"));
   CHECK(std::filesystem::exists(last / "trainer.pt"));
-  CHECK_FALSE(std::filesystem::exists(last / "rank-2.pt"));
+  CHECK(std::filesystem::exists(last / "rank-2.pt"));
   auto info = read_json(dir / "run.json");
   REQUIRE(info["attempts"].size() == 1);
   REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
-  CHECK(info["attempts"][0]["recoveries"][0]["rank"] == 2);
+  const auto& recovery = info["attempts"][0]["recoveries"][0];
+  CHECK(recovery["rank"] == 2);
+  CHECK(recovery["steps_lost"] == 0);
+  CHECK(recovery["replacement_pid"].get<int64_t>() > 0);
+  CHECK(recovery["caught_up_seconds"].get<double>() >= recovery["seconds"].get<double>());
+  auto results = box.run("results '" + dir.string() + "'");
+  CHECK(results.output.find("a replacement (pid ") != std::string::npos);
+  // Its output is in a log of its own beside the lost rank's.
+  bool replacement_log = false;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "logs")) {
+    const auto name = entry.path().filename().string();
+    replacement_log = replacement_log || name.rfind("worker-2-", 0) == 0;
+  }
+  CHECK(replacement_log);
+}
+
+TEST_CASE(
+    "a replacement killed as it catches up restarts the group from the checkpoint, and the run "
+    "ends with as many steps") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto catch_up = (box.root() / "failed-catching-up").string();
+  auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
+                     "' -n 3 --name c --recovery in-place --max-failures 2 --config epochs=2" +
+                     " --config batches=8 --config fail_step=4 --config fail_rank=1" +
+                     " --config kill_in_backward=true --config await_replacement=true" +
+                     " --config step_sleep_ms=20 --config marker=" + marker +
+                     " --config catch_up_marker=" + catch_up);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(std::filesystem::exists(catch_up));
+  CHECK(run.output.find("failing in the backward pass of step 5") != std::string::npos);
+  CHECK(run.output.find("failing while catching up") != std::string::npos);
+  auto dir = box.run_dir("c");
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK(info["attempts"][0]["recoveries"][0]["rank"] == 1);
   CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
+  CHECK_FALSE(info["attempts"][0]["recoveries"][0].contains("replacement_pid"));
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 2);
+  CHECK(reports.back()["metrics"]["step"] == 16);
 }
 
 TEST_CASE("a train function that takes the process group itself restarts the group, and says why") {

@@ -12,7 +12,15 @@
 // logs a name the others do not), monitor (ModelCheckpoint's, top 1, with
 // checkpoint_steps), val_batches (-1: all), val_size (10 per rank), scores (a list "5,3,4" of the
 // validation score per epoch, for ModelCheckpoint(monitor score, top 2) and
-// EarlyStopping(patience)), patience (2).
+// EarlyStopping(patience)), patience (2), kill_in_backward (with marker: rank
+// `fail_rank` dies inside the backward pass of step fail_step + 1, collectives
+// in flight, instead of after step fail_step), catch_up_marker (with marker,
+// once the marker exists: that rank, a replacement then, dies as it catches
+// up, after the models' parameters came and before the Trainer's state),
+// await_replacement (with marker: the replacement of rank fail_rank says it
+// started in <marker>.replacement, and once the marker exists rank 0 waits
+// for that, at most 60 s, before its next step: the replacement then joins
+// with steps to spare), step_sleep_ms (0).
 
 #include <train/train.h>
 
@@ -23,6 +31,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 namespace {
 
@@ -60,7 +69,18 @@ struct Net : train::LightningModule {
         prog_bar_rank0(config.get<bool>("prog_bar_rank0", false)),
         scores(numbers(config.get("scores", ""))),
         marker(config.get<bool>("fail_in_validation", false) ? config.get("marker", "") : ""),
-        fail_rank(config.get<int>("fail_rank", 1)) {}
+        fail_rank(config.get<int>("fail_rank", 1)),
+        backward_marker(config.get<bool>("kill_in_backward", false) ? config.get("marker", "")
+                                                                    : ""),
+        fail_step(config.get<int>("fail_step", 5)),
+        catch_up_marker(config.get("catch_up_marker", "")),
+        first_marker(config.get("marker", "")),
+        await_replacement(config.get<bool>("await_replacement", false)),
+        step_sleep_ms(config.get<int>("step_sleep_ms", 0)) {
+    if (await_replacement && failing_rank() && std::filesystem::exists(first_marker)) {
+      std::ofstream(first_marker + ".replacement") << "started\n";
+    }
+  }
 
   torch::nn::Linear hidden{register_module("hidden", torch::nn::Linear(kFeatures, 16))};
   torch::nn::Dropout dropout{register_module("dropout", torch::nn::Dropout(0.3))};
@@ -71,11 +91,37 @@ struct Net : train::LightningModule {
   std::vector<double> scores;
   std::string marker;  // kill in validation, once
   int fail_rank;
+  std::string backward_marker;  // kill in backward, once
+  int64_t fail_step;
+  std::string catch_up_marker;  // kill the replacement as it catches up, once
+  std::string first_marker;
+  bool await_replacement;
+  int step_sleep_ms;
+
+  bool failing_rank() const { return train::get_context().world_rank() == fail_rank; }
 
   torch::Tensor forward(const torch::Tensor& x) { return out(dropout(torch::relu(hidden(x)))); }
 
   torch::Tensor training_step(train::Batch& batch, int64_t) override {
+    if (await_replacement && train::get_context().world_rank() == 0 &&
+        std::filesystem::exists(first_marker)) {
+      for (int i = 0; i < 6000 && !std::filesystem::exists(first_marker + ".replacement"); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    if (step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
     auto loss = torch::nn::functional::cross_entropy(forward(batch.data), batch.target);
+    if (!backward_marker.empty() && failing_rank() && global_step() == fail_step &&
+        !std::filesystem::exists(backward_marker)) {
+      std::ofstream(backward_marker) << "failed\n";
+      std::cout << "failing in the backward pass of step " << fail_step + 1 << std::endl;
+      // The first layer's gradient comes last: the later layer's bucket is
+      // being averaged (or waits for this rank) when it dies.
+      hidden->weight.register_hook([](const torch::Tensor& grad) {
+        std::raise(SIGKILL);
+        return grad;
+      });
+    }
     const bool prog_bar = !prog_bar_rank0 || train::get_context().world_rank() == 0;
     log("loss", loss, train::LogOptions().on_step(true).on_epoch(true).prog_bar(prog_bar));
     log("lr", optimizer->param_groups()[0].options().get_lr(),
@@ -104,6 +150,13 @@ struct Net : train::LightningModule {
   }
 
   train::OptimizerConfig configure_optimizers() override {
+    // A replacement comes here after prepare_model joined the group.
+    if (!catch_up_marker.empty() && failing_rank() && std::filesystem::exists(first_marker) &&
+        !std::filesystem::exists(catch_up_marker)) {
+      std::ofstream(catch_up_marker) << "failed\n";
+      std::cout << "failing while catching up" << std::endl;
+      std::raise(SIGKILL);
+    }
     optimizer = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.01));
     return {optimizer,
             std::make_shared<torch::optim::StepLR>(*optimizer, /*step_size=*/3, /*gamma=*/0.5),
@@ -173,8 +226,9 @@ void fit(const train::Config& config) {
             .monitor(config.get("monitor", ""))
             .every_n_train_steps(config.get<int>("checkpoint_steps", 0))));
   }
-  if (auto marker = config.get("marker", "");
-      !marker.empty() && !config.get<bool>("fail_in_validation", false)) {
+  if (auto marker = config.get("marker", ""); !marker.empty() &&
+                                              !config.get<bool>("fail_in_validation", false) &&
+                                              !config.get<bool>("kill_in_backward", false)) {
     callbacks.push_back(std::make_shared<FailOnce>(config.get<int>("fail_step", 5),
                                                    config.get<int>("fail_rank", 1), marker));
   }

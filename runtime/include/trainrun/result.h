@@ -82,6 +82,11 @@ struct InPlaceRecovery {
   /// in flight was done again in the new group). -1 until the first step.
   int64_t steps_lost = -1;
   double seconds = -1;  // from the loss to the survivors' first applied step; -1 until then
+  /// A worker started in its place that caught up from a peer: its pid (0:
+  /// none joined), and the seconds from the loss to its first step applied
+  /// with the group (-1: none).
+  int64_t replacement_pid = 0;
+  double caught_up_seconds = -1;
 };
 
 struct AttemptInfo {

@@ -305,13 +305,20 @@ std::string report_page(const std::filesystem::path& run_dir, bool live) {
   if (any_recovery) {
     out << "<h2>Recovered in place</h2>\n<table id=\"recoveries\"><thead><tr><th>attempt</th>"
            "<th>rank lost</th><th>how</th><th>at</th><th>step</th><th>workers left</th>"
-           "<th>steps lost</th><th>seconds to the next step</th></tr></thead><tbody>\n";
+           "<th>steps lost</th><th>seconds to the next step</th>"
+           "<th>replacement caught up after (s)</th></tr></thead><tbody>\n";
     for (const auto& a : result.attempts) {
       for (const auto& r : a.recoveries) {
         out << "<tr><td>" << a.attempt << "</td><td>" << r.rank << "</td><td>" << escape(r.cause)
             << "</td><td>" << escape(r.at) << "</td><td class=\"num\">" << r.step
             << "</td><td class=\"num\">" << r.world_size << "</td><td class=\"num\">"
-            << r.steps_lost << "</td><td class=\"num\">" << r.seconds << "</td></tr>\n";
+            << r.steps_lost << "</td><td class=\"num\">" << r.seconds << "</td><td class=\"num\">";
+        if (r.replacement_pid != 0) {
+          out << r.caught_up_seconds;
+        } else {
+          out << "none";
+        }
+        out << "</td></tr>\n";
       }
     }
     out << "</tbody></table>\n";

@@ -92,7 +92,12 @@ std::string describe(const Result& result) {
     for (const auto& r : a.recoveries) {
       out << "recovered:    rank " << r.rank << " " << r.cause << " at step " << r.step << "; "
           << r.world_size << " went on in place (attempt " << a.attempt << "), steps lost "
-          << r.steps_lost << ", " << r.seconds << " s to the next step\n";
+          << r.steps_lost << ", " << r.seconds << " s to the next step";
+      if (r.replacement_pid != 0) {
+        out << "; a replacement (pid " << r.replacement_pid << ") caught up " << r.caught_up_seconds
+            << " s after the loss";
+      }
+      out << "\n";
     }
   }
   // A run that restarted: each attempt and what ended it.

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -20,6 +21,7 @@
 
 #include "common/clock.h"
 #include "controller/failure.h"
+#include "controller/rank_assignment.h"
 #include "controller/rendezvous_store.h"
 #include "controller/report_coordinator.h"
 #include "controller/worker_pool.h"
@@ -113,6 +115,27 @@ struct Attempt {
   int group_taken_by = -1;            // a rank whose train function took the process group itself
   std::vector<int> lost_unannounced;  // left the group this pass; PEER_LOST goes at its end
   std::vector<std::pair<size_t, Clock::time_point>> untimed_recoveries;
+  // Where each rank runs (by rank), for a replacement's ASSIGN; the ranks
+  // whose train functions take a replacement at their step boundaries (JOINABLE).
+  std::vector<Placement> placements;
+  std::set<int> joinable;
+  /// A worker started in place of a lost rank: ready once it waits to join
+  /// (its JOINABLE); then the next applied step's decision names the group
+  /// with it (`generation`, `members`), which the others form at their next
+  /// step boundary; it is a member from the first vote in that group.
+  struct Replacement {
+    int rank = -1;
+    int index = -1;             // its slot's launch index
+    size_t record = 0;          // the recovery it completes (AttemptInfo::recoveries)
+    Clock::time_point lost_at;  // when the rank it replaces was lost
+    bool ready = false;
+    int64_t generation = 0;  // 0 until a decision announced its group
+    std::vector<int> members;
+  };
+  std::optional<Replacement> replacement;
+  // A replacement that joined, until its group's first step is applied: the
+  // recovery it completes, and when that rank was lost.
+  std::optional<std::pair<size_t, Clock::time_point>> untimed_join;
 };
 
 }  // namespace trainrun

@@ -170,6 +170,19 @@ class Controller {
   void on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote);
   /// The next generation, to the members left, for the ranks lost this pass.
   void announce_losses();
+  /// A local worker in place of `lost`, which joins the group at a step
+  /// boundary and catches up from a peer; a log line says why when none is.
+  void start_replacement(const WorkerSlot& lost);
+  /// Why no replacement is started for `lost`; "" when one can be.
+  std::string replacement_refusal(const WorkerSlot& lost) const;
+  /// The replacement's HELLO: its ASSIGN.
+  void assign_replacement(WorkerSlot& worker);
+  void on_joinable(WorkerSlot& worker);
+  /// The replacement has gone before it joined (exited, or too slow to start):
+  /// the group goes on without it.
+  void drop_replacement(const std::string& why);
+  /// Whether `worker` is the replacement, not yet in the group.
+  bool pending_replacement(const WorkerSlot& worker) const;
   void abort_upload(const std::string& message);
 
   // The phase, as the handlers ask it.
@@ -209,6 +222,8 @@ class Controller {
   /// restart every worker still to be had when they are at least the fewest.
   void maybe_assign();
   void assign_ranks();
+  /// The ASSIGN of `worker` at `place` (all but the replacement's joining).
+  protocol::Assign assign_for(WorkerSlot& worker, const Placement& place);
   /// Starts the standby workers once every rank's train function runs.
   void start_standby();
   /// Reaps the standby workers that exited (which are then not taken).
@@ -226,6 +241,8 @@ class Controller {
     return min > 0 && min < max_workers() ? min : max_workers();
   }
   bool elastic() const { return min_workers() < max_workers(); }
+  /// Room in an attempt's pool for workers that replace lost ones.
+  int spare_workers() const { return setup_.options.failure.in_place ? max_workers() : 0; }
 
   // --- The loop and liveness (controller_liveness.cpp) ------------------------
   /// Registers what the loop waits for beyond the attempt's workers.

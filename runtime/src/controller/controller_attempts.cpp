@@ -78,7 +78,7 @@ std::unique_ptr<WorkerPool> Controller::carry_over() {
   if (standby_ready()) return std::move(standby_);
   stop_standby();
   auto workers = std::make_unique<WorkerPool>();
-  workers->reserve(max_workers());
+  workers->reserve(max_workers(), spare_workers());
   return workers;
 }
 
@@ -106,8 +106,10 @@ std::optional<Controller::AttemptEnd> Controller::attempt_end() const {
   // group about to regroup that finished meanwhile is done too).
   if ((phase_ == RunPhase::kTraining || phase_ == RunPhase::kRegrouping) &&
       !attempt_->async_checkpoint &&
-      std::all_of(pool().workers().begin(), pool().workers().end(),
-                  [](const WorkerSlot& w) { return w.done || w.departed; })) {
+      std::all_of(pool().workers().begin(), pool().workers().end(), [&](const WorkerSlot& w) {
+        // A replacement that never joined: the group finished without it.
+        return w.done || w.departed || pending_replacement(w);
+      })) {
     return AttemptEnd{};
   }
   if (phase_ == RunPhase::kRegrouping) return AttemptEnd{std::nullopt, true};
@@ -219,6 +221,16 @@ void Controller::assign_ranks() {
     auto [first, last] = node_ranks[node];
     log_.info("node {} ({}): ranks {}-{}", node, pool().at_rank(first)->host, first, last);
   }
+  attempt.placements.assign(static_cast<size_t>(attempt.world_size), Placement{});
+  for (auto& worker : pool().workers()) {
+    const Placement& place = placements[static_cast<size_t>(worker.index)];
+    attempt.placements[static_cast<size_t>(place.world_rank)] = place;
+    to_main(worker, assign_for(worker, place));
+  }
+  enter(RunPhase::kTraining);
+}
+
+protocol::Assign Controller::assign_for(WorkerSlot& worker, const Placement& place) {
   auto config = nlohmann::json::to_msgpack(setup_.options.config);
   protocol::Assign assign;
   assign.world_size = world_size();
@@ -230,7 +242,7 @@ void Controller::assign_ranks() {
   assign.plugin_size = setup_.plugin_bytes->size();
   assign.plugin_name = setup_.options.plugin.filename().string();
   std::tie(assign.profile_first, assign.profile_last) = setup_.options.profile_steps;
-  assign.store_prefix = "trainrun/attempt-" + std::to_string(attempt.number);
+  assign.store_prefix = "trainrun/attempt-" + std::to_string(attempt_->number);
   // Local workers alone: Gloo on loopback. With remote ones, each worker
   // binds the address that reaches the controller (or its --interface).
   assign.bind_host = listening_.empty() ? kLocalHost : "";
@@ -239,25 +251,21 @@ void Controller::assign_ranks() {
   assign.collective_timeout_ms = setup_.options.run.collective_timeout.count();
   assign.checkpoint_dir = checkpoints_.resume_dir().string();
   assign.in_place = setup_.options.failure.in_place;
-  for (auto& worker : pool().workers()) {
-    // A remote worker's own default unless the run names a thread count.
-    assign.num_threads =
-        worker.remote ? setup_.options.scaling.cpus_per_worker : setup_.cpus_per_worker;
-    assign.fetch_checkpoint = checkpoints_.streams() || worker.remote;
-    if (worker.remote) worker.attach_secret = make_secret();
-    assign.attach_secret = worker.attach_secret;
-    assign.storage_probe = worker.remote ? storage_probe_.string() : "";
-    assign.storage_token = worker.remote ? storage_token_ : "";
-    const Placement& place = placements[static_cast<size_t>(worker.index)];
-    assign.world_rank = place.world_rank;
-    assign.local_rank = place.local_rank;
-    assign.node_rank = place.node_rank;
-    assign.local_world_size = place.local_world_size;
-    assign.device =
-        setup_.options.scaling.use_gpu ? "cuda:" + std::to_string(place.local_rank) : "cpu";
-    to_main(worker, assign);
-  }
-  enter(RunPhase::kTraining);
+  // A remote worker's own default unless the run names a thread count.
+  assign.num_threads =
+      worker.remote ? setup_.options.scaling.cpus_per_worker : setup_.cpus_per_worker;
+  assign.fetch_checkpoint = checkpoints_.streams() || worker.remote;
+  if (worker.remote) worker.attach_secret = make_secret();
+  assign.attach_secret = worker.attach_secret;
+  assign.storage_probe = worker.remote ? storage_probe_.string() : "";
+  assign.storage_token = worker.remote ? storage_token_ : "";
+  assign.world_rank = place.world_rank;
+  assign.local_rank = place.local_rank;
+  assign.node_rank = place.node_rank;
+  assign.local_world_size = place.local_world_size;
+  assign.device =
+      setup_.options.scaling.use_gpu ? "cuda:" + std::to_string(place.local_rank) : "cpu";
+  return assign;
 }
 
 // Once every rank's train function runs, with failures to survive: the next
@@ -277,7 +285,7 @@ void Controller::start_standby() {
     std::filesystem::create_directory(launch.scratch_dir, ec);
     if (ec) throw IoError("cannot create " + launch.scratch_dir.string() + ": " + ec.message());
     standby_ = std::make_unique<WorkerPool>();
-    standby_->reserve(max_workers());
+    standby_->reserve(max_workers(), spare_workers());
     standby_->spawn(local, launch);
     log_.info("started {} standby workers for a restart", local);
   } catch (const IoError& e) {

@@ -164,11 +164,22 @@ void Controller::check_timers() {
   for (auto& worker : pool().workers()) {
     // An in-process worker cannot be lost without this process, and a
     // debugger stops both for as long as it likes.
-    if (worker.exited || worker.in_process()) continue;
-    if (starting && !worker.main_id) {
+    if (worker.exited || worker.in_process() || worker.departed) continue;
+    // A replacement not yet in the group: its startup began when it was
+    // started, and the group goes on without it when it is too slow or lost.
+    if (pending_replacement(worker) && attempt_->replacement->generation == 0) {
+      if (!worker.started && now - *worker.replacing_since > run.startup_timeout) {
+        drop_replacement("did not start its train function within " +
+                         seconds_text(run.startup_timeout));
+      } else if (worker.main_id && now - worker.last_heard > run.heartbeat_timeout) {
+        drop_replacement("sent nothing for " + seconds_text(run.heartbeat_timeout));
+      }
+      continue;
+    }
+    if (starting && !worker.main_id && !worker.replacing_since) {
       fail(worker, FailureKind::kSetup,
            "did not connect to the controller within " + seconds_text(run.startup_timeout));
-    } else if (attempt_->assigned() && !worker.started &&
+    } else if (attempt_->assigned() && !worker.started && !worker.replacing_since &&
                now - *attempt_->assigned_at > run.startup_timeout) {
       fail(worker, FailureKind::kSetup,
            "did not start its train function within " + seconds_text(run.startup_timeout) +

@@ -5,6 +5,8 @@
 // voted that its collectives completed: a step some rank could not complete is
 // applied by none, and done again by all. docs/design.md, "Recovery in place".
 
+#include <signal.h>
+
 #include <algorithm>
 
 #include "controller/controller.h"
@@ -36,6 +38,10 @@ std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) 
     }
   }
   if (checkpoints_.staging() || attempt.async_checkpoint) return "a checkpoint was uploading";
+  if (attempt.replacement && attempt.replacement->generation != 0) {
+    return "rank " + std::to_string(attempt.replacement->rank) +
+           "'s replacement was joining the group";
+  }
   // A train function written for rank 0 saves its checkpoint and says its
   // progress there: no other rank would take that over.
   if (lost.rank == attempt.members.front()) {
@@ -50,6 +56,12 @@ std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) 
 }
 
 bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
+  if (pending_replacement(lost)) {
+    // Once its group was announced the others wait for it there: they restart.
+    if (attempt_->replacement->generation != 0) return false;
+    drop_replacement(cause + " before it joined");
+    return true;
+  }
   auto refusal = in_place_refusal(lost);
   if (!refusal) return false;  // not asked for
   if (!refusal->empty()) {
@@ -98,7 +110,82 @@ bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
   } else {
     check_stalled();
   }
+  start_replacement(lost);
   return true;
+}
+
+std::string Controller::replacement_refusal(const WorkerSlot& lost) const {
+  const auto& attempt = *attempt_;
+  if (attempt.replacement) {
+    return "rank " + std::to_string(attempt.replacement->rank) + "'s replacement is on its way";
+  }
+  if (lost.remote || lost.in_process()) {
+    return "its worker was not started by the controller (a node agent's or a remote one)";
+  }
+  for (int rank : attempt.members) {
+    if (attempt.joinable.count(rank) == 0) {
+      return "rank " + std::to_string(rank) +
+             "'s train function does not take one at its step boundaries (train::Trainer does)";
+    }
+  }
+  if (!pool().has_room()) return "the attempt started as many replacements as it has ranks";
+  return "";
+}
+
+void Controller::start_replacement(const WorkerSlot& lost) {
+  const int rank = lost.rank;
+  auto refusal = replacement_refusal(lost);
+  if (!refusal.empty()) {
+    log_.info("no replacement for rank {} ({}): the group goes on with {} ranks", rank, refusal,
+              attempt_->members.size());
+    return;
+  }
+  try {
+    auto& worker = pool().spawn_replacement(launch_, rank);
+    worker.replacing_since = now();
+    attempt_->replacement =
+        Attempt::Replacement{rank, worker.index, attempts_.back().recoveries.size() - 1, now()};
+    log_.info(
+        "started a worker (pid {}) in place of rank {}: it joins the group at a step "
+        "boundary, with the state of a peer",
+        worker.process.pid, rank);
+  } catch (const std::exception& e) {
+    log_.warn("no replacement for rank {} ({}): the group goes on with {} ranks", rank, e.what(),
+              attempt_->members.size());
+  }
+}
+
+bool Controller::pending_replacement(const WorkerSlot& worker) const {
+  return attempt_ && attempt_->replacement && attempt_->replacement->index == worker.index &&
+         !worker.remote;
+}
+
+void Controller::assign_replacement(WorkerSlot& worker) {
+  auto assign = assign_for(worker, attempt_->placements.at(static_cast<size_t>(worker.rank)));
+  assign.joining = true;
+  to_main(worker, assign);
+}
+
+void Controller::on_joinable(WorkerSlot& worker) {
+  auto& attempt = *attempt_;
+  if (pending_replacement(worker)) {
+    attempt.replacement->ready = true;
+  } else if (!worker.departed) {
+    attempt.joinable.insert(worker.rank);
+  }
+}
+
+void Controller::drop_replacement(const std::string& why) {
+  auto& attempt = *attempt_;
+  const auto replacement = *attempt.replacement;
+  attempt.replacement.reset();
+  log_.warn("rank {}'s replacement {}: the group goes on with {} ranks", replacement.rank, why,
+            attempt.members.size());
+  if (WorkerSlot* worker = pool().at_index(replacement.index)) {
+    worker->departed = true;
+    worker->replacing_since.reset();
+    if (!worker->exited) ::kill(static_cast<pid_t>(worker->process.pid), SIGKILL);
+  }
 }
 
 // Once per pass of the loop, so that ranks lost together (a node's) make one
@@ -129,6 +216,22 @@ void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote
   if (!records()) return;  // the attempt fails or stops: its workers are about to
   auto& attempt = *attempt_;
   if (!setup_.options.failure.in_place) throw ProtocolError("STEP_VOTE without recovery in place");
+  // The first vote in the group with the replacement: every rank of the old
+  // one has passed the step boundary (the group formed with all of them), and
+  // the replacement is a member from here.
+  if (attempt.replacement && attempt.replacement->generation != 0 &&
+      vote.generation == attempt.replacement->generation) {
+    const auto joined = *attempt.replacement;
+    attempt.replacement.reset();
+    attempt.generation = joined.generation;
+    attempt.members = joined.members;
+    attempt.reports.rejoin(joined.rank);
+    if (WorkerSlot* replacement = pool().at_index(joined.index)) {
+      replacement->replacing_since.reset();
+      attempts_.back().recoveries.at(joined.record).replacement_pid = replacement->process.pid;
+    }
+    attempt.untimed_join.emplace(joined.record, joined.lost_at);
+  }
   if (worker.departed || std::find(attempt.members.begin(), attempt.members.end(), worker.rank) ==
                              attempt.members.end()) {
     throw ProtocolError("STEP_VOTE from a rank outside the group");
@@ -158,11 +261,36 @@ void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote
   }
   votes.ranks.push_back(worker.rank);
   if (votes.ranks.size() < attempt.members.size()) return;
-  for (int rank : attempt.members) {
-    to_train(*pool().at_rank(rank), protocol::StepDecision{vote.step, true});
+  protocol::StepDecision decision{vote.step, true};
+  decision.reports = attempt.reports.iteration() - 1;  // a replacement's count begins there
+  auto& replacement = attempt.replacement;
+  if (replacement && replacement->ready && replacement->generation == 0 &&
+      std::all_of(attempt.members.begin(), attempt.members.end(),
+                  [&](int rank) { return attempt.joinable.count(rank) > 0; })) {
+    // Its group: the members and it, by world rank. Each member forms it at
+    // its next step boundary, the replacement as soon as it hears.
+    replacement->generation = attempt.generation + 1;
+    replacement->members = attempt.members;
+    replacement->members.push_back(replacement->rank);
+    std::sort(replacement->members.begin(), replacement->members.end());
+    decision.join = replacement->generation;
+    decision.ranks.assign(replacement->members.begin(), replacement->members.end());
+    to_main(*pool().at_index(replacement->index),
+            protocol::PeerLost{replacement->generation, decision.ranks, {}});
+    log_.info("rank {}'s replacement joins the group after step {}", replacement->rank, vote.step);
   }
+  for (int rank : attempt.members) to_train(*pool().at_rank(rank), decision);
   attempt.applied_step = vote.step;
   attempt.votes.reset();
+  if (attempt.untimed_join) {
+    auto [index, began] = *attempt.untimed_join;
+    attempt.untimed_join.reset();
+    auto& record = attempts_.back().recoveries.at(index);
+    record.caught_up_seconds = std::chrono::duration<double>(now() - began).count();
+    log_.info("rank {}'s replacement caught up: {} ranks applied step {}, {:.3f} s after the loss",
+              record.rank, attempt.members.size(), vote.step, record.caught_up_seconds);
+    notify_attempts();
+  }
   if (attempt.untimed_recoveries.empty()) return;
   auto& recoveries = attempts_.back().recoveries;
   for (auto [index, began] : attempt.untimed_recoveries) {

@@ -139,6 +139,10 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
   worker->main_link.received(protocol::Hello::kType);
   worker->host = hello.host;
   worker->last_heard = now();
+  if (pending_replacement(*worker)) {  // the group trains: it joins it
+    assign_replacement(*worker);
+    return;
+  }
   ++attempt_->hellos;
   maybe_assign();
 }
@@ -262,6 +266,8 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
     on_step_vote(worker, message.as<protocol::StepVote>());
   } else if (type == protocol::GroupTaken::kType) {
     if (attempt_->group_taken_by < 0) attempt_->group_taken_by = worker.rank;
+  } else if (type == protocol::Joinable::kType) {
+    on_joinable(worker);
   } else if (type == protocol::UploadChunk::kType) {
     on_upload_chunk(worker, message, /*upload_channel=*/false);
   } else if (type == protocol::Uploaded::kType) {

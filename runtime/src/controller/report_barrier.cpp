@@ -1,5 +1,7 @@
 #include "controller/report_barrier.h"
 
+#include <trainrun/error.h>
+
 #include <algorithm>
 
 namespace trainrun {
@@ -32,6 +34,11 @@ void ReportBarrier::depart(int rank) {
     --arrived_;
   }
   --expected_;
+}
+
+void ReportBarrier::rejoin(int rank) {
+  TRAINRUN_CHECK(!waiting_[static_cast<size_t>(rank)], "a rank rejoined while waiting");
+  ++expected_;
 }
 
 }  // namespace trainrun

@@ -28,6 +28,8 @@ class ReportBarrier {
   nlohmann::json release();
   /// `rank` left the group (in-place recovery): no iteration waits for it.
   void depart(int rank);
+  /// A rank back in the group (a replacement): the reports from the next on wait for it.
+  void rejoin(int rank);
   bool waiting(int rank) const { return waiting_[static_cast<size_t>(rank)]; }
   /// How many ranks have arrived at the current iteration.
   int arrived() const { return arrived_; }

@@ -64,6 +64,11 @@ void ReportCoordinator::depart(int rank) {
   --world_size_;
 }
 
+void ReportCoordinator::rejoin(int rank) {
+  barrier_.rejoin(rank);
+  ++world_size_;
+}
+
 void ReportCoordinator::finished(int rank) {
   TRAINRUN_CHECK(!waiting(rank), "a rank finished while waiting in a report");
   ++finished_;

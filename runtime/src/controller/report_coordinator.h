@@ -62,6 +62,9 @@ class ReportCoordinator {
   /// A rank left the group while the others went on (in-place recovery): no
   /// report waits for it. Then early_complete() or complete() may hold.
   void depart(int rank);
+  /// A rank back in the group (a replacement that joined between reports):
+  /// the next report waits for it too.
+  void rejoin(int rank);
   /// Whether some rank waits before the current report (ARRIVE).
   bool any_early() const { return early_count_ > 0; }
   /// A rank that returns while others wait in report would leave them waiting

@@ -107,14 +107,16 @@ void WorkerPool::spawn(int count, const LaunchOptions& launch) {
   logs_dir_ = launch.logs_dir;
   echo_ = launch.echo;
   // Slots hold pointers into workers_ (by_rank_, by_connection_): no reallocation.
-  TRAINRUN_CHECK(workers_.size() + static_cast<size_t>(count) <= capacity_, "room reserved");
+  TRAINRUN_CHECK(workers_.size() + static_cast<size_t>(count) <= capacity_ + spare_,
+                 "room reserved");
   if (launch.in_process) {
     TRAINRUN_CHECK(count == 1 && workers_.empty(), "one in-process worker");
     spawn_in_process(launch);
     return;
   }
   auto threads = std::to_string(launch.threads);
-  for (int i = 0; i < count; ++i) {
+  for (int n = 0; n < count; ++n) {
+    const int i = size();  // its launch index: after those already here
     auto scratch = launch.scratch_dir / ("worker-" + std::to_string(i));
     std::error_code ec;
     std::filesystem::create_directory(scratch, ec);
@@ -200,9 +202,10 @@ void WorkerPool::spawn_in_process(const LaunchOptions& launch) {
   ++running_;
 }
 
-void WorkerPool::reserve(int capacity) {
+void WorkerPool::reserve(int capacity, int spare) {
   capacity_ = static_cast<size_t>(capacity);
-  workers_.reserve(capacity_);
+  spare_ = static_cast<size_t>(spare);
+  workers_.reserve(capacity_ + spare_);
 }
 
 void WorkerPool::clear(int capacity) {
@@ -212,6 +215,17 @@ void WorkerPool::clear(int capacity) {
   remote_by_process_.clear();
   workers_.clear();  // closes their output: a closed descriptor leaves the epoll set
   reserve(capacity);
+}
+
+WorkerSlot& WorkerPool::spawn_replacement(const LaunchOptions& launch, int rank) {
+  spawn(1, launch);
+  auto& worker = workers_.back();
+  worker.rank = rank;
+  by_rank_.at(static_cast<size_t>(rank)) = &worker;
+  worker.output->set_prefix(output_prefix(worker));
+  worker.output->move_log(
+      log_path(logs_dir_, std::to_string(rank) + "-" + std::to_string(worker.index)));
+  return worker;
 }
 
 WorkerSlot* WorkerPool::add_remote(const std::string& host, pid_t pid) {

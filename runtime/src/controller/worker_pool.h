@@ -53,6 +53,9 @@ struct WorkerSlot {
   bool failed = false;  // a failure of this worker was recorded
   bool exited = false;
   bool departed = false;  // lost, and the group went on without it (in-place recovery)
+  // A replacement of a lost rank: when it was started (its startup timeout
+  // counts from then, not from the attempt's start).
+  std::optional<Clock::time_point> replacing_since;
   Clock::time_point last_heard;
   protocol::LinkTally main_link;  // its main connection's messages, both ways
 
@@ -92,14 +95,21 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  /// Makes room for `capacity` workers in all; call before the first spawn.
-  void reserve(int capacity);
+  /// Makes room for `capacity` workers in all, and `spare` more that replace
+  /// lost ones (spawn_replacement); call before the first spawn.
+  void reserve(int capacity, int spare = 0);
   /// Forgets every worker, for a new attempt (the local ones have exited),
   /// and makes room for `capacity`.
   void clear(int capacity);
   /// Starts `count` local workers (with launch.in_process, one thread).
   /// Throws IoError; those already started stay in the pool, to be stopped.
   void spawn(int count, const LaunchOptions& launch);
+  /// Starts a local worker that replaces `rank` (in-place recovery): the rank
+  /// is its from here on, and its log worker-<rank>-<index>.log. Throws as
+  /// spawn does; needs the room.
+  WorkerSlot& spawn_replacement(const LaunchOptions& launch, int rank);
+  /// Whether another worker fits.
+  bool has_room() const { return workers_.size() < capacity_ + spare_; }
   /// A worker that connected from the network, as its HELLO describes it; null
   /// when the pool is full. Its output comes from its node agent, if it has one.
   WorkerSlot* add_remote(const std::string& host, pid_t pid);
@@ -150,7 +160,8 @@ class WorkerPool {
 
  private:
   std::vector<WorkerSlot> workers_;
-  size_t capacity_ = 0;  // workers_ never grows past it: pointers into it stay valid
+  size_t capacity_ = 0;  // workers_ never grows past it and spare_: pointers into it stay valid
+  size_t spare_ = 0;
   std::vector<WorkerSlot*> by_rank_;
   std::unordered_map<std::string, WorkerSlot*> by_connection_;
   std::unordered_map<std::string, WorkerSlot*> remote_by_process_;  // "host/pid"

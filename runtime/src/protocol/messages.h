@@ -133,6 +133,15 @@ struct StepVote {
   MSGPACK_DEFINE_MAP(step, generation);
 };
 
+/// A replacement (docs/design.md): the rank's train function takes a
+/// replacement at its step boundaries (train::Trainer); on the replacement,
+/// it waits to join. No reply.
+struct Joinable {
+  static constexpr const char* kType = "JOINABLE";
+  bool joinable = true;
+  MSGPACK_DEFINE_MAP(joinable);
+};
+
 /// In-place recovery: the rank's train function took the process group
 /// itself (train::process_group), so a lost rank restarts the group. No reply.
 struct GroupTaken {
@@ -305,12 +314,15 @@ struct Assign {
   std::string storage_probe;
   std::string storage_token;
   bool in_place = false;  // survivors of a lost rank go on in a new group (PEER_LOST)
+  // It replaces a lost rank: no group of its own; it joins the group PEER_LOST
+  // announces once the others reach a step boundary.
+  bool joining = false;
   MSGPACK_DEFINE_MAP(world_rank, local_rank, node_rank, world_size, local_world_size, run_name,
                      storage_path, entry, config, plugin_sha256, plugin_size, store_prefix,
                      bind_host, num_threads, device, heartbeat_timeout_ms, heartbeat_interval_ms,
                      collective_timeout_ms, checkpoint_dir, fetch_checkpoint, attach_secret,
                      storage_probe, storage_token, plugin_name, profile_first, profile_last,
-                     in_place);
+                     in_place, joining);
 };
 
 /// In-place recovery, on the main connection: ranks were lost, and the
@@ -330,7 +342,13 @@ struct StepDecision {
   static constexpr const char* kType = "STEP_DECISION";
   int64_t step = 0;
   bool apply = false;
-  MSGPACK_DEFINE_MAP(step, apply);
+  // A replacement joins at the next step boundary: the group of generation
+  // `join` (0: none), of the world ranks `ranks` by group rank.
+  int64_t join = 0;
+  std::vector<int32_t> ranks;
+  // The reports the group has made: where a replacement's count begins.
+  int64_t reports = 0;
+  MSGPACK_DEFINE_MAP(step, apply, join, ranks, reports);
 };
 
 struct AgentAccepted {

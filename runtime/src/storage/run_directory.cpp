@@ -103,15 +103,16 @@ json attempt_json(const AttemptInfo& a) {
   if (a.error) j["error"] = error_json(*a.error);
   if (a.regrouped) j["regrouped"] = true;
   for (const auto& r : a.recoveries) {
-    j["recoveries"].push_back({{"rank", r.rank},
-                               {"host", r.host},
-                               {"pid", r.pid},
-                               {"cause", r.cause},
-                               {"at", r.at},
-                               {"world_size", r.world_size},
-                               {"step", r.step},
-                               {"steps_lost", r.steps_lost},
-                               {"seconds", r.seconds}});
+    json record = {{"rank", r.rank},      {"host", r.host},
+                   {"pid", r.pid},        {"cause", r.cause},
+                   {"at", r.at},          {"world_size", r.world_size},
+                   {"step", r.step},      {"steps_lost", r.steps_lost},
+                   {"seconds", r.seconds}};
+    if (r.replacement_pid != 0) {
+      record["replacement_pid"] = r.replacement_pid;
+      record["caught_up_seconds"] = r.caught_up_seconds;
+    }
+    j["recoveries"].push_back(std::move(record));
   }
   return j;
 }
@@ -131,7 +132,8 @@ AttemptInfo attempt_from_json(const json& j) {
       a.recoveries.push_back({r.value("rank", -1), r.value("host", ""), r.value("pid", int64_t{0}),
                               r.value("cause", ""), r.value("at", ""), r.value("world_size", 0),
                               r.value("step", int64_t{0}), r.value("steps_lost", int64_t{-1}),
-                              r.value("seconds", -1.0)});
+                              r.value("seconds", -1.0), r.value("replacement_pid", int64_t{0}),
+                              r.value("caught_up_seconds", -1.0)});
     }
   }
   return a;

@@ -61,7 +61,13 @@ struct HostState {
   // one (the attempt's ASSIGN, the rendezvous store). The groups formed are
   // never destroyed: an old one's threads may wait for a dead peer until its
   // timeout, and destroying it would wait with them.
-  const GroupAnnouncements* groups = nullptr;
+  GroupAnnouncements* groups = nullptr;
+  // A replacement joins at the next step boundary: its group, from the vote
+  // that said so, announced when this rank regroups there.
+  std::optional<GroupAnnouncements::Group> pending_join;
+  bool replacement = false;     // this rank replaces a lost one (ASSIGN's joining)
+  bool reports_counted = true;  // ... and has taken the group's report count
+  bool joinable_told = false;   // JOINABLE went out
   const protocol::Assign* assign = nullptr;
   c10::intrusive_ptr<c10d::Store> store;
   std::vector<c10d::ProcessGroup*> formed;  // released, newest last
@@ -218,16 +224,27 @@ void* host_regroup(void* handle, int64_t after, int64_t* generation, int32_t* ra
                    char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
+    // At the step boundary where a replacement joins: its group.
+    if (state.pending_join && state.pending_join->first > after) {
+      state.groups->announce(state.pending_join->first, state.pending_join->second);
+    }
+    state.pending_join.reset();
     const auto timeout = collective_timeout(*state.assign);
     const auto began = std::chrono::steady_clock::now();
     const auto deadline = began + timeout;
     // A lost rank is announced within moments of its death: a collective
     // that failed with none announced within a heartbeat timeout failed for
     // another reason, and says so rather than wait out the collective timeout.
+    // A replacement waits for the others' next step boundary instead.
+    const bool joins = state.replacement && after == 0;
     const auto heartbeat = std::chrono::milliseconds(state.assign->heartbeat_timeout_ms);
     const auto announced_by =
-        heartbeat.count() > 0 ? std::min(deadline, began + heartbeat) : deadline;
-    std::string last_error;
+        heartbeat.count() > 0 && !joins ? std::min(deadline, began + heartbeat) : deadline;
+    std::string last_error =
+        joins
+            ? "no group to join within the collective timeout (" +
+                  seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(timeout)) + ")"
+            : "";
     while (true) {
       while (state.groups->generation() <= after) {
         const auto now = std::chrono::steady_clock::now();
@@ -288,7 +305,16 @@ int host_step_vote(void* handle, int64_t step, int64_t generation, char* error, 
     auto reply = protocol::Incoming::parse(protocol::recv_frames(*state.controller));
     if (reply.type() == protocol::StepDecision::kType) {
       auto decision = reply.as<protocol::StepDecision>();
-      if (decision.step == step) return decision.apply ? 1 : 0;
+      if (decision.step == step) {
+        if (!decision.apply) return 0;
+        if (!state.reports_counted) {  // a replacement's first step in the group
+          state.reports = std::max<int64_t>(decision.reports, 0);
+          state.reports_counted = true;
+        }
+        if (decision.join <= generation) return 1;
+        state.pending_join = GroupAnnouncements::Group{decision.join, std::move(decision.ranks)};
+        return 2;
+      }
     }
     state.stopped = state.stopped || reply.type() == protocol::Shutdown::kType;
     copy_message("the run is stopping (" + reply.type() + ")", error, error_size);
@@ -296,6 +322,16 @@ int host_step_vote(void* handle, int64_t step, int64_t generation, char* error, 
     copy_message(e.what(), error, error_size);
   }
   return -1;
+}
+
+void host_joinable(void* handle) {
+  auto& state = *static_cast<HostState*>(handle);
+  if (state.joinable_told || std::this_thread::get_id() != state.train_thread) return;
+  state.joinable_told = true;
+  try {
+    protocol::send(*state.controller, protocol::Joinable{});
+  } catch (const std::exception&) {  // the train thread's next message fails the same way
+  }
 }
 
 int host_arrive(void* handle, char* error, size_t error_size) {
@@ -441,7 +477,7 @@ bool is_inside(const std::string& path, const std::string& dir) {
 
 void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path,
-                      std::atomic<bool>& returned, const GroupAnnouncements& groups) {
+                      std::atomic<bool>& returned, GroupAnnouncements& groups) {
   // Its stack is the one a hang's message names; an overflow of it still gets
   // a report (not in-process, where no handler of the worker's is installed).
   stacks::mark_train_thread();
@@ -480,8 +516,11 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     auto entry = plugin.entry(assign.entry);
     failed_kind = FailureKind::kSetup;
     if (assign.num_threads > 0) at::set_num_threads(assign.num_threads);
-    group = create_process_group(assign, options, store, assign.store_prefix, assign.world_rank,
-                                 assign.world_size);
+    // A replacement has no group until it joins the others' (host_regroup).
+    if (!assign.joining) {
+      group = create_process_group(assign, options, store, assign.store_prefix, assign.world_rank,
+                                   assign.world_size);
+    }
 
     state_holder = std::make_unique<HostState>();
     auto& state = *state_holder;
@@ -491,6 +530,8 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     state.attach = attach;
     state.world_rank = assign.world_rank;
     state.groups = &groups;
+    state.replacement = assign.joining;
+    state.reports_counted = !assign.joining;
     state.assign = &assign;
     state.store = store;
     state.checkpoint_dir = assign.checkpoint_dir;
@@ -542,6 +583,8 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.regroup = &host_regroup;
     host.step_vote = &host_step_vote;
     host.group_taken = &host_group_taken;
+    host.joining = assign.joining ? 1 : 0;
+    host.joinable = &host_joinable;
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});

@@ -26,7 +26,9 @@ namespace trainrun {
 
 /// The groups the controller announces while the train function runs
 /// (PEER_LOST, in-place recovery): written by the worker's main thread, read
-/// by the train thread when its collectives fail or its step is voted down.
+/// by the train thread when its collectives fail or its step is voted down;
+/// a group with a replacement is written by the train thread itself, from
+/// the vote that announced it, once it reaches the step boundary.
 class GroupAnnouncements {
  public:
   /// A generation and its members' world ranks, by group rank.
@@ -56,6 +58,6 @@ class GroupAnnouncements {
 /// `returned` is set once the entry has returned (or could not be called).
 void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
                       const protocol::Assign& assign, const std::filesystem::path& plugin_path,
-                      std::atomic<bool>& returned, const GroupAnnouncements& groups);
+                      std::atomic<bool>& returned, GroupAnnouncements& groups);
 
 }  // namespace trainrun

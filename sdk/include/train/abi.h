@@ -113,14 +113,28 @@ typedef struct train_host_v1_s {
   /* Whether synchronised step `step` (counted from 1 on each rank) is applied:
    * this rank's collectives of it completed in group `generation`. Waits for
    * every rank of that group to vote, or for the generation to end. Returns
-   * 1 (apply it), 0 (a rank was lost: the step is done again in the next
-   * group), or -1 with a message. */
+   * 1 (apply it), 2 (apply it, and a replacement joins the group at the
+   * next step boundary: regroup forms the group with it), 0 (a rank was
+   * lost: the step is done again in the next group), or -1 with a message.
+   * 2 comes only to a rank whose train function called joinable. */
   int (*step_vote)(void* handle, int64_t step, int64_t generation, char* error, size_t error_size);
 
   /* The train function took the process group itself (train::process_group):
    * its own collectives cannot be done again in a new group, so a lost rank
    * restarts the group instead. Called once per entry; never blocks. */
   void (*group_taken)(void* handle);
+
+  /* A replacement that catches up from a peer (docs/design.md, "A
+   * replacement catches up"). joining is 1 on a rank started in place of a
+   * lost one: process_group is NULL, and regroup(handle, 0, ...) joins the
+   * survivors' group once they reach their next step boundary; the state it
+   * needs comes over that group from the group's first rank.
+   *
+   * joinable: the train function can take a replacement at a step boundary
+   * and send it its state there (train::Trainer does). Called once per
+   * entry; never blocks. On a joining rank: it waits to join. */
+  int32_t joining;
+  void (*joinable)(void* handle);
 } train_host_v1_t;
 
 /* report_checkpoint's upload_mode. */

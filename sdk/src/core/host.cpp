@@ -14,6 +14,7 @@ uint64_t g_entry_serial = 0;
 std::vector<std::function<void()>> g_cleanups;
 Membership g_membership;  // the entry's group once it changed; else the host's
 int64_t g_synchronised_steps = 0;
+bool g_join_due = false;  // a vote said a replacement joins at the next boundary
 
 // The slice a collective is waited for before the host's generation is
 // looked at again: a lost rank is noticed within it.
@@ -23,6 +24,9 @@ bool has_recovery(const train_host_v1_t* host) {
   return host != nullptr && TRAIN_HOST_HAS(host, group_taken) && host->in_place != 0 &&
          host->group_generation != nullptr && host->regroup != nullptr &&
          host->step_vote != nullptr;
+}
+bool has_joining(const train_host_v1_t* host) {
+  return has_recovery(host) && TRAIN_HOST_HAS(host, joinable) && host->joinable != nullptr;
 }
 }  // namespace
 
@@ -103,8 +107,31 @@ bool vote_step(int64_t step, int64_t generation) {
   char error[1024] = "";
   const int vote = host.step_vote(host.handle, step, generation, error, sizeof(error));
   if (vote < 0) throw std::runtime_error(std::string("the step's vote failed: ") + error);
-  return vote == 1;
+  if (vote == 2) g_join_due = true;
+  return vote >= 1;
 }
+
+bool joining() { return has_joining(g_host) && g_host->joining != 0 && !g_membership.group; }
+
+void declare_joinable() {
+  static uint64_t told = 0;  // the entry told, by serial
+  if (!has_joining(g_host) || told == g_entry_serial) return;
+  told = g_entry_serial;
+  g_host->joinable(g_host->handle);
+}
+
+bool join_due() { return g_join_due; }
+
+Membership join_group() {
+  const bool replacement = joining();
+  if (!replacement && !g_join_due) throw std::logic_error("join_group with no replacement due");
+  declare_joinable();  // a replacement says it waits
+  g_join_due = false;
+  return regroup_after(replacement ? 0 : current_membership().generation);
+}
+
+int64_t synchronised_steps() { return g_synchronised_steps; }
+void set_synchronised_steps(int64_t steps) { g_synchronised_steps = steps; }
 
 void at_entry_end(std::function<void()> cleanup) { g_cleanups.push_back(std::move(cleanup)); }
 
@@ -136,6 +163,7 @@ HostScope::~HostScope() {
   // this entry's view of them ends.
   g_membership = {};
   g_synchronised_steps = 0;
+  g_join_due = false;
   g_host = previous_;
   g_entry_thread = previous_thread_;
 }

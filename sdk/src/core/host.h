@@ -79,6 +79,28 @@ int64_t next_synchronised_step();
 /// applied on every rank (true) or done again in the next group (false).
 bool vote_step(int64_t step, int64_t generation);
 
+/// A replacement (docs/design.md, "A replacement catches up").
+/// Whether this rank replaces a lost one and has not joined the group yet.
+bool joining();
+
+/// Tells the host once per entry that the train function takes replacements
+/// at its step boundaries (the Trainer does).
+void declare_joinable();
+
+/// Whether a vote said that a replacement joins at the next step boundary.
+bool join_due();
+
+/// Joins the group with the replacement: on a survivor at its step boundary
+/// (after join_due), on the replacement in its first prepare_model. Makes it
+/// the current membership and returns it; throws std::runtime_error when
+/// none forms.
+Membership join_group();
+
+/// The synchronised steps counted so far (next_synchronised_step's), and
+/// their count set on a replacement to its group's.
+int64_t synchronised_steps();
+void set_synchronised_steps(int64_t steps);
+
 /// Installs `host` for the lifetime of the guard.
 class HostScope {
  public:

@@ -164,6 +164,7 @@ namespace detail {
 void check_same_dataset_size(size_t size, const char* caller) {
   auto ctx = get_context();
   auto group = current_membership().group;
+  if (!group) return;  // a replacement, before it joins: the others checked theirs
   auto mine = torch::tensor({static_cast<int64_t>(size)}, torch::kLong).to(ctx.device());
   std::vector<int64_t> sizes;
   for (const auto& t : allgather(*group, mine)) sizes.push_back(t.item<int64_t>());

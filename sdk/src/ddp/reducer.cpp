@@ -598,15 +598,29 @@ PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
   broadcast_from_rank0(*group, state);
   auto reducer = std::make_shared<Reducer>(*module, group, options);
   reducer->install_hooks();
-  return {module, std::move(reducer), options.check_divergence(), module->parameters().size(),
-          device};
+  return {
+      module, std::move(reducer), options.check_divergence(), module->parameters().size(), device,
+      options};
+}
+
+void replicate_to_replacement(c10d::ProcessGroup& group) {
+  for (const auto& model : registry()) {
+    auto module = model.module.lock();
+    if (!module) continue;
+    verify_same_model(*module, model.options, group, model.device);
+    std::vector<torch::Tensor> state = module->parameters();
+    for (auto& buffer : module->buffers()) state.push_back(buffer);
+    broadcast_from_rank0(group, state);
+  }
 }
 
 void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const ModelOptions& options) {
   auto ctx = get_context();
   module->to(ctx.device());
   if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
-  auto prepared = replicate(module, current_membership().group, ctx.device(), options);
+  // A replacement gets its parameters here, from the group it joins.
+  auto group = joining() ? join_group().group : current_membership().group;
+  auto prepared = replicate(module, group, ctx.device(), options);
 
   auto& models = registry();
   if (models.empty()) at_entry_end([] { registry().clear(); });

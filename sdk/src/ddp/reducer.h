@@ -139,6 +139,7 @@ struct PreparedModel {
   bool check_divergence = true;
   size_t num_parameters = 0;  // at prepare_model
   torch::Device device = torch::kCPU;
+  ModelOptions options;  // prepare_model's, which a replacement's must match
 };
 
 /// prepare_model's collective part, once the module is on `device`: checks that
@@ -158,6 +159,12 @@ void check_divergence(const std::vector<PreparedModel>& models, c10d::ProcessGro
 /// Whether the running train function prepared a model that train::report
 /// checks (the same answer on every rank).
 bool has_checked_models();
+
+/// On a rank of the group at a replacement's step boundary: what a
+/// replacement's prepare_model does (replicate) for each model prepared here,
+/// in the order they were: the same-model check and the broadcast of
+/// parameters and buffers from the group's first rank, over `group`.
+void replicate_to_replacement(c10d::ProcessGroup& group);
 
 /// check_divergence over the models prepared in the running train function.
 void check_prepared_models(const std::string& caller);

@@ -204,7 +204,10 @@ void Trainer::Fit::run(Trainer& trainer) {
     throw std::invalid_argument(
         "train::Trainer: precision 16-mixed needs a CUDA device; on the CPU use bf16-mixed");
   }
-  check_same_setup(trainer);
+  // A rank that replaces a lost one takes what the others have at their next
+  // step boundary: prepare_model joins their group, catch_up the rest.
+  const bool replacement = detail::joining();
+  check_same_setup(trainer);  // a replacement's is checked as it catches up
   if (val && options.limit_val_batches() != 0 && val->size() == 0) {
     // Equal on every rank: each rank gets size / world samples.
     throw std::invalid_argument(
@@ -213,7 +216,7 @@ void Trainer::Fit::run(Trainer& trainer) {
         " ranks (fewer samples than ranks, or drop_last with fewer than a batch each); pass a "
         "larger one, or none");
   }
-  auto checkpoint = options.resume() ? get_checkpoint() : std::nullopt;
+  auto checkpoint = options.resume() && !replacement ? get_checkpoint() : std::nullopt;
   if (checkpoint) load_model(*checkpoint);
   prepare_model(module, options.model());
   auto config = module->configure_optimizers();
@@ -226,6 +229,11 @@ void Trainer::Fit::run(Trainer& trainer) {
   interval = config.interval;
   if (options.precision() == Precision::kFP16Mixed) scaler.emplace(options.grad_scaler());
   if (checkpoint) load_state(trainer, *checkpoint);
+  if (replacement) {
+    catch_up(trainer);
+  } else {
+    detail::declare_joinable();  // this loop takes a replacement at its step boundaries
+  }
   optimizer->zero_grad();
 
   for (const auto& callback : trainer.callbacks_) callback->on_fit_start(trainer, *module);
@@ -252,8 +260,7 @@ bool Trainer::Fit::steps_done(const TrainerOptions& options) const {
   return options.max_steps() >= 0 && global_step >= options.max_steps();
 }
 
-void Trainer::Fit::check_same_setup(const Trainer& trainer) {
-  if (!group()) return;
+std::string Trainer::Fit::setup_text(const Trainer& trainer) const {
   const auto& o = trainer.options_;
   std::ostringstream setup;
   setup << "max_epochs " << o.max_epochs() << ", max_steps " << o.max_steps()
@@ -276,7 +283,12 @@ void Trainer::Fit::check_same_setup(const Trainer& trainer) {
     setup << (i ? ", " : "") << c->state_key() << " every " << c->step_interval() << " steps";
   }
   setup << "]";
-  if (auto texts = detail::texts_if_different(*group(), device, setup.str())) {
+  return setup.str();
+}
+
+void Trainer::Fit::check_same_setup(const Trainer& trainer) {
+  if (!group()) return;
+  if (auto texts = detail::texts_if_different(*group(), device, setup_text(trainer))) {
     for (size_t rank = 1; rank < texts->size(); ++rank) {
       if ((*texts)[rank] == (*texts)[0]) continue;
       throw std::runtime_error(
@@ -303,6 +315,10 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
     batches = std::min(batches, options.limit_train_batches());
   }
   for (int64_t index = first; index < batches && !steps_done(options); ++index) {
+    // A step boundary, with no gradients accumulated: where a replacement joins.
+    if (detail::join_due() && index % options.accumulate_grad_batches() == 0) {
+      take_replacement(trainer);
+    }
     Batch* next = train->next();
     if (next == nullptr) break;
     stepped = training_batch(trainer, *next, index, index + 1 == batches);

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,10 +49,32 @@ struct Trainer::Fit {
   /// prog_bar values every log_every_n_steps. A collective.
   void sync_point(Trainer& trainer, bool step_sync, int64_t batches);
 
+  /// What every rank must fit with, as text: compared across the ranks.
+  std::string setup_text(const Trainer& trainer) const;
+
   // trainer_state.cpp
   void load_model(const Checkpoint& checkpoint);
   void load_state(Trainer& trainer, const Checkpoint& checkpoint);
   void save_checkpoint(Trainer& trainer, const std::filesystem::path& dir);
+  /// trainer.pt's keys: the loop's position, the scheduler's steps, the
+  /// GradScaler and the callbacks' states.
+  void write_state(Trainer& trainer, torch::serialize::OutputArchive& state);
+  void read_position(torch::serialize::InputArchive& state);
+  /// The rest of write_state's keys, `load_optimizer` called where the
+  /// optimizer's state belongs (after the scheduler's replay). `source`
+  /// names where the state came from, for errors.
+  void read_rest(Trainer& trainer, torch::serialize::InputArchive& state, const std::string& source,
+                 const std::function<void()>& load_optimizer);
+
+  // trainer_catch_up.cpp: a replacement catches up at a step boundary.
+  /// On a rank of the group whose vote said a replacement joins: forms the
+  /// group with it, and sends it the models and this state.
+  void take_replacement(Trainer& trainer);
+  /// On the replacement, after prepare_model joined the group: takes the
+  /// state from the group's first rank.
+  void catch_up(Trainer& trainer);
+  /// Both: the state from the group's first rank, over the current group.
+  void exchange_state(Trainer& trainer, bool replacement);
 
   Context context;
   std::shared_ptr<LightningModule> module;

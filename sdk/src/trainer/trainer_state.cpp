@@ -86,15 +86,48 @@ void Trainer::Fit::load_model(const Checkpoint& checkpoint) {
   load_from_checkpoint(*module, checkpoint);
 }
 
-void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
-  torch::serialize::InputArchive state;
-  state.load_from(required(checkpoint, kTrainerFile).string(), torch::Device(torch::kCPU));
+void Trainer::Fit::read_position(torch::serialize::InputArchive& state) {
   epoch = read_int(state, "epoch");
   batch = read_int(state, "batch");
   global_step = read_int(state, "global_step");
   stopping = read_int_or(state, "stopping", 0) != 0;
   validation_ran = read_int_or(state, "validation_ran", 0) != 0;
   validated_epoch = read_int_or(state, "validated_epoch", 0) != 0;
+}
+
+void Trainer::Fit::read_rest(Trainer& trainer, torch::serialize::InputArchive& state,
+                             const std::string& source,
+                             const std::function<void()>& load_optimizer) {
+  const int64_t steps = read_int(state, "scheduler_steps");
+  // A scheduler steps once per optimizer step or once per epoch.
+  if (epoch < 0 || batch < 0 || global_step < 0 || steps < 0 ||
+      steps > std::max(global_step, epoch)) {
+    throw std::runtime_error("train::Trainer: " + source + " holds an impossible position (epoch " +
+                             std::to_string(epoch) + ", batch " + std::to_string(batch) +
+                             ", step " + std::to_string(global_step) + ", scheduler steps " +
+                             std::to_string(steps) + ")");
+  }
+  // LibTorch's schedulers keep their count to themselves: replay it, then
+  // the optimizer's state puts back the learning rates it had.
+  if (scheduler) {
+    for (int64_t i = 0; i < steps; ++i) scheduler->step();
+    scheduler_steps = steps;
+  }
+  load_optimizer();
+  torch::serialize::InputArchive nested;
+  if (scaler && state.try_read("grad_scaler", nested)) scaler->load(nested);
+  for (const auto& callback : trainer.callbacks_) {
+    torch::serialize::InputArchive archive;
+    if (state.try_read(detail::callback_archive_key(callback->state_key()), archive)) {
+      callback->on_load_checkpoint(trainer, archive);
+    }
+  }
+}
+
+void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
+  torch::serialize::InputArchive state;
+  state.load_from(required(checkpoint, kTrainerFile).string(), torch::Device(torch::kCPU));
+  read_position(state);
   const int64_t saved_world = read_int(state, "world_size");
   const bool same_world = saved_world == context.world_size();
   if (!same_world && batch > 0) {
@@ -107,31 +140,9 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
         trainer.options_.train_loader().shuffle() ? batch * saved_world / context.world_size() : 0;
     batch -= batch % trainer.options_.accumulate_grad_batches();  // a whole window
   }
-  const int64_t steps = read_int(state, "scheduler_steps");
-  // A scheduler steps once per optimizer step or once per epoch.
-  if (epoch < 0 || batch < 0 || global_step < 0 || steps < 0 ||
-      steps > std::max(global_step, epoch)) {
-    throw std::runtime_error("train::Trainer: checkpoint " + checkpoint.path().string() +
-                             " holds an impossible position (epoch " + std::to_string(epoch) +
-                             ", batch " + std::to_string(batch) + ", step " +
-                             std::to_string(global_step) + ", scheduler steps " +
-                             std::to_string(steps) + ")");
-  }
-  // LibTorch's schedulers keep their count to themselves: replay it, then
-  // the optimizer's state puts back the learning rates it had.
-  if (scheduler) {
-    for (int64_t i = 0; i < steps; ++i) scheduler->step();
-    scheduler_steps = steps;
-  }
-  torch::load(*optimizer, required(checkpoint, kOptimizerFile).string(), device);
-  torch::serialize::InputArchive nested;
-  if (scaler && state.try_read("grad_scaler", nested)) scaler->load(nested);
-  for (const auto& callback : trainer.callbacks_) {
-    torch::serialize::InputArchive archive;
-    if (state.try_read(detail::callback_archive_key(callback->state_key()), archive)) {
-      callback->on_load_checkpoint(trainer, archive);
-    }
-  }
+  read_rest(trainer, state, "checkpoint " + checkpoint.path().string(), [&] {
+    torch::load(*optimizer, required(checkpoint, kOptimizerFile).string(), device);
+  });
   // This rank's own file, when the checkpoint has one for it (a regroup to
   // more workers leaves the new ranks' generators as they are).
   auto own = checkpoint.path() / rank_file(context.world_rank());
@@ -157,6 +168,27 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
   }
 }
 
+void Trainer::Fit::write_state(Trainer& trainer, torch::serialize::OutputArchive& state) {
+  write_int(state, "epoch", epoch_done ? epoch + 1 : epoch);
+  write_int(state, "batch", epoch_done ? 0 : batch);
+  write_int(state, "global_step", global_step);
+  write_int(state, "scheduler_steps", scheduler_steps);
+  write_int(state, "world_size", context.world_size());
+  write_int(state, "stopping", stopping ? 1 : 0);
+  write_int(state, "validation_ran", validation_ran ? 1 : 0);
+  write_int(state, "validated_epoch", validated_epoch && !epoch_done ? 1 : 0);
+  if (scaler) {
+    torch::serialize::OutputArchive nested;
+    scaler->save(nested);
+    state.write("grad_scaler", nested);
+  }
+  for (const auto& callback : trainer.callbacks_) {
+    torch::serialize::OutputArchive archive;
+    callback->on_save_checkpoint(trainer, archive);
+    state.write(detail::callback_archive_key(callback->state_key()), archive);
+  }
+}
+
 void Trainer::Fit::save_checkpoint(Trainer& trainer, const std::filesystem::path& dir) {
   // The group's first rank: rank 0, or after it was lost, the lowest one left.
   if (detail::leads_group()) {
@@ -164,24 +196,7 @@ void Trainer::Fit::save_checkpoint(Trainer& trainer, const std::filesystem::path
     torch::save(model, (dir / kModelFile).string());
     torch::save(*optimizer, (dir / kOptimizerFile).string());
     torch::serialize::OutputArchive state;
-    write_int(state, "epoch", epoch_done ? epoch + 1 : epoch);
-    write_int(state, "batch", epoch_done ? 0 : batch);
-    write_int(state, "global_step", global_step);
-    write_int(state, "scheduler_steps", scheduler_steps);
-    write_int(state, "world_size", context.world_size());
-    write_int(state, "stopping", stopping ? 1 : 0);
-    write_int(state, "validation_ran", validation_ran ? 1 : 0);
-    write_int(state, "validated_epoch", validated_epoch && !epoch_done ? 1 : 0);
-    if (scaler) {
-      torch::serialize::OutputArchive nested;
-      scaler->save(nested);
-      state.write("grad_scaler", nested);
-    }
-    for (const auto& callback : trainer.callbacks_) {
-      torch::serialize::OutputArchive archive;
-      callback->on_save_checkpoint(trainer, archive);
-      state.write(detail::callback_archive_key(callback->state_key()), archive);
-    }
+    write_state(trainer, state);
     state.save_to((dir / kTrainerFile).string());
   }
   torch::serialize::OutputArchive mine;

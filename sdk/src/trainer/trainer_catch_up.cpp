@@ -1,0 +1,141 @@
+// A replacement catches up from a peer (docs/design.md, "A replacement catches
+// up"). A rank started in place of a lost one joins the group in its first
+// prepare_model, which the others form with it at their next step boundary
+// (the top of a training batch, no gradients accumulated): the models'
+// parameters and buffers come from the group's first rank as they do at any
+// prepare_model, then the Trainer's state, in memory over the group: the
+// loop's position, the optimizer's and scheduler's state, the callbacks', the
+// synchronised steps counted, and a seed for the replacement's generators.
+// Nothing is read from storage.
+
+#include <train/trainer.h>
+
+#include <ATen/Context.h>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/host.h"
+#include "ddp/reducer.h"
+#include "trainer/trainer_fit.h"
+
+namespace train {
+namespace {
+
+// `bytes` of the group's first rank on every rank of `membership`: its size,
+// then its bytes. A rank lost meanwhile ends the catch-up: the controller
+// restarts the group.
+std::string broadcast_bytes(const detail::Membership& membership, std::string bytes) {
+  auto broadcast = [&](torch::Tensor tensor) {
+    std::vector<torch::Tensor> tensors{std::move(tensor)};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    auto work = membership.group->broadcast(tensors, options);
+    if (!detail::wait_unless_group_ended(*work, membership.generation)) {
+      throw std::runtime_error("a rank was lost while a replacement caught up");
+    }
+  };
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
+  broadcast(size);
+  bytes.resize(static_cast<size_t>(size.item<int64_t>()));
+  broadcast(torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8));
+  return bytes;
+}
+
+// The CPU generator's state as one number (FNV-1a of its bytes).
+uint64_t generator_digest() {
+  auto generator = at::globalContext().defaultGenerator(torch::kCPU);
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  uint64_t hash = 14695981039346656037ULL;
+  const auto* bytes = state.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < state.numel(); ++i) {
+    hash = (hash ^ bytes[i]) * 1099511628211ULL;
+  }
+  return hash;
+}
+
+int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
+  torch::Tensor t;
+  archive.read(key, t, /*is_buffer=*/true);
+  return t.item<int64_t>();
+}
+
+void write_int(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value) {
+  archive.write(key, torch::tensor(value, torch::kLong), /*is_buffer=*/true);
+}
+
+}  // namespace
+
+void Trainer::Fit::take_replacement(Trainer& trainer) {
+  auto membership = detail::join_group();
+  detail::replicate_to_replacement(*membership.group);
+  exchange_state(trainer, /*replacement=*/false);
+}
+
+void Trainer::Fit::catch_up(Trainer& trainer) {
+  if (!group()) {  // one rank: prepare_model had nothing to join
+    throw std::logic_error("train::Trainer: a replacement without a group to join");
+  }
+  exchange_state(trainer, /*replacement=*/true);
+}
+
+void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
+  auto membership = detail::current_membership();
+  const bool first = membership.group->getRank() == 0;
+  std::string bytes;
+  if (first) {
+    torch::serialize::OutputArchive state;
+    write_state(trainer, state);
+    torch::serialize::OutputArchive optimizer_state;
+    optimizer->save(optimizer_state);
+    state.write("optimizer", optimizer_state);
+    write_int(state, "synchronised_steps", detail::synchronised_steps());
+    write_int(state, "seed", static_cast<int64_t>(generator_digest() >> 1));
+    write_int(state, "rank", context.world_rank());
+    state.write("setup", c10::IValue(setup_text(trainer)));
+    std::ostringstream out;
+    state.save_to(out);
+    bytes = out.str();
+  }
+  bytes = broadcast_bytes(membership, std::move(bytes));
+  if (!replacement) return;
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive state;
+  state.load_from(in, torch::Device(torch::kCPU));
+  const int64_t from = read_int(state, "rank");
+  c10::IValue setup;
+  state.read("setup", setup);
+  const auto mine = setup_text(trainer);
+  if (!setup.isString() || setup.toStringRef() != mine) {
+    throw std::runtime_error("train::Trainer::fit: rank " + std::to_string(context.world_rank()) +
+                             "'s options or callbacks differ from rank " + std::to_string(from) +
+                             "'s (rank " + std::to_string(from) + ": " +
+                             (setup.isString() ? setup.toStringRef() : "?") + "; rank " +
+                             std::to_string(context.world_rank()) + ": " + mine +
+                             "); every rank must fit with the same");
+  }
+  read_position(state);
+  read_rest(trainer, state, "the state of rank " + std::to_string(from), [&] {
+    torch::serialize::InputArchive optimizer_state;
+    state.read("optimizer", optimizer_state);
+    optimizer->load(optimizer_state);
+  });
+  detail::set_synchronised_steps(read_int(state, "synchronised_steps"));
+  // Its own generators, not a copy of the first rank's (dropout masks would
+  // repeat its), derived from them and this rank.
+  const auto seed = static_cast<uint64_t>(read_int(state, "seed")) ^
+                    (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(context.world_rank() + 1));
+  torch::manual_seed(seed >> 1);
+  std::cout << "train::Trainer: rank " << context.world_rank() << " caught up from rank " << from
+            << " at epoch " << epoch << ", batch " << batch << " (step " << global_step << ")"
+            << std::endl;
+}
+
+}  // namespace train
