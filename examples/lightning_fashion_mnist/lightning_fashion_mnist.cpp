@@ -1,9 +1,10 @@
 // Ray Train's PyTorch Lightning FashionMNIST classifier (ResNet-18, Adam 1e-3,
 // cross-entropy, batch 128 per worker) as a train::LightningModule: the loop,
 // validation across ranks, reports, checkpoints and resuming are the
-// Trainer's. Config: epochs (2), max_steps (-1: all), precision (32 or
-// bf16), patience (0: no early stopping), val_batches (-1: all), batch_size
-// (128), data_dir.
+// Trainer's. Config: epochs (2), max_steps (-1: all), train_batches (-1:
+// all, per epoch), precision (32 or bf16), patience (0: no early stopping),
+// val_batches (-1: all), batch_size (128), log_every (50: the loss printed
+// every n steps), data_dir.
 
 #include <train/train.h>
 
@@ -47,7 +48,9 @@ void train_func(const train::Config& config) {
   train::Trainer trainer(train::TrainerOptions()
                              .max_epochs(config.get<int>("epochs", 2))
                              .max_steps(config.get<int>("max_steps", -1))
+                             .limit_train_batches(config.get<int>("train_batches", -1))
                              .limit_val_batches(config.get<int>("val_batches", -1))
+                             .log_every_n_steps(config.get<int>("log_every", 50))
                              .precision(train::precision_from_string(config.get("precision", "32")))
                              .train_loader(train::LoaderOptions().batch_size(batch_size))
                              .val_loader(train::LoaderOptions().batch_size(batch_size)),

@@ -140,6 +140,7 @@ void Controller::on_hello(const std::string& id, const protocol::Hello& hello) {
   worker->host = hello.host;
   worker->last_heard = now();
   if (pending_replacement(*worker)) {  // the group trains: it joins it
+    pool().rename(*worker);
     assign_replacement(*worker);
     return;
   }

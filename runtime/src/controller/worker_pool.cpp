@@ -228,6 +228,10 @@ WorkerSlot& WorkerPool::spawn_replacement(const LaunchOptions& launch, int rank)
   return worker;
 }
 
+void WorkerPool::rename(WorkerSlot& worker) {
+  if (worker.output) worker.output->set_prefix(output_prefix(worker));
+}
+
 WorkerSlot* WorkerPool::add_remote(const std::string& host, pid_t pid) {
   if (workers_.size() >= capacity_) return nullptr;
   auto& worker = workers_.emplace_back();

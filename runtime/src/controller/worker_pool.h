@@ -108,6 +108,8 @@ class WorkerPool {
   /// is its from here on, and its log worker-<rank>-<index>.log. Throws as
   /// spawn does; needs the room.
   WorkerSlot& spawn_replacement(const LaunchOptions& launch, int rank);
+  /// Its output's prefix anew, after its host became known (its HELLO).
+  void rename(WorkerSlot& worker);
   /// Whether another worker fits.
   bool has_room() const { return workers_.size() < capacity_ + spare_; }
   /// A worker that connected from the network, as its HELLO describes it; null
