@@ -230,6 +230,30 @@ TEST_CASE(
   CHECK(replacement_log);
 }
 
+TEST_CASE("a replacement that raises before it joins is dropped, and the group goes on") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
+                     "' -n 3 --name d --recovery in-place --max-failures 1 --config epochs=2" +
+                     " --config batches=8 --config fail_step=4 --config fail_rank=2" +
+                     " --config await_replacement=true --config replacement_raises=true" +
+                     " --config step_sleep_ms=50 --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("rank 2's replacement raised in") != std::string::npos);
+  CHECK(
+      run.output.find("the replacement cannot build its module: the group goes on with 2 ranks") !=
+      std::string::npos);
+  auto dir = box.run_dir("d");
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 1);
+  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK_FALSE(info["attempts"][0]["recoveries"][0].contains("replacement_pid"));
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 2);
+  CHECK(reports.back()["metrics"]["step"] == 16);
+}
+
 TEST_CASE(
     "a replacement killed as it catches up restarts the group from the checkpoint, and the run "
     "ends with as many steps") {

@@ -20,7 +20,8 @@
 // await_replacement (with marker: the replacement of rank fail_rank says it
 // started in <marker>.replacement, and once the marker exists rank 0 waits
 // for that, at most 60 s, before its next step: the replacement then joins
-// with steps to spare), step_sleep_ms (0).
+// with steps to spare), replacement_raises (with marker: that replacement
+// throws as it builds its module), step_sleep_ms (0).
 
 #include <train/train.h>
 
@@ -79,6 +80,10 @@ struct Net : train::LightningModule {
         step_sleep_ms(config.get<int>("step_sleep_ms", 0)) {
     if (await_replacement && failing_rank() && std::filesystem::exists(first_marker)) {
       std::ofstream(first_marker + ".replacement") << "started\n";
+    }
+    if (config.get<bool>("replacement_raises", false) && failing_rank() &&
+        std::filesystem::exists(first_marker)) {
+      throw std::runtime_error("the replacement cannot build its module");
     }
   }
 

@@ -248,6 +248,11 @@ void Controller::record_failure(RunError error) {
 void Controller::fail(WorkerSlot& worker, FailureKind kind, const std::string& message,
                       std::vector<std::string> stack) {
   if (worker.failed) return;
+  // A replacement that never joined: the group goes on without it.
+  if (pending_replacement(worker) && attempt_->replacement->generation == 0) {
+    drop_replacement(message);
+    return;
+  }
   worker.failed = true;
   record_failure(RunError{kind, message, worker.display_rank(), worker.host, worker.process.pid, 0,
                           std::move(stack)});

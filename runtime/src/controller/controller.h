@@ -177,7 +177,7 @@ class Controller {
   std::string replacement_refusal(const WorkerSlot& lost) const;
   /// The replacement's HELLO: its ASSIGN.
   void assign_replacement(WorkerSlot& worker);
-  void on_joinable(WorkerSlot& worker);
+  void on_joinable(WorkerSlot& worker, bool joinable);
   /// The replacement has gone before it joined (exited, or too slow to start):
   /// the group goes on without it.
   void drop_replacement(const std::string& why);

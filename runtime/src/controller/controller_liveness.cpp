@@ -127,7 +127,9 @@ void Controller::on_exits() {
 // by its node agent.
 void Controller::on_worker_exit(WorkerSlot& worker, std::optional<int> code, int signal) {
   worker.exited = true;
-  if (worker.rank >= 0) attempt_->store.forget(worker.rank);
+  if (worker.rank >= 0 && !pending_replacement(worker)) attempt_->store.forget(worker.rank);
+  // Its loss was dealt with: the group went on without it, or dropped it.
+  if (worker.departed) return;
   if (stopping() || (worker.done && code == 0)) return;
   if (recover_in_place(worker, exit_description(code, signal))) return;
   if (code) {

@@ -72,6 +72,7 @@ bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
   auto& attempt = *attempt_;
   ++failures_used_;
   lost.departed = true;
+  attempt.joinable.erase(lost.rank);
   attempt.members.erase(std::remove(attempt.members.begin(), attempt.members.end(), lost.rank),
                         attempt.members.end());
   attempt.lost_unannounced.push_back(lost.rank);
@@ -166,12 +167,22 @@ void Controller::assign_replacement(WorkerSlot& worker) {
   to_main(worker, assign);
 }
 
-void Controller::on_joinable(WorkerSlot& worker) {
+void Controller::on_joinable(WorkerSlot& worker, bool joinable) {
   auto& attempt = *attempt_;
+  if (worker.departed) return;
   if (pending_replacement(worker)) {
-    attempt.replacement->ready = true;
-  } else if (!worker.departed) {
+    attempt.replacement->ready = joinable;
+    return;
+  }
+  if (joinable) {
     attempt.joinable.insert(worker.rank);
+    return;
+  }
+  attempt.joinable.erase(worker.rank);
+  // The members' loop ended before its next step boundary: the group the
+  // replacement waits for will not form.
+  if (attempt.replacement && attempt.replacement->generation != 0) {
+    drop_replacement("could not join: the train functions left their loop first");
   }
 }
 
@@ -226,6 +237,7 @@ void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote
     attempt.generation = joined.generation;
     attempt.members = joined.members;
     attempt.reports.rejoin(joined.rank);
+    attempt.joinable.insert(joined.rank);  // its own Trainer loop runs
     if (WorkerSlot* replacement = pool().at_index(joined.index)) {
       replacement->replacing_since.reset();
       attempts_.back().recoveries.at(joined.record).replacement_pid = replacement->process.pid;
@@ -264,7 +276,9 @@ void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote
   protocol::StepDecision decision{vote.step, true};
   decision.reports = attempt.reports.iteration() - 1;  // a replacement's count begins there
   auto& replacement = attempt.replacement;
+  // (Not while ranks lost this pass wait for their generation: it is that one.)
   if (replacement && replacement->ready && replacement->generation == 0 &&
+      attempt.lost_unannounced.empty() &&
       std::all_of(attempt.members.begin(), attempt.members.end(),
                   [&](int rank) { return attempt.joinable.count(rank) > 0; })) {
     // Its group: the members and it, by world rank. Each member forms it at

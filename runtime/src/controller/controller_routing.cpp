@@ -268,7 +268,7 @@ void Controller::handle_train(WorkerSlot& worker, protocol::Incoming& message) {
   } else if (type == protocol::GroupTaken::kType) {
     if (attempt_->group_taken_by < 0) attempt_->group_taken_by = worker.rank;
   } else if (type == protocol::Joinable::kType) {
-    on_joinable(worker);
+    on_joinable(worker, message.as<protocol::Joinable>().joinable);
   } else if (type == protocol::UploadChunk::kType) {
     on_upload_chunk(worker, message, /*upload_channel=*/false);
   } else if (type == protocol::Uploaded::kType) {

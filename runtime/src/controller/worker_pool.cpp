@@ -223,8 +223,11 @@ WorkerSlot& WorkerPool::spawn_replacement(const LaunchOptions& launch, int rank)
   worker.rank = rank;
   by_rank_.at(static_cast<size_t>(rank)) = &worker;
   worker.output->set_prefix(output_prefix(worker));
-  worker.output->move_log(
-      log_path(logs_dir_, std::to_string(rank) + "-" + std::to_string(worker.index)));
+  try {
+    worker.output->move_log(
+        log_path(logs_dir_, std::to_string(rank) + "-" + std::to_string(worker.index)));
+  } catch (const std::exception&) {  // it keeps the log it started with
+  }
   return worker;
 }
 

@@ -67,7 +67,8 @@ struct HostState {
   std::optional<GroupAnnouncements::Group> pending_join;
   bool replacement = false;     // this rank replaces a lost one (ASSIGN's joining)
   bool reports_counted = true;  // ... and has taken the group's report count
-  bool joinable_told = false;   // JOINABLE went out
+  int joinable_told = -1;       // the last JOINABLE's value (-1: none went out)
+  bool join_now = false;        // at the step boundary: regroup forms pending_join
   const protocol::Assign* assign = nullptr;
   c10::intrusive_ptr<c10d::Store> store;
   std::vector<c10d::ProcessGroup*> formed;  // released, newest last
@@ -224,11 +225,13 @@ void* host_regroup(void* handle, int64_t after, int64_t* generation, int32_t* ra
                    char* error, size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
   try {
-    // At the step boundary where a replacement joins: its group.
-    if (state.pending_join && state.pending_join->first > after) {
+    // At the step boundary where a replacement joins (and only there: a
+    // collective of the old group that failed meanwhile regroups without it).
+    if (std::exchange(state.join_now, false) && state.pending_join &&
+        state.pending_join->first > after) {
       state.groups->announce(state.pending_join->first, state.pending_join->second);
+      state.pending_join.reset();
     }
-    state.pending_join.reset();
     const auto timeout = collective_timeout(*state.assign);
     const auto began = std::chrono::steady_clock::now();
     const auto deadline = began + timeout;
@@ -324,12 +327,18 @@ int host_step_vote(void* handle, int64_t step, int64_t generation, char* error, 
   return -1;
 }
 
-void host_joinable(void* handle) {
+void host_joinable(void* handle, int32_t joinable) {
   auto& state = *static_cast<HostState*>(handle);
-  if (state.joinable_told || std::this_thread::get_id() != state.train_thread) return;
-  state.joinable_told = true;
+  if (std::this_thread::get_id() != state.train_thread || joinable < 0 || joinable > 2) return;
+  if (joinable == 2) {
+    state.join_now = true;
+    return;
+  }
+  if (joinable == 0) state.pending_join.reset();  // the loop ended: none joins here
+  if (state.joinable_told == joinable) return;
+  state.joinable_told = joinable;
   try {
-    protocol::send(*state.controller, protocol::Joinable{});
+    protocol::send(*state.controller, protocol::Joinable{joinable == 1});
   } catch (const std::exception&) {  // the train thread's next message fails the same way
   }
 }

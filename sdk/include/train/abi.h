@@ -130,11 +130,14 @@ typedef struct train_host_v1_s {
    * survivors' group once they reach their next step boundary; the state it
    * needs comes over that group from the group's first rank.
    *
-   * joinable: the train function can take a replacement at a step boundary
-   * and send it its state there (train::Trainer does). Called once per
-   * entry; never blocks. On a joining rank: it waits to join. */
+   * joinable, with `state`: 1, the train function takes a replacement at its
+   * step boundaries and sends it its state there (train::Trainer's loop
+   * does; on a joining rank: it waits to join); 0, it no longer does (the
+   * loop ended); 2, it is at such a boundary, and its next regroup forms the
+   * group with the replacement that a step_vote of 2 announced. Never
+   * blocks. */
   int32_t joining;
-  void (*joinable)(void* handle);
+  void (*joinable)(void* handle, int32_t state);
 } train_host_v1_t;
 
 /* report_checkpoint's upload_mode. */

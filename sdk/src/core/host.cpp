@@ -113,11 +113,15 @@ bool vote_step(int64_t step, int64_t generation) {
 
 bool joining() { return has_joining(g_host) && g_host->joining != 0 && !g_membership.group; }
 
-void declare_joinable() {
-  static uint64_t told = 0;  // the entry told, by serial
-  if (!has_joining(g_host) || told == g_entry_serial) return;
+void declare_joinable(bool joinable) {
+  static uint64_t told = 0;  // the entry that told, by serial
+  static bool told_joinable = false;
+  if (!has_joining(g_host)) return;
+  if (!joinable) g_join_due = false;
+  if (told == g_entry_serial && told_joinable == joinable) return;
   told = g_entry_serial;
-  g_host->joinable(g_host->handle);
+  told_joinable = joinable;
+  g_host->joinable(g_host->handle, joinable ? 1 : 0);
 }
 
 bool join_due() { return g_join_due; }
@@ -125,9 +129,13 @@ bool join_due() { return g_join_due; }
 Membership join_group() {
   const bool replacement = joining();
   if (!replacement && !g_join_due) throw std::logic_error("join_group with no replacement due");
-  declare_joinable();  // a replacement says it waits
+  if (replacement) {
+    declare_joinable(true);  // it waits to join
+    return regroup_after(0);
+  }
   g_join_due = false;
-  return regroup_after(replacement ? 0 : current_membership().generation);
+  g_host->joinable(g_host->handle, 2);  // at the boundary: the next regroup takes it
+  return regroup_after(current_membership().generation);
 }
 
 int64_t synchronised_steps() { return g_synchronised_steps; }

@@ -83,9 +83,10 @@ bool vote_step(int64_t step, int64_t generation);
 /// Whether this rank replaces a lost one and has not joined the group yet.
 bool joining();
 
-/// Tells the host once per entry that the train function takes replacements
-/// at its step boundaries (the Trainer does).
-void declare_joinable();
+/// Tells the host whether the train function takes replacements at its step
+/// boundaries (the Trainer's loop does, while it runs); a replacement due
+/// and not yet taken is forgotten when it stops.
+void declare_joinable(bool joinable);
 
 /// Whether a vote said that a replacement joins at the next step boundary.
 bool join_due();

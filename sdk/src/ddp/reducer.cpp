@@ -603,6 +603,12 @@ PreparedModel replicate(const std::shared_ptr<torch::nn::Module>& module,
       options};
 }
 
+size_t prepared_model_count() {
+  const auto& models = registry();
+  return static_cast<size_t>(std::count_if(
+      models.begin(), models.end(), [](const PreparedModel& m) { return !m.module.expired(); }));
+}
+
 void replicate_to_replacement(c10d::ProcessGroup& group) {
   for (const auto& model : registry()) {
     auto module = model.module.lock();

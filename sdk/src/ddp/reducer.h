@@ -166,6 +166,9 @@ bool has_checked_models();
 /// parameters and buffers from the group's first rank, over `group`.
 void replicate_to_replacement(c10d::ProcessGroup& group);
 
+/// How many models the running train function has prepared (alive).
+size_t prepared_model_count();
+
 /// check_divergence over the models prepared in the running train function.
 void check_prepared_models(const std::string& caller);
 

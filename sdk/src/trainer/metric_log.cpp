@@ -159,6 +159,14 @@ bool MetricLog::is_prog_bar(const std::string& reported) const {
 
 void MetricLog::clear() { entries_.clear(); }
 
+void MetricLog::zero_sums() {
+  for (auto& [name, e] : entries_) {
+    e.host_sum = 0;
+    e.count = 0;
+    e.device_sum = torch::Tensor();
+  }
+}
+
 namespace {
 enum Flag : int { kOnStep = 1, kOnEpoch = 2, kProgBar = 4, kSyncDist = 8 };
 }  // namespace

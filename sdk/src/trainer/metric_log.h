@@ -56,6 +56,9 @@ class MetricLog {
   bool is_prog_bar(const std::string& reported) const;
   /// Forgets everything logged (at the start of an epoch or validation run).
   void clear();
+  /// Keeps the names and what they are, with nothing summed: a rank that
+  /// joins in an epoch's middle averages its own batches from there.
+  void zero_sums();
 
   /// This rank's epoch sums so far (with their options), and a resume's
   /// return of them: the next add() of each name goes on from its saved sum.

@@ -172,6 +172,15 @@ void Trainer::run_fit(std::shared_ptr<LightningModule> module,
   if (fit_) throw std::logic_error("train::Trainer::fit: called twice; make a new Trainer");
   if (!module) throw std::invalid_argument("train::Trainer::fit: the module is null");
   fit_ = std::make_unique<Fit>(get_context(), module, std::move(train), std::move(val));
+  // Which fit of the train function this is: a replacement that joins one
+  // must be in the same (it is compared as part of the setup).
+  static uint64_t entry = 0;
+  static int64_t fits = 0;
+  if (entry != detail::entry_serial()) {
+    entry = detail::entry_serial();
+    fits = 0;
+  }
+  fit_->ordinal = ++fits;
   struct Attach {  // the module knows its trainer while fit runs
     LightningModule& module;
     ~Attach() { module.trainer_ = nullptr; }
@@ -232,7 +241,7 @@ void Trainer::Fit::run(Trainer& trainer) {
   if (replacement) {
     catch_up(trainer);
   } else {
-    detail::declare_joinable();  // this loop takes a replacement at its step boundaries
+    detail::declare_joinable(true);  // this loop takes a replacement at its step boundaries
   }
   optimizer->zero_grad();
 
@@ -243,6 +252,7 @@ void Trainer::Fit::run(Trainer& trainer) {
   while (epoch < options.max_epochs() && (batch > 0 || (!stopping && !steps_done(options)))) {
     train_epoch(trainer);
   }
+  detail::declare_joinable(false);  // no step boundary follows
   for (const auto& callback : trainer.callbacks_) callback->on_fit_end(trainer, *module);
 }
 
@@ -263,10 +273,10 @@ bool Trainer::Fit::steps_done(const TrainerOptions& options) const {
 std::string Trainer::Fit::setup_text(const Trainer& trainer) const {
   const auto& o = trainer.options_;
   std::ostringstream setup;
-  setup << "max_epochs " << o.max_epochs() << ", max_steps " << o.max_steps()
-        << ", limit_train_batches " << o.limit_train_batches() << ", limit_val_batches "
-        << o.limit_val_batches() << ", val_check_interval " << o.val_check_interval()
-        << ", check_val_every_n_epoch " << o.check_val_every_n_epoch()
+  setup << "fit " << ordinal << " of the train function, max_epochs " << o.max_epochs()
+        << ", max_steps " << o.max_steps() << ", limit_train_batches " << o.limit_train_batches()
+        << ", limit_val_batches " << o.limit_val_batches() << ", val_check_interval "
+        << o.val_check_interval() << ", check_val_every_n_epoch " << o.check_val_every_n_epoch()
         << ", accumulate_grad_batches " << o.accumulate_grad_batches() << ", log_every_n_steps "
         << o.log_every_n_steps() << ", gradient_clip_val " << o.gradient_clip_val() << " by "
         << static_cast<int>(o.gradient_clip_algorithm()) << ", precision "

@@ -99,7 +99,21 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
     write_int(state, "synchronised_steps", detail::synchronised_steps());
     write_int(state, "seed", static_cast<int64_t>(generator_digest() >> 1));
     write_int(state, "rank", context.world_rank());
+    write_int(state, "models", static_cast<int64_t>(detail::prepared_model_count()));
     state.write("setup", c10::IValue(setup_text(trainer)));
+    // The latest averages (what callbacks monitor), and the names logged in
+    // this epoch (which every rank's averages must name).
+    c10::List<std::string> names;
+    std::vector<double> values;
+    for (const auto& [name, value] : callback_metrics) {
+      names.push_back(name);
+      values.push_back(value);
+    }
+    state.write("metric_names", c10::IValue(names));
+    state.write("metric_values", torch::tensor(values, torch::kFloat64), /*is_buffer=*/true);
+    torch::serialize::OutputArchive log;
+    train_log.save(log);
+    state.write("log", log);
     std::ostringstream out;
     state.save_to(out);
     bytes = out.str();
@@ -121,7 +135,30 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
                              std::to_string(context.world_rank()) + ": " + mine +
                              "); every rank must fit with the same");
   }
+  const int64_t models = read_int(state, "models");
+  if (models != static_cast<int64_t>(detail::prepared_model_count())) {
+    throw std::runtime_error(
+        "train::Trainer: rank " + std::to_string(context.world_rank()) +
+        " replaces a lost rank, and had prepared " +
+        std::to_string(detail::prepared_model_count()) + " models when it joined, rank " +
+        std::to_string(from) + " " + std::to_string(models) +
+        ": a replacement joins at its first prepare_model, so only train::Trainer's model may be "
+        "prepared before fit");
+  }
   read_position(state);
+  c10::IValue names;
+  state.read("metric_names", names);
+  torch::Tensor values;
+  state.read("metric_values", values, /*is_buffer=*/true);
+  const auto list = names.toList();
+  for (size_t i = 0; i < list.size() && static_cast<int64_t>(i) < values.numel(); ++i) {
+    callback_metrics[list.get(i).toStringRef()] = values[static_cast<int64_t>(i)].item<double>();
+  }
+  // The epoch's names, with nothing of theirs: its averages count its batches.
+  torch::serialize::InputArchive log;
+  state.read("log", log);
+  train_log.load(log);
+  train_log.zero_sums();
   read_rest(trainer, state, "the state of rank " + std::to_string(from), [&] {
     torch::serialize::InputArchive optimizer_state;
     state.read("optimizer", optimizer_state);

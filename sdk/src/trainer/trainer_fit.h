@@ -107,6 +107,7 @@ struct Trainer::Fit {
   detail::MetricLog train_log, val_log;
   std::map<std::string, double> callback_metrics;
   bool want_report = false, want_checkpoint = false, want_stop = false;
+  int64_t ordinal = 1;    // which fit of the train function: 1 for the first
   bool stopping = false;  // agreed by every rank
 };
 
