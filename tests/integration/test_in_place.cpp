@@ -230,6 +230,40 @@ TEST_CASE(
   CHECK(replacement_log);
 }
 
+TEST_CASE("two ranks lost one after the other are each replaced, and the run ends in one attempt") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto marker2 = (box.root() / "failed-twice").string();
+  auto run = box.run(
+      std::string("--plugin '") + TRAINER_PLUGIN +
+      "' -n 3 --name two --recovery in-place --max-failures 2 --config epochs=3" +
+      " --config batches=8 --config fail_step=5 --config fail_rank=2" +
+      " --config fail_step2=15 --config fail_rank2=1 --config await_replacement=true" +
+      " --config step_sleep_ms=20 --config marker=" + marker + " --config marker2=" + marker2);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("rank 2 caught up from rank 0") != std::string::npos);
+  CHECK(run.output.find("rank 1 caught up from rank 0") != std::string::npos);
+  auto dir = box.run_dir("two");
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 1);
+  const auto& recoveries = info["attempts"][0]["recoveries"];
+  REQUIRE(recoveries.size() == 2);
+  CHECK(recoveries[0]["rank"] == 2);
+  CHECK(recoveries[1]["rank"] == 1);
+  CHECK(recoveries[1]["world_size"] == 2);  // the first replacement had joined
+  for (const auto& recovery : recoveries) {
+    CHECK(recovery["steps_lost"] == 0);
+    CHECK(recovery["replacement_pid"].get<int64_t>() > 0);
+  }
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 3);
+  CHECK(reports.back()["metrics"]["step"] == 24);
+  const auto last = dir / reports.back()["checkpoint"].get<std::string>();
+  CHECK(std::filesystem::exists(last / "rank-1.pt"));
+  CHECK(std::filesystem::exists(last / "rank-2.pt"));
+}
+
 TEST_CASE("a replacement that raises before it joins is dropped, and the group goes on") {
   Sandbox box;
   auto marker = (box.root() / "failed-once").string();

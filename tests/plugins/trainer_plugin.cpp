@@ -21,7 +21,9 @@
 // started in <marker>.replacement, and once the marker exists rank 0 waits
 // for that, at most 60 s, before its next step: the replacement then joins
 // with steps to spare), replacement_raises (with marker: that replacement
-// throws as it builds its module), step_sleep_ms (0).
+// throws as it builds its module), fail_rank2, fail_step2 and marker2 (a
+// second rank killed after its step, once; with await_replacement its
+// replacement is awaited the same way), step_sleep_ms (0).
 
 #include <train/train.h>
 
@@ -77,9 +79,15 @@ struct Net : train::LightningModule {
         catch_up_marker(config.get("catch_up_marker", "")),
         first_marker(config.get("marker", "")),
         await_replacement(config.get<bool>("await_replacement", false)),
-        step_sleep_ms(config.get<int>("step_sleep_ms", 0)) {
-    if (await_replacement && failing_rank() && std::filesystem::exists(first_marker)) {
-      std::ofstream(first_marker + ".replacement") << "started\n";
+        step_sleep_ms(config.get<int>("step_sleep_ms", 0)),
+        second_marker(config.get("marker2", "")),
+        second_rank(config.get<int>("fail_rank2", -1)) {
+    const int rank = train::get_context().world_rank();
+    for (const auto& [marker_file, failing] : awaited()) {
+      if (await_replacement && rank == failing && std::filesystem::exists(marker_file) &&
+          !std::filesystem::exists(marker_file + ".replacement")) {
+        std::ofstream(marker_file + ".replacement") << "started\n";
+      }
     }
     if (config.get<bool>("replacement_raises", false) && failing_rank() &&
         std::filesystem::exists(first_marker)) {
@@ -104,13 +112,25 @@ struct Net : train::LightningModule {
   int step_sleep_ms;
 
   bool failing_rank() const { return train::get_context().world_rank() == fail_rank; }
+  std::string second_marker;
+  int second_rank;
+  // Each kill's marker, and the rank it kills.
+  std::vector<std::pair<std::string, int>> awaited() const {
+    std::vector<std::pair<std::string, int>> kills;
+    if (!first_marker.empty()) kills.emplace_back(first_marker, fail_rank);
+    if (!second_marker.empty()) kills.emplace_back(second_marker, second_rank);
+    return kills;
+  }
 
   torch::Tensor forward(const torch::Tensor& x) { return out(dropout(torch::relu(hidden(x)))); }
 
   torch::Tensor training_step(train::Batch& batch, int64_t) override {
-    if (await_replacement && train::get_context().world_rank() == 0 &&
-        std::filesystem::exists(first_marker)) {
-      for (int i = 0; i < 6000 && !std::filesystem::exists(first_marker + ".replacement"); ++i) {
+    for (const auto& [marker_file, failing] : awaited()) {
+      if (!await_replacement || train::get_context().world_rank() != 0 ||
+          !std::filesystem::exists(marker_file)) {
+        continue;
+      }
+      for (int i = 0; i < 6000 && !std::filesystem::exists(marker_file + ".replacement"); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
@@ -174,6 +194,7 @@ class FailOnce : public train::Callback {
  public:
   FailOnce(int64_t step, int rank, std::string marker)
       : step_(step), rank_(rank), marker_(std::move(marker)) {}
+  std::string state_key() const override { return "FailOnce " + marker_; }
   void on_train_batch_end(train::Trainer& trainer, train::LightningModule&, const train::Batch&,
                           int64_t) override {
     if (trainer.global_step() != step_ || train::get_context().world_rank() != rank_ ||
@@ -236,6 +257,10 @@ void fit(const train::Config& config) {
                                               !config.get<bool>("kill_in_backward", false)) {
     callbacks.push_back(std::make_shared<FailOnce>(config.get<int>("fail_step", 5),
                                                    config.get<int>("fail_rank", 1), marker));
+  }
+  if (auto marker = config.get("marker2", ""); !marker.empty()) {
+    callbacks.push_back(std::make_shared<FailOnce>(config.get<int>("fail_step2", 5),
+                                                   config.get<int>("fail_rank2", 1), marker));
   }
   train::Trainer trainer(train::TrainerOptions()
                              .max_epochs(config.get<int>("epochs", 3))

@@ -116,7 +116,7 @@ typedef struct train_host_v1_s {
    * 1 (apply it), 2 (apply it, and a replacement joins the group at the
    * next step boundary: regroup forms the group with it), 0 (a rank was
    * lost: the step is done again in the next group), or -1 with a message.
-   * 2 comes only to a rank whose train function called joinable. */
+   * 2 comes only to a rank whose train function called joinable(1). */
   int (*step_vote)(void* handle, int64_t step, int64_t generation, char* error, size_t error_size);
 
   /* The train function took the process group itself (train::process_group):
