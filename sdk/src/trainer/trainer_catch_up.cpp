@@ -61,15 +61,8 @@ uint64_t generator_digest() {
   return hash;
 }
 
-int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
-  torch::Tensor t;
-  archive.read(key, t, /*is_buffer=*/true);
-  return t.item<int64_t>();
-}
-
-void write_int(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value) {
-  archive.write(key, torch::tensor(value, torch::kLong), /*is_buffer=*/true);
-}
+using detail::read_int;
+using detail::write_int;
 
 }  // namespace
 

@@ -28,15 +28,8 @@ constexpr const char* kTrainerFile = "trainer.pt";
 
 std::string rank_file(int rank) { return "rank-" + std::to_string(rank) + ".pt"; }
 
-void write_int(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value) {
-  archive.write(key, torch::tensor(value, torch::kLong), /*is_buffer=*/true);
-}
-
-int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
-  torch::Tensor t;
-  archive.read(key, t, /*is_buffer=*/true);
-  return t.item<int64_t>();
-}
+using detail::read_int;
+using detail::write_int;
 
 // For what a checkpoint of an older SDK may lack.
 int64_t read_int_or(torch::serialize::InputArchive& archive, const std::string& key,
@@ -67,6 +60,17 @@ std::filesystem::path required(const Checkpoint& checkpoint, const char* file) {
 }
 
 }  // namespace
+
+void detail::write_int(torch::serialize::OutputArchive& archive, const std::string& key,
+                       int64_t value) {
+  archive.write(key, torch::tensor(value, torch::kLong), /*is_buffer=*/true);
+}
+
+int64_t detail::read_int(torch::serialize::InputArchive& archive, const std::string& key) {
+  torch::Tensor t;
+  archive.read(key, t, /*is_buffer=*/true);
+  return t.item<int64_t>();
+}
 
 std::string detail::callback_archive_key(const std::string& state_key) {
   std::string key = "callback_";
