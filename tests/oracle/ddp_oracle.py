@@ -42,7 +42,6 @@ import datetime
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -290,12 +289,6 @@ def prepare(name, world, out):
 # pytorch: the DDP run (one subprocess per rank) and the one-process run
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train_ddp(directory, config, rank):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -327,7 +320,7 @@ def cmd_ddp_worker(args):
     directories = [Path(d) for d in args.dir]
     world = read_json(directories[0] / "scenario.json")["world"]
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+    dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=args.rank,
                             world_size=world, timeout=datetime.timedelta(seconds=DDP_TIMEOUT_S))
     for directory in directories:
         config = read_json(directory / "scenario.json")
@@ -364,14 +357,17 @@ def run_ddp(directories, world):
         for r in range(world):
             (directory / f"ddp_rank{r}.json").unlink(missing_ok=True)
             (directory / f"ddp_rank{r}.unsupported").unlink(missing_ok=True)
-    port = free_port()
+    # The ranks meet in a file, not on a port chosen beforehand: no other
+    # process can take a file between its choice and its use.
+    store = directories[0].parent / f"ddp-{world}.store"
+    store.unlink(missing_ok=True)
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     logs = [directories[0].parent / f"ddp-{world}-rank{r}.log" for r in range(world)]
     procs = []
     for r in range(world):
         with open(logs[r], "w") as log:
             command = [sys.executable, str(Path(__file__).resolve()), "_ddp_worker",
-                       "--rank", str(r), "--port", str(port)]
+                       "--rank", str(r), "--store", str(store)]
             for directory in directories:
                 command += ["--dir", str(directory)]
             procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -639,7 +635,7 @@ def main():
     p = commands.add_parser("_ddp_worker", help="internal: one DDP rank")
     p.add_argument("--dir", required=True, action="append")
     p.add_argument("--rank", required=True, type=int)
-    p.add_argument("--port", required=True, type=int)
+    p.add_argument("--store", required=True)
     p.set_defaults(run=cmd_ddp_worker)
     args = parser.parse_args()
     args.run(args)
