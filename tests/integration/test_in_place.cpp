@@ -51,7 +51,8 @@ TEST_CASE("a rank killed mid-step: the others go on in place, every step applied
   CHECK(run.output.find("attempt 2") == std::string::npos);  // no restart
   // A raw loop gets no replacement: nothing of its state is the SDK's to send.
   CHECK(run.output.find("no replacement for rank 1 (rank 0's train function does not take one at "
-                        "its step boundaries (train::Trainer does)): the group goes on with 2 "
+                        "its step boundaries (train::Trainer's and a loop over loader.epochs() "
+                        "with a known optimizer do)): the group goes on with 2 "
                         "ranks") != std::string::npos);
   // Every survivor applied all 30 steps, as an undisturbed run does, and
   // ends with the same parameters to the last bit.

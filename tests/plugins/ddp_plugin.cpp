@@ -12,6 +12,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <thread>
 
 namespace {
@@ -469,3 +471,87 @@ void survivors(const train::Config& config) {
 }
 
 TRAIN_FUNC(survivors);
+
+// A loop of its own over a loader's epochs(), which takes a replacement for a
+// lost rank: SGD with momentum 0.9 over a TensorDataset of fixed random
+// samples, `epochs` (3) epochs of `batches` (10) batches of 8 per rank.
+// optimizer: "train" (train::optim::SGD), "registered" (torch::optim::SGD made
+// known with train::register_optimizer) or "unknown" (torch::optim::SGD, not
+// made known: no replacement). Rank kill_rank dies with SIGKILL in the backward
+// of its optimizer step kill_step (counted from 1) once: it writes <marker>
+// first. Its replacement writes <marker>.replacement as it starts, and once
+// the marker exists rank 0 waits for that, once, at most 60 s (unless
+// await_replacement=false);
+// every step sleeps step_sleep_ms (20), so that the replacement joins with
+// steps to spare. A report after each epoch: {epoch, applied}. Writes
+// <out>/rank<r>.txt: the optimizer steps it applied, the global index of its
+// first batch, then its parameters.
+void epochs_loop(const train::Config& config) {
+  auto ctx = train::get_context();
+  const auto marker = config.get<std::string>("marker", "");
+  const int kill_rank = config.get<int>("kill_rank", -1);
+  const bool killed_once = !marker.empty() && std::filesystem::exists(marker);
+  if (killed_once && ctx.world_rank() == kill_rank) {
+    std::ofstream(marker + ".replacement") << "started\n";
+  }
+  const int epochs = config.get<int>("epochs", 3);
+  const int batches = config.get<int>("batches", 10);
+  const int step_sleep_ms = config.get<int>("step_sleep_ms", 20);
+  bool await_replacement = config.get<bool>("await_replacement", true);
+  torch::manual_seed(0);
+  auto model = train::prepare_model(make_mlp());
+  const auto kind = config.get<std::string>("optimizer", "train");
+  const auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
+  std::unique_ptr<torch::optim::SGD> optimizer;
+  if (kind == "train") {
+    optimizer = std::make_unique<train::optim::SGD>(model->parameters(), options);
+  } else {
+    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(), options);
+  }
+  std::optional<train::KnownOptimizer> known;
+  if (kind == "registered") known.emplace(*optimizer);
+  const auto samples = static_cast<int64_t>(batches) * 8 * ctx.world_size();
+  train::TensorDataset dataset(torch::randn({samples, 8}), torch::randn({samples, 4}));
+  auto loader = train::prepare_data_loader(dataset, train::LoaderOptions().batch_size(8));
+  const int kill_step =
+      ctx.world_rank() == kill_rank && !killed_once ? config.get<int>("kill_step", -1) : -1;
+  int applied = 0;
+  int64_t first_batch = -1;
+  for (size_t epoch : loader.epochs(0, static_cast<size_t>(epochs))) {
+    for (auto& batch : loader) {
+      if (first_batch < 0) {
+        first_batch =
+            static_cast<int64_t>(epoch) * batches + static_cast<int64_t>(loader.batches_done());
+      }
+      if (await_replacement && ctx.world_rank() == 0 && !marker.empty() &&
+          std::filesystem::exists(marker)) {
+        for (int i = 0; i < 6000 && !std::filesystem::exists(marker + ".replacement"); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        await_replacement = false;  // once
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
+      optimizer->zero_grad();
+      auto loss = torch::mse_loss(model->forward(batch.data), batch.target);
+      if (applied + 1 == kill_step) {
+        model->parameters().front().register_hook([marker](const torch::Tensor& grad) {
+          std::ofstream(marker) << "killed\n";
+          ::raise(SIGKILL);
+          return grad;
+        });
+      }
+      loss.backward();
+      optimizer->step();
+      ++applied;
+    }
+    train::report({{"epoch", static_cast<int>(epoch)}, {"applied", applied}});
+  }
+  std::ofstream out(config.get<std::string>("out") + "/rank" + std::to_string(ctx.world_rank()) +
+                    ".txt");
+  out.precision(17);
+  out << applied << "\n" << first_batch << "\n";
+  auto params = flat_parameters(*model);
+  for (int64_t i = 0; i < params.numel(); ++i) out << params[i].item<double>() << "\n";
+}
+
+TRAIN_FUNC(epochs_loop);

@@ -126,7 +126,8 @@ std::string Controller::replacement_refusal(const WorkerSlot& lost) const {
   for (int rank : attempt.members) {
     if (attempt.joinable.count(rank) == 0) {
       return "rank " + std::to_string(rank) +
-             "'s train function does not take one at its step boundaries (train::Trainer does)";
+             "'s train function does not take one at its step boundaries (train::Trainer's and "
+             "a loop over loader.epochs() with a known optimizer do)";
     }
   }
   if (!pool().has_room()) return "the attempt started as many replacements as it has ranks";

@@ -81,6 +81,17 @@ class LoaderProgress {
   int64_t epochs_begun_ = 0;  // shown, for loaders without set_epoch
 };
 
+/// A loop over a loader's epochs() (docs/design.md, "A replacement catches
+/// up"). begin_epochs_loop: the loop starts, over a loader that can start an
+/// epoch part-way (`resumable`); on a replacement, it takes the state its
+/// peer sent and returns the epoch and batch it starts at. epochs_loop_boundary:
+/// the loop's loader finished a batch; `next` is the next one's index in
+/// `epoch`: a replacement due joins there, unless gradients wait for an
+/// optimizer. end_epochs_loop: the loop ended.
+c10::optional<std::pair<size_t, size_t>> begin_epochs_loop(bool resumable);
+void epochs_loop_boundary(size_t epoch, size_t next);
+void end_epochs_loop();
+
 }  // namespace detail
 
 /// Samples for this rank, as PyTorch's DistributedSampler chooses them.
@@ -228,6 +239,13 @@ class DataLoader {
   /// ... then pinned for a CUDA device.
   using Pinned = torch::data::datasets::MapDataset<Stacked, detail::PinMemory>;
   using Inner = torch::data::StatelessDataLoader<Pinned, Sampler>;
+  /// Where the loader is: the epoch begun last, and the index of the batch
+  /// after the last one finished; `driving`: a loop over epochs() runs.
+  struct Position {
+    size_t epoch = 0;
+    size_t next = 0;
+    bool driving = false;
+  };
 
   DataLoader(Dataset dataset, Sampler sampler, const LoaderOptions& options, c10::Device device)
       : dataset_(std::move(dataset)),
@@ -290,13 +308,16 @@ class DataLoader {
    public:
     using InnerIterator = torch::data::Iterator<Batch>;
     /// `limit`: the batches it yields at most (none: no limit).
-    Iterator(InnerIterator it, c10::Device device, detail::LoaderProgress* progress = nullptr,
+    /// `position`: the loader's, which operator++ moves on.
+    Iterator(InnerIterator it, c10::Device device, Position* position,
+             detail::LoaderProgress* progress = nullptr,
              c10::optional<size_t> limit = c10::nullopt)
         : it_(std::move(it)),
           device_(device),
           progress_(progress),
           left_(limit.value_or(0)),
-          limited_(limit && *limit == 0) {}
+          limited_(limit && *limit == 0),
+          position_(position) {}
     Batch& operator*() {
       if (!current_) {
         Batch& batch = *it_;
@@ -312,6 +333,9 @@ class DataLoader {
       if (progress_ != nullptr) {
         const auto& data = current_ ? current_->data : (*it_).data;
         progress_->batch_done(data.dim() > 0 ? data.size(0) : 1);
+      }
+      if (++position_->next; position_->driving) {
+        detail::epochs_loop_boundary(position_->epoch, position_->next);
       }
       // At the limit the epoch is over: what the loader threads made ahead is dropped.
       if (left_ > 0 && --left_ == 0) {
@@ -333,7 +357,69 @@ class DataLoader {
     detail::LoaderProgress* progress_;
     size_t left_;   // batches still to yield under the limit; 0: no limit
     bool limited_;  // the limit was reached
+    Position* position_;
   };
+
+  /// The epochs [first, end) of a training loop, each set with set_epoch
+  /// before its batches begin:
+  ///
+  ///   for (size_t epoch : loader.epochs(first_epoch, epochs)) {
+  ///     for (auto& batch : loader) { ... }
+  ///   }
+  ///
+  /// With --recovery in-place, a loop written so takes a replacement for a
+  /// lost rank at a batch boundary, when its optimizer is known to the SDK
+  /// (train::optim's, or train::register_optimizer): the replacement's loop
+  /// starts at the survivors' epoch and next batch, whatever its `first`,
+  /// with their parameters and optimizer state (docs/fault-tolerance.md,
+  /// "Replacements in your own loop"). Otherwise the same as setting each
+  /// epoch in a loop of your own.
+  class Epochs {
+   public:
+    class Iterator {
+     public:
+      Iterator(Epochs* epochs, size_t epoch) : epochs_(epochs), epoch_(epoch) {}
+      size_t operator*() const { return epoch_; }
+      Iterator& operator++() {
+        if (++epoch_ < epochs_->end_) epochs_->loader_->set_epoch(epoch_);
+        return *this;
+      }
+      bool operator!=(const Iterator& other) const { return epoch_ < other.epoch_; }
+
+     private:
+      Epochs* epochs_;
+      size_t epoch_;
+    };
+
+    Epochs(DataLoader* loader, size_t first, size_t end)
+        : loader_(loader), first_(first), end_(end) {}
+    ~Epochs() {
+      if (!begun_) return;
+      loader_->position_.driving = false;
+      detail::end_epochs_loop();
+    }
+    Epochs(const Epochs&) = delete;
+    Epochs& operator=(const Epochs&) = delete;
+
+    Iterator begin() {
+      begun_ = true;
+      loader_->position_.driving = true;
+      auto start = detail::begin_epochs_loop(has_resume<Sampler>::value);
+      const size_t first = start ? start->first : first_;
+      if (first < end_) loader_->set_epoch(first);
+      if (start && start->second > 0) loader_->resume(start->second);
+      return Iterator(this, first);
+    }
+    Iterator end() { return Iterator(this, end_); }
+
+   private:
+    DataLoader* loader_;
+    size_t first_, end_;
+    bool begun_ = false;
+  };
+
+  /// See Epochs.
+  Epochs epochs(size_t first, size_t end) { return Epochs(this, first, end); }
 
   /// Starts an epoch (in the order set by set_epoch).
   Iterator begin() {
@@ -359,10 +445,17 @@ class DataLoader {
     if (const size_t most = options_.max_batches(); most > 0) {
       limit = most > resumed_ ? most - resumed_ : 0;
     }
+    position_.epoch = static_cast<size_t>(std::max<int64_t>(epoch_, 0));
+    position_.next = resumed_;
     resumed_ = 0;
-    return Iterator(inner_->begin(), device_, shown, limit);
+    return Iterator(inner_->begin(), device_, &position_, shown, limit);
   }
-  Iterator end() { return Iterator(inner_->end(), device_); }
+  Iterator end() { return Iterator(inner_->end(), device_, &position_); }
+
+  /// The batches of the epoch begun last that are done: finished in the
+  /// loop over it, or skipped by resume() (a replacement's loop over epochs()
+  /// starts part-way). The index of the batch being trained, while it is.
+  size_t batches_done() const { return position_.next; }
 
   /// The loader threads in use (LoaderOptions::workers, or its default for the device).
   size_t workers() const {
@@ -410,7 +503,8 @@ class DataLoader {
   std::shared_ptr<detail::LoaderProgress> progress_;  // with LoaderOptions::progress
   int64_t epoch_ = -1;                                // set_epoch's; -1: never set
   int64_t batches_ = -1;                              // per epoch, once counted
-  size_t resumed_ = 0;  // batches resume() skipped in the epoch begin() starts next
+  size_t resumed_ = 0;    // batches resume() skipped in the epoch begin() starts next
+  Position position_;
 };
 
 /// Shards a LibTorch dataset across ranks, like Ray Train's prepare_data_loader:

@@ -31,6 +31,44 @@
 #include <unordered_map>
 #include <vector>
 
+namespace train {
+
+/// While alive, makes `optimizer` known to the SDK (a torch::optim optimizer,
+/// or one of your own deriving from torch::optim::Optimizer): a replacement of
+/// a lost rank then gets its state from a peer (docs/fault-tolerance.md,
+/// "Replacements in your own loop"). train::optim's optimizers are known from
+/// construction to destruction; others, from register_optimizer until the
+/// handle it returns is destroyed: keep the handle beside the optimizer.
+/// Known optimizers are sent in the order they became known, as save() writes
+/// them. Not movable: the optimizer is known by its address.
+///
+///   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+///   auto known = train::register_optimizer(optimizer);
+class [[nodiscard]] KnownOptimizer {
+ public:
+  explicit KnownOptimizer(torch::optim::Optimizer& optimizer);
+  ~KnownOptimizer();
+  KnownOptimizer(const KnownOptimizer&) = delete;
+  KnownOptimizer& operator=(const KnownOptimizer&) = delete;
+
+ private:
+  torch::optim::Optimizer* optimizer_;
+};
+
+/// Makes `optimizer` known to the SDK while the handle returned lives.
+inline KnownOptimizer register_optimizer(torch::optim::Optimizer& optimizer) {
+  return KnownOptimizer(optimizer);
+}
+
+namespace detail {
+/// A known optimizer updated its parameters (or a train::GradScaler step
+/// decided on the device whether to): the gradients of the last synchronised
+/// backward were used, so a replacement may join before the next.
+void note_optimizer_step();
+}  // namespace detail
+
+}  // namespace train
+
 namespace train::optim {
 
 /// The options and per-parameter state are LibTorch's own types: that is what
@@ -114,6 +152,7 @@ class SGD : public torch::optim::SGD, public AmpStep {
  private:
   Kernels kernels_;
   Kernels last_path_ = Kernels::kAuto;
+  KnownOptimizer known_{*this};
 };
 
 namespace detail {
@@ -153,6 +192,7 @@ class AdamFamily : public LibTorchAdam, public AmpStep {
   Kernels kernels_;
   Kernels last_path_ = Kernels::kAuto;
   DeviceSteps device_steps_;
+  KnownOptimizer known_{*this};
 };
 
 extern template class AdamFamily<torch::optim::Adam, AdamOptions, AdamParamState, false>;

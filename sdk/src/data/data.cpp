@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "core/catch_up.h"
 #include "core/collectives.h"
 #include "core/host.h"
 
@@ -163,8 +164,11 @@ namespace detail {
 
 void check_same_dataset_size(size_t size, const char* caller) {
   auto ctx = get_context();
+  // A replacement before it caught up: the others checked theirs, and are in
+  // their loop.
+  if (catching_up()) return;
   auto group = current_membership().group;
-  if (!group) return;  // a replacement, before it joins: the others checked theirs
+  if (!group) return;
   auto mine = torch::tensor({static_cast<int64_t>(size)}, torch::kLong).to(ctx.device());
   std::vector<int64_t> sizes;
   for (const auto& t : allgather(*group, mine)) sizes.push_back(t.item<int64_t>());

@@ -16,6 +16,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "core/catch_up.h"
 #include "core/collectives.h"
 #include "core/host.h"
 #include "core/profiler.h"
@@ -438,6 +439,12 @@ void Reducer::finalize() {
   }
   for (auto& slot : slots_) slot.accumulated = false;  // synchronised
   reset_iteration();
+  if (in_place_) note_synchronised_backward();
+}
+
+bool Reducer::accumulated() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.accumulated; });
 }
 
 bool Reducer::complete_collectives() {
@@ -609,6 +616,22 @@ size_t prepared_model_count() {
       models.begin(), models.end(), [](const PreparedModel& m) { return !m.module.expired(); }));
 }
 
+std::vector<torch::Tensor> prepared_parameters() {
+  std::vector<torch::Tensor> parameters;
+  for (const auto& model : registry()) {
+    auto module = model.module.lock();
+    if (!module) continue;
+    for (auto& param : module->parameters()) parameters.push_back(param);
+  }
+  return parameters;
+}
+
+bool gradients_accumulated() {
+  const auto& models = registry();
+  return std::any_of(models.begin(), models.end(),
+                     [](const PreparedModel& m) { return m.reducer->accumulated(); });
+}
+
 void replicate_to_replacement(c10d::ProcessGroup& group) {
   for (const auto& model : registry()) {
     auto module = model.module.lock();
@@ -625,7 +648,7 @@ void prepare_module(const std::shared_ptr<torch::nn::Module>& module, const Mode
   module->to(ctx.device());
   if (ctx.world_size() == 1) return;  // nothing to synchronise: no hooks, no overhead
   // A replacement gets its parameters here, from the group it joins.
-  auto group = joining() ? join_group().group : current_membership().group;
+  auto group = joining() ? join_as_replacement().group : current_membership().group;
   auto prepared = replicate(module, group, ctx.device(), options);
 
   auto& models = registry();

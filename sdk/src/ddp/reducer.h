@@ -30,6 +30,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void install_hooks();
   /// Enables or disables synchronisation; returns the previous setting.
   bool set_sync(bool enabled);
+  /// Whether a backward under NoSync left gradients for the next synchronisation.
+  bool accumulated();
   size_t num_buckets() const { return buckets_.size(); }
 
  private:
@@ -165,6 +167,12 @@ bool has_checked_models();
 /// in the order they were: the same-model check and the broadcast of
 /// parameters and buffers from the group's first rank, over `group`.
 void replicate_to_replacement(c10d::ProcessGroup& group);
+
+/// The prepared models' parameters, model after model.
+std::vector<torch::Tensor> prepared_parameters();
+
+/// Whether a prepared model holds gradients accumulated under NoSync.
+bool gradients_accumulated();
 
 /// How many models the running train function has prepared (alive).
 size_t prepared_model_count();

@@ -341,6 +341,7 @@ torch::Tensor AdamFamily<LibTorchAdam, Options, State, kDecoupled>::step(
   torch::NoGradGuard no_grad;
   auto loss = run_closure(closure);
   last_path_ = adam_step<Options, State>(*this, kernels_, kDecoupled, device_steps_);
+  train::detail::note_optimizer_step();
   return loss;
 }
 
@@ -353,6 +354,7 @@ bool AdamFamily<LibTorchAdam, Options, State, kDecoupled>::step_unless_inf(
     return false;
   }
   last_path_ = Kernels::kFused;
+  train::detail::note_optimizer_step();
   return true;
 }
 

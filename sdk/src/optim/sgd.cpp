@@ -169,6 +169,7 @@ torch::Tensor SGD::step(LossClosure closure) {
   } else {
     last_path_ = fused_tensors > other_tensors ? Kernels::kFused : Kernels::kForeach;
   }
+  train::detail::note_optimizer_step();
   return loss;
 }
 
@@ -199,6 +200,7 @@ bool SGD::step_unless_inf(const torch::Tensor& grad_scale, const torch::Tensor& 
     }
   }
   last_path_ = Kernels::kFused;
+  train::detail::note_optimizer_step();
   return true;
 }
 

@@ -1,74 +1,33 @@
 // A replacement catches up from a peer (docs/design.md, "A replacement catches
 // up"). A rank started in place of a lost one joins the group in its first
 // prepare_model, which the others form with it at their next step boundary
-// (the top of a training batch, no gradients accumulated): the models'
-// parameters and buffers come from the group's first rank as they do at any
-// prepare_model, then the Trainer's state, in memory over the group: the
+// (the top of a training batch, no gradients accumulated): the SDK's state
+// and the models' parameters and buffers come from the group's first rank
+// (core/catch_up.cpp), then the Trainer's state, in memory over the group: the
 // loop's position, the optimizer's and scheduler's state, the callbacks', the
 // synchronised steps counted, and a seed for the replacement's generators.
 // Nothing is read from storage.
 
 #include <train/trainer.h>
 
-#include <ATen/Context.h>
 #include <torch/torch.h>
 
 #include <iostream>
-#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
+#include "core/catch_up.h"
 #include "core/host.h"
 #include "ddp/reducer.h"
 #include "trainer/trainer_fit.h"
 
 namespace train {
-namespace {
-
-// `bytes` of the group's first rank on every rank of `membership`: its size,
-// then its bytes. A rank lost meanwhile ends the catch-up: the controller
-// restarts the group.
-std::string broadcast_bytes(const detail::Membership& membership, std::string bytes) {
-  auto broadcast = [&](torch::Tensor tensor) {
-    std::vector<torch::Tensor> tensors{std::move(tensor)};
-    c10d::BroadcastOptions options;
-    options.rootRank = 0;
-    auto work = membership.group->broadcast(tensors, options);
-    if (!detail::wait_unless_group_ended(*work, membership.generation)) {
-      throw std::runtime_error("a rank was lost while a replacement caught up");
-    }
-  };
-  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
-  broadcast(size);
-  bytes.resize(static_cast<size_t>(size.item<int64_t>()));
-  broadcast(torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8));
-  return bytes;
-}
-
-// The CPU generator's state as one number (FNV-1a of its bytes).
-uint64_t generator_digest() {
-  auto generator = at::globalContext().defaultGenerator(torch::kCPU);
-  torch::Tensor state;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    state = generator.get_state();
-  }
-  uint64_t hash = 14695981039346656037ULL;
-  const auto* bytes = state.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < state.numel(); ++i) {
-    hash = (hash ^ bytes[i]) * 1099511628211ULL;
-  }
-  return hash;
-}
 
 using detail::read_int;
 using detail::write_int;
 
-}  // namespace
-
 void Trainer::Fit::take_replacement(Trainer& trainer) {
-  auto membership = detail::join_group();
-  detail::replicate_to_replacement(*membership.group);
+  detail::hand_over_to_replacement(/*position=*/nullptr);
   exchange_state(trainer, /*replacement=*/false);
 }
 
@@ -90,7 +49,7 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
     optimizer->save(optimizer_state);
     state.write("optimizer", optimizer_state);
     write_int(state, "synchronised_steps", detail::synchronised_steps());
-    write_int(state, "seed", static_cast<int64_t>(generator_digest() >> 1));
+    write_int(state, "seed", static_cast<int64_t>(detail::generator_digest() >> 1));
     write_int(state, "rank", context.world_rank());
     write_int(state, "models", static_cast<int64_t>(detail::prepared_model_count()));
     state.write("setup", c10::IValue(setup_text(trainer)));
@@ -111,7 +70,7 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
     state.save_to(out);
     bytes = out.str();
   }
-  bytes = broadcast_bytes(membership, std::move(bytes));
+  bytes = detail::broadcast_bytes(membership, std::move(bytes));
   if (!replacement) return;
   std::istringstream in(bytes);
   torch::serialize::InputArchive state;
@@ -160,9 +119,8 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
   detail::set_synchronised_steps(read_int(state, "synchronised_steps"));
   // Its own generators, not a copy of the first rank's (dropout masks would
   // repeat its), derived from them and this rank.
-  const auto seed = static_cast<uint64_t>(read_int(state, "seed")) ^
-                    (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(context.world_rank() + 1));
-  torch::manual_seed(seed >> 1);
+  torch::manual_seed(detail::replacement_seed(static_cast<uint64_t>(read_int(state, "seed")),
+                                              context.world_rank()));
   std::cout << "train::Trainer: rank " << context.world_rank() << " caught up from rank " << from
             << " at epoch " << epoch << ", batch " << batch << " (step " << global_step << ")"
             << std::endl;

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "core/catch_up.h"
 #include "core/collectives.h"
 #include "trainer/metric_log.h"
 
@@ -26,9 +27,6 @@ namespace detail {
 /// every character but letters and digits as '_' (archive keys are
 /// TorchScript attribute names).
 std::string callback_archive_key(const std::string& state_key);
-/// A number in an archive of the Trainer's state (a 0-d long tensor).
-void write_int(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value);
-int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key);
 }  // namespace detail
 
 struct Trainer::Fit {

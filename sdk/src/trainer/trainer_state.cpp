@@ -61,17 +61,6 @@ std::filesystem::path required(const Checkpoint& checkpoint, const char* file) {
 
 }  // namespace
 
-void detail::write_int(torch::serialize::OutputArchive& archive, const std::string& key,
-                       int64_t value) {
-  archive.write(key, torch::tensor(value, torch::kLong), /*is_buffer=*/true);
-}
-
-int64_t detail::read_int(torch::serialize::InputArchive& archive, const std::string& key) {
-  torch::Tensor t;
-  archive.read(key, t, /*is_buffer=*/true);
-  return t.item<int64_t>();
-}
-
 std::string detail::callback_archive_key(const std::string& state_key) {
   std::string key = "callback_";
   for (unsigned char c : state_key) key += std::isalnum(c) ? static_cast<char>(c) : '_';

@@ -1,0 +1,300 @@
+// What a replacement gets from its peers besides the models (docs/design.md,
+// "A replacement catches up"), and the step boundary of a loop over a
+// loader's epochs(). The group's first rank sends one archive over the new
+// group right after it forms, before the models' parameters: the synchronised
+// steps counted, a seed, and from such a loop its position and the state of
+// every optimizer known to the SDK. The replacement takes it in its first
+// prepare_model and applies the loop's part when its own loop begins, after
+// the train function built its optimizers (and perhaps loaded a checkpoint
+// into them, which the peer's state then overrides).
+
+#include "core/catch_up.h"
+
+#include <train/context.h>
+#include <train/data.h>
+#include <train/optim.h>
+
+#include <ATen/Context.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "ddp/reducer.h"
+
+namespace train {
+namespace detail {
+namespace {
+
+// Optimizers known to the SDK, in the order they became known. Built and
+// destroyed on any thread (tests build them outside a train function).
+std::mutex g_known_mutex;
+std::vector<torch::optim::Optimizer*> g_known;
+
+std::atomic<int64_t> g_optimizer_steps{0};
+
+// Taken at the first synchronised backward after a vote said that a
+// replacement joins, in a loop over epochs(): the optimizer steps counted and
+// copies of the prepared parameters. A batch boundary where neither changed
+// since still holds that backward's gradients, which no optimizer used.
+struct Synchronised {
+  uint64_t serial = 0;
+  int64_t optimizer_steps = 0;
+  std::vector<torch::Tensor> parameters;
+};
+std::optional<Synchronised> g_synchronised;
+
+// What a replacement took from its peer, until its loop begins.
+struct Received {
+  uint64_t serial = 0;
+  int64_t from = 0;  // the sender's world rank
+  uint64_t seed = 0;
+  std::optional<LoopPosition> position;  // sent from a loop over epochs()
+  std::vector<std::string> optimizers;   // each one's saved archive
+};
+std::optional<Received> g_received;
+
+// The loop over epochs() running on the entry `serial`, if any.
+uint64_t g_loop_serial = 0;
+
+std::vector<torch::optim::Optimizer*> known_optimizers() {
+  std::lock_guard<std::mutex> lock(g_known_mutex);
+  return g_known;
+}
+
+std::string saved(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+std::string rank_name() { return "rank " + std::to_string(get_context().world_rank()); }
+
+}  // namespace
+
+void write_int(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value) {
+  archive.write(key, torch::tensor(value, torch::kLong), /*is_buffer=*/true);
+}
+
+int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
+  torch::Tensor t;
+  archive.read(key, t, /*is_buffer=*/true);
+  return t.item<int64_t>();
+}
+
+std::string broadcast_bytes(const Membership& membership, std::string bytes) {
+  auto broadcast = [&](torch::Tensor tensor) {
+    std::vector<torch::Tensor> tensors{std::move(tensor)};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    auto work = membership.group->broadcast(tensors, options);
+    if (!wait_unless_group_ended(*work, membership.generation)) {
+      throw std::runtime_error("a rank was lost while a replacement caught up");
+    }
+  };
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
+  broadcast(size);
+  const int64_t length = size.item<int64_t>();
+  if (length < 0) throw std::runtime_error("a replacement's state of negative size");
+  bytes.resize(static_cast<size_t>(length));
+  broadcast(torch::from_blob(bytes.data(), {length}, torch::kUInt8));
+  return bytes;
+}
+
+uint64_t generator_digest() {
+  auto generator = at::globalContext().defaultGenerator(torch::kCPU);
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  uint64_t hash = 14695981039346656037ULL;  // FNV-1a
+  const auto* bytes = state.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < state.numel(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ULL;
+  return hash;
+}
+
+uint64_t replacement_seed(uint64_t digest, int rank) {
+  return (digest ^ (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank + 1))) >> 1;
+}
+
+Membership hand_over_to_replacement(const LoopPosition* position) {
+  auto membership = join_group();
+  std::string bytes;
+  if (membership.group->getRank() == 0) {
+    torch::serialize::OutputArchive state;
+    write_int(state, "rank", get_context().world_rank());
+    write_int(state, "synchronised_steps", synchronised_steps());
+    write_int(state, "seed", static_cast<int64_t>(generator_digest() >> 1));
+    write_int(state, "loop", position != nullptr ? 1 : 0);
+    if (position != nullptr) {
+      write_int(state, "epoch", position->epoch);
+      write_int(state, "batch", position->batch);
+      const auto optimizers = known_optimizers();
+      write_int(state, "optimizers", static_cast<int64_t>(optimizers.size()));
+      for (size_t i = 0; i < optimizers.size(); ++i) {
+        const auto bytes = saved(*optimizers[i]);
+        state.write("optimizer_" + std::to_string(i),
+                    torch::from_blob(const_cast<char*>(bytes.data()),
+                                     {static_cast<int64_t>(bytes.size())}, torch::kUInt8)
+                        .clone(),
+                    /*is_buffer=*/true);
+      }
+    }
+    std::ostringstream out;
+    state.save_to(out);
+    bytes = out.str();
+  }
+  broadcast_bytes(membership, std::move(bytes));
+  replicate_to_replacement(*membership.group);
+  return membership;
+}
+
+Membership join_as_replacement() {
+  auto membership = join_group();
+  const auto bytes = broadcast_bytes(membership, {});
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive state;
+  state.load_from(in, torch::Device(torch::kCPU));
+  Received received;
+  received.serial = entry_serial();
+  received.from = read_int(state, "rank");
+  received.seed = static_cast<uint64_t>(read_int(state, "seed"));
+  set_synchronised_steps(read_int(state, "synchronised_steps"));
+  if (read_int(state, "loop") != 0) {
+    received.position = LoopPosition{read_int(state, "epoch"), read_int(state, "batch")};
+    const int64_t count = read_int(state, "optimizers");
+    for (int64_t i = 0; i < count; ++i) {
+      torch::Tensor saved;
+      state.read("optimizer_" + std::to_string(i), saved, /*is_buffer=*/true);
+      saved = saved.contiguous();
+      received.optimizers.emplace_back(static_cast<const char*>(saved.data_ptr()),
+                                       static_cast<size_t>(saved.numel()));
+    }
+  }
+  g_received = std::move(received);
+  return membership;
+}
+
+bool catching_up() {
+  return joining() ||
+         (g_received && g_received->serial == entry_serial() && g_received->position.has_value());
+}
+
+void note_synchronised_backward() {
+  if (!join_due() || g_loop_serial != entry_serial()) return;
+  if (g_synchronised && g_synchronised->serial == entry_serial()) return;
+  Synchronised synchronised{entry_serial(), g_optimizer_steps.load(), {}};
+  for (const auto& parameter : prepared_parameters()) {
+    synchronised.parameters.push_back(parameter.detach().clone());
+  }
+  g_synchronised = std::move(synchronised);
+}
+
+bool gradients_pending() {
+  if (gradients_accumulated()) return true;
+  if (!g_synchronised || g_synchronised->serial != entry_serial()) return false;
+  if (g_synchronised->optimizer_steps != g_optimizer_steps.load()) return false;
+  // LibTorch's own optimizers update `p.data()`, whose version counter is
+  // not the parameter's: the values tell.
+  const auto parameters = prepared_parameters();
+  if (parameters.size() != g_synchronised->parameters.size()) return false;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!torch::equal(parameters[i].detach(), g_synchronised->parameters[i])) return false;
+  }
+  return true;
+}
+
+void note_optimizer_step() { ++g_optimizer_steps; }
+
+c10::optional<std::pair<size_t, size_t>> begin_epochs_loop(bool resumable) {
+  if (!recovers_in_place()) return c10::nullopt;
+  if (joining()) {
+    throw std::runtime_error(
+        "train: " + rank_name() +
+        " replaces a lost rank and began its loop over loader.epochs() before prepare_model: a "
+        "replacement joins its group in its first prepare_model, before its loop");
+  }
+  g_loop_serial = entry_serial();
+  const auto optimizers = known_optimizers();
+  std::string why_not;
+  if (optimizers.empty()) {
+    why_not = "no optimizer is known to the SDK (a train::optim one, or train::register_optimizer)";
+  } else if (!resumable) {
+    why_not = "its loader's sampler cannot start an epoch part-way (it has no resume)";
+  }
+  if (!why_not.empty()) {
+    if (leads_group()) {
+      std::cout << "train: this loop over loader.epochs() takes no replacement for a lost rank: "
+                << why_not << std::endl;
+    }
+    declare_joinable(false);
+  } else {
+    declare_joinable(true);
+  }
+  if (!g_received || g_received->serial != entry_serial() || !g_received->position) {
+    return c10::nullopt;
+  }
+  auto received = std::move(*g_received);
+  g_received.reset();
+  if (received.optimizers.size() != optimizers.size()) {
+    throw std::runtime_error(
+        "train: " + rank_name() + " replaces a lost rank, and knows " +
+        std::to_string(optimizers.size()) + " optimizers at its loop over loader.epochs(), rank " +
+        std::to_string(received.from) + " " + std::to_string(received.optimizers.size()) +
+        ": every rank must build the same optimizers before its loop");
+  }
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    std::istringstream in(received.optimizers[i]);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in, get_context().device());
+    optimizers[i]->load(archive);
+  }
+  torch::manual_seed(replacement_seed(received.seed, get_context().world_rank()));
+  const auto& position = *received.position;
+  if (position.epoch < 0 || position.batch < 0) {
+    throw std::runtime_error(
+        "train: rank " + std::to_string(received.from) + " sent an impossible position (epoch " +
+        std::to_string(position.epoch) + ", batch " + std::to_string(position.batch) + ")");
+  }
+  std::cout << "train: " << rank_name() << " caught up from rank " << received.from << " at epoch "
+            << position.epoch << ", batch " << position.batch << std::endl;
+  return std::make_pair(static_cast<size_t>(position.epoch), static_cast<size_t>(position.batch));
+}
+
+void epochs_loop_boundary(size_t epoch, size_t next) {
+  if (!join_due() || g_loop_serial != entry_serial() || gradients_pending()) return;
+  const LoopPosition position{static_cast<int64_t>(epoch), static_cast<int64_t>(next)};
+  g_synchronised.reset();
+  hand_over_to_replacement(&position);
+}
+
+void end_epochs_loop() {
+  if (g_loop_serial != entry_serial()) return;
+  g_loop_serial = 0;
+  g_synchronised.reset();
+  declare_joinable(false);  // no step boundary follows
+}
+
+}  // namespace detail
+
+KnownOptimizer::KnownOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(&optimizer) {
+  std::lock_guard<std::mutex> lock(detail::g_known_mutex);
+  detail::g_known.push_back(optimizer_);
+}
+
+KnownOptimizer::~KnownOptimizer() {
+  std::lock_guard<std::mutex> lock(detail::g_known_mutex);
+  auto& known = detail::g_known;
+  known.erase(std::remove(known.begin(), known.end(), optimizer_), known.end());
+}
+
+}  // namespace train
