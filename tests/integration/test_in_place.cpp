@@ -49,7 +49,8 @@ TEST_CASE("a rank killed mid-step: the others go on in place, every step applied
   CHECK(run.output.find("was killed by SIGKILL (Killed): the other 2 go on in place at step 15") !=
         std::string::npos);
   CHECK(run.output.find("attempt 2") == std::string::npos);  // no restart
-  // A raw loop gets no replacement: nothing of its state is the SDK's to send.
+  // A loop of its own, not over loader.epochs(), gets no replacement: the SDK
+  // cannot start it part-way.
   CHECK(run.output.find("no replacement for rank 1 (rank 0's train function does not take one at "
                         "its step boundaries (train::Trainer's and a loop over loader.epochs() "
                         "with a known optimizer do)): the group goes on with 2 "
@@ -366,4 +367,89 @@ TEST_CASE(
   REQUIRE(rank0.size() > 1);
   CHECK(rank0 == rank_file(out, 1));
   CHECK(rank0 == rank_file(out, 2));
+}
+
+namespace {
+
+// Runs the `epochs_loop` entry on 3 workers, rank 1 killed in the backward of
+// its 12th step, with `args`, writing into <sandbox>/out.
+RunOutput run_epochs_loop(const Sandbox& box, const std::string& args) {
+  auto out = box.root() / "out";
+  std::filesystem::create_directories(out);
+  return box.run(std::string("--plugin '") + DDP_PLUGIN +
+                 "' --entry epochs_loop -n 3 --name e --recovery in-place --max-failures 1" +
+                 " --config kill_rank=1 --config kill_step=12 --config marker=" +
+                 (box.root() / "killed").string() + " --config out=" + out.string() + " " + args);
+}
+
+// Every rank's parameters (rank_file's lines after the first two).
+std::vector<std::string> parameters_of(const std::vector<std::string>& lines) {
+  return lines.size() > 2 ? std::vector<std::string>(lines.begin() + 2, lines.end())
+                          : std::vector<std::string>{};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a loop of its own over loader.epochs() takes a replacement, which starts at the survivors' "
+    "batch with their optimizer's state") {
+  // train::optim's optimizers are known from construction; torch::optim's
+  // once registered (and they update p.data(), whose version is not the
+  // parameter's: the boundary is found from the values).
+  for (const std::string optimizer : {"train", "registered"}) {
+    CAPTURE(optimizer);
+    Sandbox box;
+    auto out = box.root() / "out";
+    auto run = run_epochs_loop(box, "--config optimizer=" + optimizer);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+    CHECK(run.output.find("train: rank 1 caught up from rank 0 at epoch 1, batch ") !=
+          std::string::npos);
+    CHECK(run.output.find("rank 1's replacement caught up: 3 ranks applied step") !=
+          std::string::npos);
+    // 3 epochs of 10 batches: the survivors applied all 30 steps, as an
+    // undisturbed run does; the replacement the ones after its first batch;
+    // and the 3 end with the same parameters to the last bit (each report
+    // after the join checked that too).
+    auto rank0 = rank_file(out, 0);
+    auto rank1 = rank_file(out, 1);
+    REQUIRE(rank0.size() > 2);
+    REQUIRE(rank1.size() > 2);
+    CHECK(rank0[0] == "30");
+    CHECK(rank_file(out, 2) == rank0);
+    CHECK(std::stoi(rank1[1]) >= 12);
+    CHECK(std::stoi(rank1[0]) + std::stoi(rank1[1]) == 30);
+    CHECK(parameters_of(rank1) == parameters_of(rank0));
+    auto dir = box.run_dir("e");
+    auto reports = read_reports(dir / "result.jsonl");
+    REQUIRE(reports.size() == 3);
+    CHECK(reports.back()["metrics"]["applied"] == 30);
+    auto info = read_json(dir / "run.json");
+    REQUIRE(info["attempts"].size() == 1);
+    REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+    CHECK(info["attempts"][0]["recoveries"][0]["replacement_pid"].get<int64_t>() > 0);
+    CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
+  }
+}
+
+TEST_CASE(
+    "a loop over loader.epochs() whose optimizer the SDK does not know takes no replacement, and "
+    "says why") {
+  Sandbox box;
+  auto out = box.root() / "out";
+  auto run = run_epochs_loop(box, "--config optimizer=unknown --config await_replacement=false");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("train: this loop over loader.epochs() takes no replacement for a lost "
+                        "rank: no optimizer is known to the SDK (a train::optim one, or "
+                        "train::register_optimizer)") != std::string::npos);
+  CHECK(run.output.find("no replacement for rank 1 (rank 0's train function does not take one") !=
+        std::string::npos);
+  CHECK(run.output.find("caught up") == std::string::npos);
+  auto rank0 = rank_file(out, 0);
+  REQUIRE(rank0.size() > 2);
+  CHECK(rank0[0] == "30");
+  CHECK(rank_file(out, 2) == rank0);
+  CHECK_FALSE(std::filesystem::exists(out / "rank1.txt"));
 }

@@ -188,3 +188,44 @@ TEST_CASE("max_batches ends each epoch after that many batches, the first ones, 
   for (auto& batch : more) batches += batch.data.size(0) > 0;
   CHECK(batches == 3);
 }
+
+TEST_CASE(
+    "epochs(): each epoch set before its batches, as set_epoch in a loop; batches_done counts") {
+  auto data = torch::arange(24).reshape({24, 1});
+  auto target = torch::arange(24);
+  const auto options = train::LoaderOptions().batch_size(4).progress(false);
+  auto loader = [&] {
+    return train::DataLoader<train::TensorDataset>(
+        train::TensorDataset(data, target),
+        train::DistributedSampler(24, rank_of(0, 2), true, true, 7), options, torch::kCPU);
+  };
+  auto by_hand = loader();
+  auto by_epochs = loader();
+  std::vector<size_t> seen;
+  for (size_t epoch : by_epochs.epochs(1, 4)) {
+    seen.push_back(epoch);
+    by_hand.set_epoch(epoch);
+    std::vector<torch::Tensor> expected;
+    for (auto& batch : by_hand) expected.push_back(batch.data);
+    REQUIRE(expected.size() == 3);
+    size_t i = 0;
+    for (auto& batch : by_epochs) {
+      CHECK(by_epochs.batches_done() == i);  // the index of the batch being trained
+      REQUIRE(i < expected.size());
+      CHECK(torch::equal(batch.data, expected[i++]));
+    }
+    CHECK(by_epochs.batches_done() == 3);
+  }
+  CHECK(seen == std::vector<size_t>{1, 2, 3});
+  // Resumed part-way, the count starts at the batches skipped.
+  by_hand.set_epoch(5);
+  CHECK(by_hand.resume(2));
+  size_t batches = 0;
+  for (auto& batch : by_hand) batches += batch.data.size(0) > 0;
+  CHECK(batches == 1);
+  CHECK(by_hand.batches_done() == 3);
+  // An empty range runs no epoch.
+  size_t none = 0;
+  for (size_t epoch : by_epochs.epochs(2, 2)) none += epoch + 1;
+  CHECK(none == 0);
+}
