@@ -39,20 +39,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Sums each value across ranks.
+// Sums each value across ranks, with train::all_reduce rather than
+// process_group()'s allreduce: it survives a lost rank (--recovery in-place).
 std::vector<double> sum_across_ranks(std::vector<double> values) {
   auto tensor = torch::tensor(values, torch::kFloat64);
-  std::vector<torch::Tensor> buffer{tensor};
-  train::process_group()->allreduce(buffer)->wait();
+  train::all_reduce(tensor);
   return {tensor.data_ptr<double>(), tensor.data_ptr<double>() + tensor.numel()};
 }
 
 double max_across_ranks(double value) {
-  std::vector<torch::Tensor> buffer{torch::tensor({value}, torch::kFloat64)};
-  c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::MAX;
-  train::process_group()->allreduce(buffer, options)->wait();
-  return buffer[0].item<double>();
+  auto tensor = torch::tensor({value}, torch::kFloat64);
+  train::all_reduce(tensor, c10d::ReduceOp::MAX);
+  return tensor.item<double>();
 }
 
 double peak_rss_mb() {
@@ -143,8 +141,12 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
               << ctx.device() << ", Adam " << train::optim::to_string(optimizer.kernels())
               << std::endl;
   }
-  for (int epoch = run.first_epoch; epoch < run.epochs; ++epoch) {
-    loader.set_epoch(static_cast<size_t>(epoch));
+  // Over the loader's epochs: with --recovery in-place, a replacement for a
+  // lost rank starts at the others' epoch and batch (its run.first_epoch is
+  // the checkpoint's), with their model and Adam state.
+  for (size_t loop_epoch : loader.epochs(static_cast<size_t>(std::max(run.first_epoch, 0)),
+                                         static_cast<size_t>(std::max(run.epochs, 0)))) {
+    const int epoch = static_cast<int>(loop_epoch);
     double loss_sum = 0, loss_count = 0, timed_samples = 0;
     int step = 0;
     Clock::time_point timed_start;

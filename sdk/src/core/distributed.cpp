@@ -1,5 +1,6 @@
 #include <train/distributed.h>
 
+#include "core/collectives.h"
 #include "core/host.h"
 
 namespace train {
@@ -10,6 +11,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> process_group() {
   if (auto membership = detail::current_membership(); membership.group) return membership.group;
   auto* group = static_cast<c10d::ProcessGroup*>(host.process_group);
   return c10::intrusive_ptr<c10d::ProcessGroup>::unsafe_reclaim_from_nonowning(group);
+}
+
+void all_reduce(torch::Tensor& tensor, c10d::ReduceOp op) {
+  detail::current_host("train::all_reduce");
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  detail::allreduce_surviving(tensor, options);
 }
 
 }  // namespace train
