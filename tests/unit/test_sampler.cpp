@@ -190,7 +190,8 @@ TEST_CASE("max_batches ends each epoch after that many batches, the first ones, 
 }
 
 TEST_CASE(
-    "epochs(): each epoch set before its batches, as set_epoch in a loop; batches_done counts") {
+    "epochs(): each epoch set before its batches, as set_epoch in a loop, and batches_done "
+    "counts") {
   auto data = torch::arange(24).reshape({24, 1});
   auto target = torch::arange(24);
   const auto options = train::LoaderOptions().batch_size(4).progress(false);

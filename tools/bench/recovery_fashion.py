@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """What a failure costs a real training: FashionMNIST on ResNet-18, killed and recovered.
 
-examples/lightning_fashion_mnist (train::Trainer, Adam 1e-3) on 3 workers of
-this host: EPOCHS epochs of --batches batches of 32 per rank, a checkpoint at
-each epoch's end, validated on --val-batches batches per rank of the test set.
+examples/lightning_fashion_mnist (train::Trainer, Adam 1e-3), or with --loop own
+plugins/fashion_mnist (a loop of its own over loader.epochs(), train::optim's
+Adam 1e-3), on 3 workers of this host: EPOCHS epochs of --batches batches of 32
+per rank, a checkpoint at each epoch's end, validated on --val-batches batches
+per rank of the test set.
 Each round runs it four ways, in turn:
   undisturbed;
   undisturbed with --recovery in-place (what its per-step vote costs);
@@ -17,7 +19,7 @@ from the kill to the survivors' next step, the replacement's catch-up time
 (kill to its first step with the group) and the final accuracy; then the
 in-place run's accuracy and time against the undisturbed run's.
 
-  tools/bench/recovery_fashion.py [--build build] [--rounds 1] [--batches 40]
+  tools/bench/recovery_fashion.py [--build build] [--rounds 1] [--batches 40] [--loop own]
 """
 import argparse
 import json
@@ -33,7 +35,7 @@ import threading
 import time
 
 EPOCHS = 2
-STEP_LINE = re.compile(r"^\[rank 0 [^\]]*\] epoch (\d+) step (\d+)/\d+:")
+STEP_LINE = re.compile(r"^\[rank 0 [^\]]*\] epoch (\d+) step (\d+)/\d+[: ]")
 
 
 def children_with_index(parent, index):
@@ -109,10 +111,16 @@ def main():
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--val-batches", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--loop", choices=["trainer", "own"], default="trainer")
     args = parser.parse_args()
     trainrun = os.path.join(args.build, "trainrun")
-    plugin = os.path.join(args.build, "examples", "lightning_fashion_mnist",
-                          "liblightning_fashion_mnist.so")
+    if args.loop == "trainer":
+        plugin = os.path.join(args.build, "examples", "lightning_fashion_mnist",
+                              "liblightning_fashion_mnist.so")
+        options = {"train_batches": args.batches, "val_batches": args.val_batches}
+    else:
+        plugin = os.path.join(args.build, "plugins", "fashion_mnist", "libfashion_mnist.so")
+        options = {"max_steps": args.batches, "eval_steps": args.val_batches}
     chooser = random.Random(args.seed)
     rows = {"undisturbed": [], "in-place, no kill": [], "restart": [], "in-place": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,9 +134,10 @@ def main():
                 kills = mode in ("restart", "in-place")
                 cmd = [trainrun, "--plugin", plugin, "-n", "3", "--name", name,
                        "--storage-path", results, "--cpus-per-worker", "1",
-                       "--config", f"epochs={EPOCHS}", "--config", f"train_batches={args.batches}",
-                       "--config", "batch_size=32", "--config", "log_every=1",
-                       "--config", f"val_batches={args.val_batches}"]
+                       "--config", f"epochs={EPOCHS}", "--config", "batch_size=32",
+                       "--config", "log_every=1"]
+                for key, value in options.items():
+                    cmd += ["--config", f"{key}={value}"]
                 if mode != "undisturbed":
                     cmd += ["--max-failures", "1", "--recovery", mode.split(",")[0]]
                 run_dir = os.path.join(results, name)
@@ -137,9 +146,13 @@ def main():
                     reports = [json.loads(line) for line in f if line.strip()]
                 with open(os.path.join(run_dir, "run.json")) as f:
                     info = json.load(f)
+                if args.loop == "trainer":
+                    steps = reports[-1]["metrics"]["step"]
+                else:  # rank 0's steps in each epoch, from the last report of each
+                    steps = sum({r["metrics"]["epoch"]: r["metrics"]["steps"]
+                                 for r in reports}.values())
                 row = {"seconds": seconds, "accuracy": reports[-1]["metrics"]["accuracy"],
-                       "steps": reports[-1]["metrics"]["step"], "twice": 0, "next": None,
-                       "caught_up": None}
+                       "steps": steps, "twice": 0, "next": None, "caught_up": None}
                 if mode == "restart":
                     epoch, step = steps_at(lines, killed)
                     # The restart resumes from epoch 0's checkpoint: the steps
@@ -159,7 +172,8 @@ def main():
         values = [r[key] for r in rows[mode] if r[key] is not None]
         return statistics.median(values) if values else float("nan")
 
-    print(f"FashionMNIST ResNet-18, 3 workers, {EPOCHS} epochs of {args.batches} batches "
+    loop = "train::Trainer" if args.loop == "trainer" else "a loop over loader.epochs()"
+    print(f"FashionMNIST ResNet-18 ({loop}), 3 workers, {EPOCHS} epochs of {args.batches} batches "
           f"(a checkpoint each), rank 1 killed -9 in epoch 1 (median of {args.rounds}):")
     for mode in rows:
         print(f"  {mode:17s} run {median(mode, 'seconds'):7.1f} s, optimizer steps "

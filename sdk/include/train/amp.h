@@ -33,6 +33,17 @@
 
 namespace train {
 
+namespace detail {
+/// Counts the live GradScalers: a loop over loader.epochs() takes no
+/// replacement while one lives (its scale is not sent to it).
+struct LiveScaler {
+  LiveScaler();
+  LiveScaler(const LiveScaler&);
+  LiveScaler& operator=(const LiveScaler&) = default;
+  ~LiveScaler();
+};
+}  // namespace detail
+
 /// Autocast for one device type for the lifetime of the object (Python's
 /// `with torch.autocast(device_type, dtype, enabled)`): ops that autocast
 /// knows run in `dtype` (matrix products, convolutions), the rest in float32.
@@ -154,6 +165,7 @@ class GradScaler {
   torch::Tensor scale_tensor_;    // float32 {1}, once on a device
   torch::Tensor tracker_tensor_;  // int32 {1}, beside it
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+  detail::LiveScaler live_;  // a replacement cannot be sent its state yet
 };
 
 /// What Ray Train's enable_reproducibility does, for LibTorch: seeds LibTorch's

@@ -83,12 +83,17 @@ class LoaderProgress {
 
 /// A loop over a loader's epochs() (docs/design.md, "A replacement catches
 /// up"). begin_epochs_loop: the loop starts, over a loader that can start an
-/// epoch part-way (`resumable`); on a replacement, it takes the state its
-/// peer sent and returns the epoch and batch it starts at. epochs_loop_boundary:
-/// the loop's loader finished a batch; `next` is the next one's index in
-/// `epoch`: a replacement due joins there, unless gradients wait for an
-/// optimizer. end_epochs_loop: the loop ended.
-c10::optional<std::pair<size_t, size_t>> begin_epochs_loop(bool resumable);
+/// epoch part-way (`resumable`); it returns whether it is the loop that takes
+/// replacements (with in-place recovery, the train function's first), and on
+/// a replacement, having taken the state its peer sent, the epoch and batch
+/// it starts at. epochs_loop_boundary: that loop's loader finished a batch;
+/// `next` is the next one's index in `epoch`: a replacement due joins there,
+/// unless gradients wait for an optimizer. end_epochs_loop: that loop ended.
+struct LoopStart {
+  bool takes_replacement = false;
+  c10::optional<std::pair<size_t, size_t>> at;
+};
+LoopStart begin_epochs_loop(bool resumable);
 void epochs_loop_boundary(size_t epoch, size_t next);
 void end_epochs_loop();
 
@@ -240,10 +245,13 @@ class DataLoader {
   using Pinned = torch::data::datasets::MapDataset<Stacked, detail::PinMemory>;
   using Inner = torch::data::StatelessDataLoader<Pinned, Sampler>;
   /// Where the loader is: the epoch begun last, and the index of the batch
-  /// after the last one finished; `driving`: a loop over epochs() runs.
+  /// after the last one finished. `armed`: a loop over epochs() that takes
+  /// replacements set an epoch, whose first pass (`driving`) has its batch
+  /// boundaries; another pass over the loader in the same epoch has none.
   struct Position {
     size_t epoch = 0;
     size_t next = 0;
+    bool armed = false;
     bool driving = false;
   };
 
@@ -310,8 +318,7 @@ class DataLoader {
     /// `limit`: the batches it yields at most (none: no limit).
     /// `position`: the loader's, which operator++ moves on.
     Iterator(InnerIterator it, c10::Device device, Position* position,
-             detail::LoaderProgress* progress = nullptr,
-             c10::optional<size_t> limit = c10::nullopt)
+             detail::LoaderProgress* progress = nullptr, c10::optional<size_t> limit = c10::nullopt)
         : it_(std::move(it)),
           device_(device),
           progress_(progress),
@@ -367,13 +374,16 @@ class DataLoader {
   ///     for (auto& batch : loader) { ... }
   ///   }
   ///
-  /// With --recovery in-place, a loop written so takes a replacement for a
-  /// lost rank at a batch boundary, when its optimizer is known to the SDK
-  /// (train::optim's, or train::register_optimizer): the replacement's loop
-  /// starts at the survivors' epoch and next batch, whatever its `first`,
-  /// with their parameters and optimizer state (docs/fault-tolerance.md,
-  /// "Replacements in your own loop"). Otherwise the same as setting each
-  /// epoch in a loop of your own.
+  /// With --recovery in-place, the train function's first loop written so
+  /// takes a replacement for a lost rank at a boundary between the batches of
+  /// each epoch's first pass over this loader, when its optimizer is known to
+  /// the SDK (train::optim's, or train::register_optimizer): the
+  /// replacement's loop starts at the survivors' epoch, whatever its `first`,
+  /// runs that epoch's body from its top (which must make no collective before
+  /// the batches), and its loader starts at their next batch, with their
+  /// parameters and optimizer state (docs/fault-tolerance.md, "Replacements
+  /// in your own loop"). Otherwise the same as setting each epoch in a loop of
+  /// your own.
   class Epochs {
    public:
     class Iterator {
@@ -381,7 +391,7 @@ class DataLoader {
       Iterator(Epochs* epochs, size_t epoch) : epochs_(epochs), epoch_(epoch) {}
       size_t operator*() const { return epoch_; }
       Iterator& operator++() {
-        if (++epoch_ < epochs_->end_) epochs_->loader_->set_epoch(epoch_);
+        if (++epoch_ < epochs_->end_) epochs_->set(epoch_);
         return *this;
       }
       bool operator!=(const Iterator& other) const { return epoch_ < other.epoch_; }
@@ -394,28 +404,32 @@ class DataLoader {
     Epochs(DataLoader* loader, size_t first, size_t end)
         : loader_(loader), first_(first), end_(end) {}
     ~Epochs() {
-      if (!begun_) return;
-      loader_->position_.driving = false;
+      if (!driving_) return;
+      loader_->position_.armed = loader_->position_.driving = false;
       detail::end_epochs_loop();
     }
     Epochs(const Epochs&) = delete;
     Epochs& operator=(const Epochs&) = delete;
 
     Iterator begin() {
-      begun_ = true;
-      loader_->position_.driving = true;
       auto start = detail::begin_epochs_loop(has_resume<Sampler>::value);
-      const size_t first = start ? start->first : first_;
-      if (first < end_) loader_->set_epoch(first);
-      if (start && start->second > 0) loader_->resume(start->second);
+      driving_ = start.takes_replacement;
+      const size_t first = start.at ? start.at->first : first_;
+      if (first < end_) set(first);
+      if (start.at && start.at->second > 0) loader_->resume(start.at->second);
       return Iterator(this, first);
     }
     Iterator end() { return Iterator(this, end_); }
 
    private:
+    void set(size_t epoch) {
+      loader_->set_epoch(epoch);
+      loader_->position_.armed = driving_;
+    }
+
     DataLoader* loader_;
     size_t first_, end_;
-    bool begun_ = false;
+    bool driving_ = false;  // this loop takes replacements
   };
 
   /// See Epochs.
@@ -447,6 +461,7 @@ class DataLoader {
     }
     position_.epoch = static_cast<size_t>(std::max<int64_t>(epoch_, 0));
     position_.next = resumed_;
+    position_.driving = std::exchange(position_.armed, false);
     resumed_ = 0;
     return Iterator(inner_->begin(), device_, &position_, shown, limit);
   }
@@ -503,7 +518,7 @@ class DataLoader {
   std::shared_ptr<detail::LoaderProgress> progress_;  // with LoaderOptions::progress
   int64_t epoch_ = -1;                                // set_epoch's; -1: never set
   int64_t batches_ = -1;                              // per epoch, once counted
-  size_t resumed_ = 0;    // batches resume() skipped in the epoch begin() starts next
+  size_t resumed_ = 0;  // batches resume() skipped in the epoch begin() starts next
   Position position_;
 };
 

@@ -34,19 +34,22 @@
 namespace train {
 
 /// While alive, makes `optimizer` known to the SDK (a torch::optim optimizer,
-/// or one of your own deriving from torch::optim::Optimizer): a replacement of
-/// a lost rank then gets its state from a peer (docs/fault-tolerance.md,
+/// or one of your own deriving from torch::optim::Optimizer that overrides
+/// save() and load(), whose base versions write nothing): a replacement of a
+/// lost rank then gets its state from a peer (docs/fault-tolerance.md,
 /// "Replacements in your own loop"). train::optim's optimizers are known from
 /// construction to destruction; others, from register_optimizer until the
 /// handle it returns is destroyed: keep the handle beside the optimizer.
 /// Known optimizers are sent in the order they became known, as save() writes
-/// them. Not movable: the optimizer is known by its address.
+/// them. The handle is not movable: the optimizer is known by its address.
 ///
 ///   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 ///   auto known = train::register_optimizer(optimizer);
 class [[nodiscard]] KnownOptimizer {
  public:
   explicit KnownOptimizer(torch::optim::Optimizer& optimizer);
+  /// Makes `optimizer` known in `moved`'s place (an optimizer moved to it).
+  KnownOptimizer(torch::optim::Optimizer& optimizer, KnownOptimizer& moved);
   ~KnownOptimizer();
   KnownOptimizer(const KnownOptimizer&) = delete;
   KnownOptimizer& operator=(const KnownOptimizer&) = delete;
@@ -137,6 +140,11 @@ class SGD : public torch::optim::SGD, public AmpStep {
                Kernels kernels = Kernels::kAuto);
   explicit SGD(std::vector<torch::Tensor> params, SGDOptions defaults,
                Kernels kernels = Kernels::kAuto);
+  SGD(SGD&& other)
+      : torch::optim::SGD(std::move(other)),
+        kernels_(other.kernels_),
+        last_path_(other.last_path_),
+        known_(*this, other.known_) {}
 
   /// One update of every parameter that has a gradient; a sparse gradient
   /// (an embedding's) is taken one tensor at a time, as torch::optim::SGD
@@ -168,6 +176,12 @@ class AdamFamily : public LibTorchAdam, public AmpStep {
                       Options defaults = {}, Kernels kernels = Kernels::kAuto);
   explicit AdamFamily(std::vector<torch::Tensor> params, Options defaults = {},
                       Kernels kernels = Kernels::kAuto);
+  AdamFamily(AdamFamily&& other)
+      : LibTorchAdam(std::move(other)),
+        kernels_(other.kernels_),
+        last_path_(other.last_path_),
+        device_steps_(std::move(other.device_steps_)),
+        known_(*this, other.known_) {}
 
   /// One update of every parameter that has a gradient. Throws c10::Error for
   /// a sparse gradient.

@@ -10,6 +10,7 @@
 
 #include "core/catch_up.h"
 
+#include <train/amp.h>
 #include <train/context.h>
 #include <train/data.h>
 #include <train/optim.h>
@@ -33,16 +34,25 @@ namespace detail {
 namespace {
 
 // Optimizers known to the SDK, in the order they became known. Built and
-// destroyed on any thread (tests build them outside a train function).
-std::mutex g_known_mutex;
-std::vector<torch::optim::Optimizer*> g_known;
+// destroyed on any thread (tests build them outside a train function), and
+// perhaps at exit: never destroyed themselves.
+std::mutex& known_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+std::vector<torch::optim::Optimizer*>& known() {
+  static auto* optimizers = new std::vector<torch::optim::Optimizer*>;
+  return *optimizers;
+}
 
 std::atomic<int64_t> g_optimizer_steps{0};
+std::atomic<int64_t> g_live_scalers{0};
 
-// Taken at the first synchronised backward after a vote said that a
-// replacement joins, in a loop over epochs(): the optimizer steps counted and
-// copies of the prepared parameters. A batch boundary where neither changed
-// since still holds that backward's gradients, which no optimizer used.
+// Taken when a vote said that a replacement joins, in a loop over epochs()
+// (the vote of a backward, or of any other collective the SDK votes on): the
+// optimizer steps counted and copies of the prepared parameters. A batch
+// boundary where neither changed since still holds gradients no optimizer
+// used.
 struct Synchronised {
   uint64_t serial = 0;
   int64_t optimizer_steps = 0;
@@ -55,17 +65,24 @@ struct Received {
   uint64_t serial = 0;
   int64_t from = 0;  // the sender's world rank
   uint64_t seed = 0;
-  std::optional<LoopPosition> position;  // sent from a loop over epochs()
-  std::vector<std::string> optimizers;   // each one's saved archive
+  std::optional<LoopPosition> position;   // sent from a loop over epochs()
+  std::vector<std::string> optimizers;    // each one's saved archive
+  std::vector<int64_t> optimizer_states;  // and how many parameters' state it held
 };
 std::optional<Received> g_received;
 
-// The loop over epochs() running on the entry `serial`, if any.
+// The loop over epochs() of the entry `serial` that takes a replacement
+// while it runs (the entry's first), and the loops begun in that entry.
 uint64_t g_loop_serial = 0;
+uint64_t g_loops_serial = 0;
+int64_t g_loops_begun = 0;
+// A replacement's loop began, and its first batch is not done: its peers are
+// past the top of that epoch's body.
+uint64_t g_first_batch_serial = 0;
 
 std::vector<torch::optim::Optimizer*> known_optimizers() {
-  std::lock_guard<std::mutex> lock(g_known_mutex);
-  return g_known;
+  std::lock_guard<std::mutex> lock(known_mutex());
+  return known();
 }
 
 std::string saved(const torch::optim::Optimizer& optimizer) {
@@ -103,7 +120,12 @@ std::string broadcast_bytes(const Membership& membership, std::string bytes) {
   auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
   broadcast(size);
   const int64_t length = size.item<int64_t>();
-  if (length < 0) throw std::runtime_error("a replacement's state of negative size");
+  // A peer's number: bounded before it sizes a buffer.
+  constexpr int64_t kMostBytes = int64_t{1} << 40;
+  if (length < 0 || length > kMostBytes) {
+    throw std::runtime_error("a replacement's state of " + std::to_string(length) +
+                             " bytes: not a size the group's first rank sends");
+  }
   bytes.resize(static_cast<size_t>(length));
   broadcast(torch::from_blob(bytes.data(), {length}, torch::kUInt8));
   return bytes;
@@ -141,6 +163,8 @@ Membership hand_over_to_replacement(const LoopPosition* position) {
       const auto optimizers = known_optimizers();
       write_int(state, "optimizers", static_cast<int64_t>(optimizers.size()));
       for (size_t i = 0; i < optimizers.size(); ++i) {
+        write_int(state, "optimizer_states_" + std::to_string(i),
+                  static_cast<int64_t>(optimizers[i]->state().size()));
         const auto bytes = saved(*optimizers[i]);
         state.write("optimizer_" + std::to_string(i),
                     torch::from_blob(const_cast<char*>(bytes.data()),
@@ -178,6 +202,7 @@ Membership join_as_replacement() {
       saved = saved.contiguous();
       received.optimizers.emplace_back(static_cast<const char*>(saved.data_ptr()),
                                        static_cast<size_t>(saved.numel()));
+      received.optimizer_states.push_back(read_int(state, "optimizer_states_" + std::to_string(i)));
     }
   }
   g_received = std::move(received);
@@ -186,11 +211,12 @@ Membership join_as_replacement() {
 
 bool catching_up() {
   return joining() ||
-         (g_received && g_received->serial == entry_serial() && g_received->position.has_value());
+         (g_received && g_received->serial == entry_serial() && g_received->position) ||
+         g_first_batch_serial == entry_serial();
 }
 
-void note_synchronised_backward() {
-  if (!join_due() || g_loop_serial != entry_serial()) return;
+void note_join_due() {
+  if (g_loop_serial != entry_serial()) return;
   if (g_synchronised && g_synchronised->serial == entry_serial()) return;
   Synchronised synchronised{entry_serial(), g_optimizer_steps.load(), {}};
   for (const auto& parameter : prepared_parameters()) {
@@ -215,21 +241,32 @@ bool gradients_pending() {
 
 void note_optimizer_step() { ++g_optimizer_steps; }
 
-c10::optional<std::pair<size_t, size_t>> begin_epochs_loop(bool resumable) {
-  if (!recovers_in_place()) return c10::nullopt;
+LoopStart begin_epochs_loop(bool resumable) {
+  if (!recovers_in_place()) return {};
   if (joining()) {
     throw std::runtime_error(
         "train: " + rank_name() +
         " replaces a lost rank and began its loop over loader.epochs() before prepare_model: a "
         "replacement joins its group in its first prepare_model, before its loop");
   }
+  if (g_loops_serial != entry_serial()) {
+    g_loops_serial = entry_serial();
+    g_loops_begun = 0;
+  }
+  // The entry's first loop only: a replacement's position names no other, and
+  // a loop inside it must not end its joinability.
+  if (++g_loops_begun > 1) return {};
   g_loop_serial = entry_serial();
   const auto optimizers = known_optimizers();
   std::string why_not;
-  if (optimizers.empty()) {
+  if (get_context().world_size() > 1 && prepared_model_count() == 0) {
+    why_not = "no model was prepared with train::prepare_model";
+  } else if (optimizers.empty()) {
     why_not = "no optimizer is known to the SDK (a train::optim one, or train::register_optimizer)";
   } else if (!resumable) {
     why_not = "its loader's sampler cannot start an epoch part-way (it has no resume)";
+  } else if (g_live_scalers.load() > 0) {
+    why_not = "a train::GradScaler lives, whose scale is not sent to a replacement";
   }
   if (!why_not.empty()) {
     if (leads_group()) {
@@ -240,11 +277,16 @@ c10::optional<std::pair<size_t, size_t>> begin_epochs_loop(bool resumable) {
   } else {
     declare_joinable(true);
   }
-  if (!g_received || g_received->serial != entry_serial() || !g_received->position) {
-    return c10::nullopt;
-  }
+  LoopStart start{true, c10::nullopt};
+  if (!g_received || g_received->serial != entry_serial() || !g_received->position) return start;
   auto received = std::move(*g_received);
   g_received.reset();
+  const auto& position = *received.position;
+  if (position.epoch < 0 || position.batch < 0) {
+    throw std::runtime_error(
+        "train: rank " + std::to_string(received.from) + " sent an impossible position (epoch " +
+        std::to_string(position.epoch) + ", batch " + std::to_string(position.batch) + ")");
+  }
   if (received.optimizers.size() != optimizers.size()) {
     throw std::runtime_error(
         "train: " + rank_name() + " replaces a lost rank, and knows " +
@@ -257,20 +299,27 @@ c10::optional<std::pair<size_t, size_t>> begin_epochs_loop(bool resumable) {
     torch::serialize::InputArchive archive;
     archive.load_from(in, get_context().device());
     optimizers[i]->load(archive);
+    const auto states = static_cast<int64_t>(optimizers[i]->state().size());
+    if (states != received.optimizer_states[i]) {
+      throw std::runtime_error("train: " + rank_name() +
+                               " replaces a lost rank, and its optimizer " + std::to_string(i) +
+                               " holds the state of " + std::to_string(states) +
+                               " parameters after loading rank " + std::to_string(received.from) +
+                               "'s, which held " + std::to_string(received.optimizer_states[i]) +
+                               ": an optimizer of your own must save() and load() its state");
+    }
   }
   torch::manual_seed(replacement_seed(received.seed, get_context().world_rank()));
-  const auto& position = *received.position;
-  if (position.epoch < 0 || position.batch < 0) {
-    throw std::runtime_error(
-        "train: rank " + std::to_string(received.from) + " sent an impossible position (epoch " +
-        std::to_string(position.epoch) + ", batch " + std::to_string(position.batch) + ")");
-  }
+  g_first_batch_serial = entry_serial();
   std::cout << "train: " << rank_name() << " caught up from rank " << received.from << " at epoch "
             << position.epoch << ", batch " << position.batch << std::endl;
-  return std::make_pair(static_cast<size_t>(position.epoch), static_cast<size_t>(position.batch));
+  start.at =
+      std::make_pair(static_cast<size_t>(position.epoch), static_cast<size_t>(position.batch));
+  return start;
 }
 
 void epochs_loop_boundary(size_t epoch, size_t next) {
+  g_first_batch_serial = 0;
   if (!join_due() || g_loop_serial != entry_serial() || gradients_pending()) return;
   const LoopPosition position{static_cast<int64_t>(epoch), static_cast<int64_t>(next)};
   g_synchronised.reset();
@@ -287,14 +336,36 @@ void end_epochs_loop() {
 }  // namespace detail
 
 KnownOptimizer::KnownOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(&optimizer) {
-  std::lock_guard<std::mutex> lock(detail::g_known_mutex);
-  detail::g_known.push_back(optimizer_);
+  std::lock_guard<std::mutex> lock(detail::known_mutex());
+  detail::known().push_back(optimizer_);
+}
+
+KnownOptimizer::KnownOptimizer(torch::optim::Optimizer& optimizer, KnownOptimizer& moved)
+    : optimizer_(&optimizer) {
+  std::lock_guard<std::mutex> lock(detail::known_mutex());
+  auto& known = detail::known();
+  auto at = std::find(known.begin(), known.end(), moved.optimizer_);
+  if (at != known.end()) {
+    *at = optimizer_;  // in its place in the order
+  } else {
+    known.push_back(optimizer_);
+  }
+  moved.optimizer_ = nullptr;
 }
 
 KnownOptimizer::~KnownOptimizer() {
-  std::lock_guard<std::mutex> lock(detail::g_known_mutex);
-  auto& known = detail::g_known;
-  known.erase(std::remove(known.begin(), known.end(), optimizer_), known.end());
+  if (optimizer_ == nullptr) return;  // moved away
+  std::lock_guard<std::mutex> lock(detail::known_mutex());
+  auto& known = detail::known();
+  // One of its entries: it may be known twice (a train::optim one registered too).
+  auto at = std::find(known.begin(), known.end(), optimizer_);
+  if (at != known.end()) known.erase(at);
 }
+
+namespace detail {
+LiveScaler::LiveScaler() { ++g_live_scalers; }
+LiveScaler::LiveScaler(const LiveScaler&) { ++g_live_scalers; }
+LiveScaler::~LiveScaler() { --g_live_scalers; }
+}  // namespace detail
 
 }  // namespace train

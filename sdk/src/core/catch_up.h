@@ -33,21 +33,20 @@ Membership hand_over_to_replacement(const LoopPosition* position);
 Membership join_as_replacement();
 
 /// Whether this rank replaces a lost one and has not caught up yet: it has not
-/// joined, or joined and its loop over epochs() has not begun. Its peers are
-/// in their loop meanwhile: it makes no collective of its setup.
+/// joined, or joined and its loop over epochs() has not finished its first
+/// batch. Its peers are in their loop meanwhile: it makes no collective of its
+/// setup, nor of the top of the epoch it starts in.
 bool catching_up();
 
-/// Whether the prepared models hold gradients that no optimizer used yet: of
-/// the first synchronised backward since a replacement became due, with no
-/// known optimizer's step nor a change of the parameters since, or
-/// accumulated under NoSync. A replacement cannot join there: the gradients
-/// it missed would be lost to it.
+/// Whether the prepared models hold gradients that no optimizer used yet: no
+/// known optimizer's step nor a change of the parameters since a replacement
+/// became due, or gradients accumulated under NoSync. A replacement cannot join there: the
+/// gradients it missed would be lost to it.
 bool gradients_pending();
 
-/// Reducer::finalize: a synchronised backward completed (with a replacement
-/// due in a loop over epochs(), what gradients_pending compares with is
-/// taken).
-void note_synchronised_backward();
+/// A vote said that a replacement joins at the next step boundary: in a loop
+/// over epochs(), what gradients_pending compares with is taken.
+void note_join_due();
 
 /// `bytes` of the group's first rank on every rank of `membership`. Throws
 /// std::runtime_error when a rank is lost meanwhile (the controller restarts

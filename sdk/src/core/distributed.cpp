@@ -1,5 +1,7 @@
 #include <train/distributed.h>
 
+#include <stdexcept>
+
 #include "core/collectives.h"
 #include "core/host.h"
 
@@ -15,6 +17,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> process_group() {
 
 void all_reduce(torch::Tensor& tensor, c10d::ReduceOp op) {
   detail::current_host("train::all_reduce");
+  if (detail::joining()) {
+    throw std::logic_error(
+        "train::all_reduce: this rank replaces a lost one and has not joined the group yet (its "
+        "first train::prepare_model joins it)");
+  }
   c10d::AllreduceOptions options;
   options.reduceOp = op;
   detail::allreduce_surviving(tensor, options);

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/catch_up.h"
+
 namespace train::detail {
 namespace {
 const train_host_v1_t* g_host = nullptr;
@@ -107,7 +109,10 @@ bool vote_step(int64_t step, int64_t generation) {
   char error[1024] = "";
   const int vote = host.step_vote(host.handle, step, generation, error, sizeof(error));
   if (vote < 0) throw std::runtime_error(std::string("the step's vote failed: ") + error);
-  if (vote == 2) g_join_due = true;
+  if (vote == 2 && !g_join_due) {
+    g_join_due = true;
+    note_join_due();
+  }
   return vote >= 1;
 }
 

@@ -171,7 +171,11 @@ void check_same_dataset_size(size_t size, const char* caller) {
   if (!group) return;
   auto mine = torch::tensor({static_cast<int64_t>(size)}, torch::kLong).to(ctx.device());
   std::vector<int64_t> sizes;
-  for (const auto& t : allgather(*group, mine)) sizes.push_back(t.item<int64_t>());
+  // A rank lost meanwhile: the survivors check again, in their group.
+  run_surviving([&](c10d::ProcessGroup& survivors) {
+    sizes.clear();
+    for (const auto& t : allgather(survivors, mine)) sizes.push_back(t.item<int64_t>());
+  });
   std::string others;
   int first = -1;
   for (size_t r = 1; r < sizes.size(); ++r) {  // the group's ranks (fewer after a recovery)

@@ -439,7 +439,6 @@ void Reducer::finalize() {
   }
   for (auto& slot : slots_) slot.accumulated = false;  // synchronised
   reset_iteration();
-  if (in_place_) note_synchronised_backward();
 }
 
 bool Reducer::accumulated() {

@@ -4,8 +4,9 @@
 // (the top of a training batch, no gradients accumulated): the SDK's state
 // and the models' parameters and buffers come from the group's first rank
 // (core/catch_up.cpp), then the Trainer's state, in memory over the group: the
-// loop's position, the optimizer's and scheduler's state, the callbacks', the
-// synchronised steps counted, and a seed for the replacement's generators.
+// loop's position, the optimizer's and scheduler's state, the callbacks', and a
+// seed for the replacement's generators (the synchronised steps came in the
+// SDK's).
 // Nothing is read from storage.
 
 #include <train/trainer.h>
@@ -48,7 +49,6 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
     torch::serialize::OutputArchive optimizer_state;
     optimizer->save(optimizer_state);
     state.write("optimizer", optimizer_state);
-    write_int(state, "synchronised_steps", detail::synchronised_steps());
     write_int(state, "seed", static_cast<int64_t>(detail::generator_digest() >> 1));
     write_int(state, "rank", context.world_rank());
     write_int(state, "models", static_cast<int64_t>(detail::prepared_model_count()));
@@ -116,7 +116,6 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
     state.read("optimizer", optimizer_state);
     optimizer->load(optimizer_state);
   });
-  detail::set_synchronised_steps(read_int(state, "synchronised_steps"));
   // Its own generators, not a copy of the first rank's (dropout masks would
   // repeat its), derived from them and this rank.
   torch::manual_seed(detail::replacement_seed(static_cast<uint64_t>(read_int(state, "seed")),
