@@ -94,6 +94,9 @@ struct LoopStart {
   c10::optional<std::pair<size_t, size_t>> at;
 };
 LoopStart begin_epochs_loop(bool resumable);
+/// That loop's loader begins an epoch's first pass: the top of the epoch's
+/// body is behind.
+void epochs_loop_pass_begins();
 void epochs_loop_boundary(size_t epoch, size_t next);
 void end_epochs_loop();
 
@@ -462,6 +465,7 @@ class DataLoader {
     position_.epoch = static_cast<size_t>(std::max<int64_t>(epoch_, 0));
     position_.next = resumed_;
     position_.driving = std::exchange(position_.armed, false);
+    if (position_.driving) detail::epochs_loop_pass_begins();
     resumed_ = 0;
     return Iterator(inner_->begin(), device_, &position_, shown, limit);
   }

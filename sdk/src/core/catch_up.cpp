@@ -76,9 +76,9 @@ std::optional<Received> g_received;
 uint64_t g_loop_serial = 0;
 uint64_t g_loops_serial = 0;
 int64_t g_loops_begun = 0;
-// A replacement's loop began, and its first batch is not done: its peers are
-// past the top of that epoch's body.
-uint64_t g_first_batch_serial = 0;
+// A replacement's loop began, and its loader has not begun the epoch's
+// batches: its peers are past the top of that epoch's body.
+uint64_t g_top_of_epoch_serial = 0;
 
 std::vector<torch::optim::Optimizer*> known_optimizers() {
   std::lock_guard<std::mutex> lock(known_mutex());
@@ -212,7 +212,7 @@ Membership join_as_replacement() {
 bool catching_up() {
   return joining() ||
          (g_received && g_received->serial == entry_serial() && g_received->position) ||
-         g_first_batch_serial == entry_serial();
+         g_top_of_epoch_serial == entry_serial();
 }
 
 void note_join_due() {
@@ -310,7 +310,7 @@ LoopStart begin_epochs_loop(bool resumable) {
     }
   }
   torch::manual_seed(replacement_seed(received.seed, get_context().world_rank()));
-  g_first_batch_serial = entry_serial();
+  g_top_of_epoch_serial = entry_serial();
   std::cout << "train: " << rank_name() << " caught up from rank " << received.from << " at epoch "
             << position.epoch << ", batch " << position.batch << std::endl;
   start.at =
@@ -318,8 +318,9 @@ LoopStart begin_epochs_loop(bool resumable) {
   return start;
 }
 
+void epochs_loop_pass_begins() { g_top_of_epoch_serial = 0; }
+
 void epochs_loop_boundary(size_t epoch, size_t next) {
-  g_first_batch_serial = 0;
   if (!join_due() || g_loop_serial != entry_serial() || gradients_pending()) return;
   const LoopPosition position{static_cast<int64_t>(epoch), static_cast<int64_t>(next)};
   g_synchronised.reset();

@@ -33,8 +33,8 @@ Membership hand_over_to_replacement(const LoopPosition* position);
 Membership join_as_replacement();
 
 /// Whether this rank replaces a lost one and has not caught up yet: it has not
-/// joined, or joined and its loop over epochs() has not finished its first
-/// batch. Its peers are in their loop meanwhile: it makes no collective of its
+/// joined, or joined and its loop over epochs() has not begun its first
+/// epoch's batches. Its peers are in their loop meanwhile: it makes no collective of its
 /// setup, nor of the top of the epoch it starts in.
 bool catching_up();
 
