@@ -433,6 +433,26 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a replacement that joins after an epoch's last batch starts with that epoch's report") {
+  // One batch an epoch: every boundary is an epoch's last, and the
+  // replacement's first collective is the epoch's report, not a backward.
+  Sandbox box;
+  auto out = box.root() / "out";
+  auto run = run_epochs_loop(box, "--config batches=1 --config epochs=30");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find(", batch 1\n") !=
+        std::string::npos);  // "caught up ... at epoch E, batch 1"
+  auto rank0 = rank_file(out, 0);
+  auto rank1 = rank_file(out, 1);
+  REQUIRE(rank0.size() > 2);
+  REQUIRE(rank1.size() > 2);
+  CHECK(rank0[0] == "30");
+  CHECK(std::stoi(rank1[0]) + std::stoi(rank1[1]) == 30);
+  CHECK(parameters_of(rank1) == parameters_of(rank0));
+  CHECK(read_reports(box.run_dir("e") / "result.jsonl").size() == 30);
+}
+
 TEST_CASE(
     "a loop over loader.epochs() whose optimizer the SDK does not know takes no replacement, and "
     "says why") {

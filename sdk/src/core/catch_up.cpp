@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/collectives.h"
 #include "ddp/reducer.h"
 
 namespace train {
@@ -94,6 +95,19 @@ std::string saved(const torch::optim::Optimizer& optimizer) {
 }
 
 std::string rank_name() { return "rank " + std::to_string(get_context().world_rank()); }
+
+constexpr const char* kScalerReason =
+    "a train::GradScaler lives (enabled or not), whose scale is not sent to a replacement";
+
+// One voted collective of the new group, on the members once they handed
+// over and on the replacement once its loop took the state: the controller
+// makes the replacement a member at the first vote of the group, before
+// either side's next report or the loop's end (a join at an epoch's last
+// batch leaves the replacement no batch before its report).
+void agree_on_the_join() {
+  auto nothing = torch::zeros({1});
+  allreduce_surviving(nothing);
+}
 
 }  // namespace
 
@@ -266,7 +280,7 @@ LoopStart begin_epochs_loop(bool resumable) {
   } else if (!resumable) {
     why_not = "its loader's sampler cannot start an epoch part-way (it has no resume)";
   } else if (g_live_scalers.load() > 0) {
-    why_not = "a train::GradScaler lives, whose scale is not sent to a replacement";
+    why_not = kScalerReason;
   }
   if (!why_not.empty()) {
     if (leads_group()) {
@@ -310,6 +324,7 @@ LoopStart begin_epochs_loop(bool resumable) {
     }
   }
   torch::manual_seed(replacement_seed(received.seed, get_context().world_rank()));
+  agree_on_the_join();
   g_top_of_epoch_serial = entry_serial();
   std::cout << "train: " << rank_name() << " caught up from rank " << received.from << " at epoch "
             << position.epoch << ", batch " << position.batch << std::endl;
@@ -322,14 +337,24 @@ void epochs_loop_pass_begins() { g_top_of_epoch_serial = 0; }
 
 void epochs_loop_boundary(size_t epoch, size_t next) {
   if (!join_due() || g_loop_serial != entry_serial() || gradients_pending()) return;
+  if (g_live_scalers.load() > 0) {  // built since the loop began
+    if (leads_group()) {
+      std::cout << "train: this loop over loader.epochs() takes no replacement for a lost rank: "
+                << kScalerReason << std::endl;
+    }
+    declare_joinable(false);
+    return;
+  }
   const LoopPosition position{static_cast<int64_t>(epoch), static_cast<int64_t>(next)};
   g_synchronised.reset();
   hand_over_to_replacement(&position);
+  agree_on_the_join();
 }
 
 void end_epochs_loop() {
   if (g_loop_serial != entry_serial()) return;
   g_loop_serial = 0;
+  g_top_of_epoch_serial = 0;
   g_synchronised.reset();
   declare_joinable(false);  // no step boundary follows
 }

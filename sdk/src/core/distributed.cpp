@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "core/catch_up.h"
 #include "core/collectives.h"
 #include "core/host.h"
 
@@ -17,10 +18,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> process_group() {
 
 void all_reduce(torch::Tensor& tensor, c10d::ReduceOp op) {
   detail::current_host("train::all_reduce");
-  if (detail::joining()) {
+  if (detail::catching_up()) {
     throw std::logic_error(
-        "train::all_reduce: this rank replaces a lost one and has not joined the group yet (its "
-        "first train::prepare_model joins it)");
+        "train::all_reduce: this rank replaces a lost one and has not caught up yet: its peers are "
+        "in their loop, so its setup and the top of its first epoch make no collective");
   }
   c10d::AllreduceOptions options;
   options.reduceOp = op;
