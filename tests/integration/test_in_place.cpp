@@ -118,7 +118,9 @@ TEST_CASE("two ranks killed one after the other: the last one finishes alone") {
   CHECK(reports.back()["metrics"]["applied"] == 30);
 }
 
-TEST_CASE("rank 0 killed restarts the group: its checkpoint files would pass to no one") {
+TEST_CASE("rank 0 killed with no replacement to take its place restarts the group") {
+  // A train function saves its checkpoint on rank 0: a group without it for
+  // good would save none.
   Sandbox box;
   auto run = run_survivors(box,
                            "--max-failures 1 --config steps=20 --config kill_rank=0"
@@ -126,10 +128,68 @@ TEST_CASE("rank 0 killed restarts the group: its checkpoint files would pass to 
                                (box.root() / "killed").string());
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
-  CHECK(run.output.find("no recovery in place (it was the group's first rank, whose checkpoint "
-                        "files no other rank writes), the group restarts") != std::string::npos);
+  CHECK(run.output.find("no recovery in place (it was rank 0, which saves the checkpoints, and no "
+                        "replacement can take its place: rank 0's train function does not take "
+                        "one at its step boundaries") != std::string::npos);
   auto info = read_json(box.run_dir("s") / "run.json");
   CHECK(info["attempts"].size() == 2);
+}
+
+TEST_CASE(
+    "a Trainer run whose rank 0 is killed goes on in place, and rank 0's replacement "
+    "catches up from rank 1") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
+                     "' -n 3 --name z --recovery in-place --max-failures 1 --config epochs=3" +
+                     " --config batches=8 --config fail_step=10 --config fail_rank=0" +
+                     " --config await_replacement=true --config step_sleep_ms=20" +
+                     " --config marker=" + marker);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+  CHECK(run.output.find("train::Trainer: rank 0 caught up from rank 1 at epoch 1") !=
+        std::string::npos);
+  auto dir = box.run_dir("z");
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 3);
+  CHECK(reports.back()["metrics"]["step"] == 24);
+  // The last checkpoint is whole: the group's first rank (rank 1 since the
+  // loss) wrote the model and the Trainer's state, the replacement its own.
+  const auto last = dir / reports.back()["checkpoint"].get<std::string>();
+  CHECK(std::filesystem::exists(last / "model.pt"));
+  CHECK(std::filesystem::exists(last / "trainer.pt"));
+  CHECK(std::filesystem::exists(last / "rank-0.pt"));
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 1);
+  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK(info["attempts"][0]["recoveries"][0]["rank"] == 0);
+  CHECK(info["attempts"][0]["recoveries"][0]["replacement_pid"].get<int64_t>() > 0);
+}
+
+TEST_CASE("rank 0's replacement that raises before it joins restarts the group") {
+  Sandbox box;
+  auto marker = (box.root() / "failed-once").string();
+  auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
+                     "' -n 3 --name y --recovery in-place --max-failures 1 --config epochs=2" +
+                     " --config batches=8 --config fail_step=4 --config fail_rank=0" +
+                     " --config await_replacement=true --config replacement_raises=true" +
+                     " --config step_sleep_ms=50 --config marker=" + marker);
+  INFO(run.output);
+  // One failure (the kill), survived by the restart it falls back to.
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+  CHECK(run.output.find("rank 0's replacement raised in") != std::string::npos);
+  CHECK(run.output.find("no other rank saves the checkpoints, so the group restarts from the "
+                        "latest") != std::string::npos);
+  auto dir = box.run_dir("y");
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK(info["attempts"][0]["error"]["rank"] == 0);
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE_FALSE(reports.empty());
+  CHECK(reports.back()["metrics"]["step"] == 16);
 }
 
 TEST_CASE("a kill with no failures left to survive ends the run as before") {
@@ -472,4 +532,76 @@ TEST_CASE(
   CHECK(rank0[0] == "30");
   CHECK(rank_file(out, 2) == rank0);
   CHECK_FALSE(std::filesystem::exists(out / "rank1.txt"));
+}
+
+TEST_CASE(
+    "rank 0 killed in a loop of its own: its replacement catches up from rank 1, and a "
+    "checkpoint reported without rank 0 is not kept") {
+  // The kill is in the last batch of epoch 0, and the replacement waits for
+  // the others' report of that epoch before it joins: that report has no rank
+  // 0 to save the model.
+  Sandbox box;
+  auto out = box.root() / "out";
+  auto run = run_epochs_loop(box,
+                             "--config kill_rank=0 --config kill_step=10 --config report_first=true"
+                             " --config checkpoint=true");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+  CHECK(run.output.find("the checkpoint of report 1 is not kept: rank 0, which saves them, is "
+                        "being replaced (the latest is none)") != std::string::npos);
+  CHECK(run.output.find("train: rank 0 caught up from rank 1 at epoch 1, batch ") !=
+        std::string::npos);
+  auto rank0 = rank_file(out, 0);
+  auto rank1 = rank_file(out, 1);
+  REQUIRE(rank0.size() > 2);
+  REQUIRE(rank1.size() > 2);
+  CHECK(rank1[0] == "30");
+  CHECK(rank_file(out, 2) == rank1);
+  CHECK(std::stoi(rank0[0]) + std::stoi(rank0[1]) == 30);
+  CHECK(parameters_of(rank0) == parameters_of(rank1));
+  auto dir = box.run_dir("e");
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE(reports.size() == 3);
+  CHECK(reports[0].value("checkpoint", "").empty());
+  // Every checkpoint kept has every rank's files.
+  for (size_t i = 1; i < reports.size(); ++i) {
+    CAPTURE(i);
+    const auto checkpoint = dir / reports[i]["checkpoint"].get<std::string>();
+    CHECK(std::filesystem::exists(checkpoint / "model.txt"));
+    for (int rank = 0; rank < 3; ++rank) {
+      CHECK(std::filesystem::exists(checkpoint / ("rank-" + std::to_string(rank) + ".txt")));
+    }
+  }
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 1);
+  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
+}
+
+TEST_CASE("rank 0's replacement that cannot join before the loop ends restarts the group") {
+  // Killed in the last step: the others finish their loop, and its last
+  // checkpoint, without rank 0, which would end the run with no checkpoint of
+  // its last epoch.
+  Sandbox box;
+  auto out = box.root() / "out";
+  auto run = run_epochs_loop(box,
+                             "--config kill_rank=0 --config kill_step=30 --config report_first=true"
+                             " --config checkpoint=true");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+  CHECK(run.output.find("the checkpoint of report 3 is not kept") != std::string::npos);
+  CHECK(run.output.find("rank 0's replacement could not join: the train functions left their "
+                        "loop first: no other rank saves the checkpoints, so the group restarts "
+                        "from the latest") != std::string::npos);
+  auto dir = box.run_dir("e");
+  auto info = read_json(dir / "run.json");
+  REQUIRE(info["attempts"].size() == 2);
+  CHECK(info["attempts"][1]["resumed_from"] == "checkpoint_000001");  // report 2's
+  auto reports = read_reports(dir / "result.jsonl");
+  REQUIRE_FALSE(reports.empty());
+  const auto last = dir / reports.back()["checkpoint"].get<std::string>();
+  CHECK(std::filesystem::exists(last / "model.txt"));
+  CHECK(rank_file(out, 0) == rank_file(out, 1));
 }

@@ -480,10 +480,13 @@ TRAIN_FUNC(survivors);
 // made known: no replacement). Rank kill_rank dies with SIGKILL in the backward
 // of its optimizer step kill_step (counted from 1) once: it writes <marker>
 // first. Its replacement writes <marker>.replacement as it starts, and once
-// the marker exists rank 0 waits for that, once, at most 60 s (unless
-// await_replacement=false);
-// every step sleeps step_sleep_ms (20), so that the replacement joins with
-// steps to spare. A report after each epoch: {epoch, applied}. Writes
+// the marker exists the lowest other rank waits for that, once, at most 60 s
+// (unless await_replacement=false); with report_first=true the replacement
+// first waits, before it says so, for the others' first report after the
+// kill (<marker>.reported). Every step sleeps step_sleep_ms (20),
+// so that the replacement joins with steps to spare. A report after each
+// epoch: {epoch, applied}, and with checkpoint=true a checkpoint of each
+// rank's rank-<r>.txt (its applied steps), rank 0's with model.txt. Writes
 // <out>/rank<r>.txt: the optimizer steps it applied, the global index of its
 // first batch, then its parameters.
 void epochs_loop(const train::Config& config) {
@@ -491,13 +494,21 @@ void epochs_loop(const train::Config& config) {
   const auto marker = config.get<std::string>("marker", "");
   const int kill_rank = config.get<int>("kill_rank", -1);
   const bool killed_once = !marker.empty() && std::filesystem::exists(marker);
+  const bool report_first = config.get<bool>("report_first", false);
   if (killed_once && ctx.world_rank() == kill_rank) {
+    for (int i = 0; report_first && i < 6000 && !std::filesystem::exists(marker + ".reported");
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     std::ofstream(marker + ".replacement") << "started\n";
   }
   const int epochs = config.get<int>("epochs", 3);
   const int batches = config.get<int>("batches", 10);
   const int step_sleep_ms = config.get<int>("step_sleep_ms", 20);
+  const bool checkpoint = config.get<bool>("checkpoint", false);
+  const int waiter = kill_rank == 0 ? 1 : 0;
   bool await_replacement = config.get<bool>("await_replacement", true);
+  const auto awaited_after = report_first ? marker + ".reported" : marker;
   torch::manual_seed(0);
   auto model = train::prepare_model(make_mlp());
   const auto kind = config.get<std::string>("optimizer", "train");
@@ -523,8 +534,8 @@ void epochs_loop(const train::Config& config) {
         first_batch =
             static_cast<int64_t>(epoch) * batches + static_cast<int64_t>(loader.batches_done());
       }
-      if (await_replacement && ctx.world_rank() == 0 && !marker.empty() &&
-          std::filesystem::exists(marker)) {
+      if (await_replacement && ctx.world_rank() == waiter && !marker.empty() &&
+          std::filesystem::exists(awaited_after)) {
         for (int i = 0; i < 6000 && !std::filesystem::exists(marker + ".replacement"); ++i) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
@@ -544,7 +555,20 @@ void epochs_loop(const train::Config& config) {
       optimizer->step();
       ++applied;
     }
-    train::report({{"epoch", static_cast<int>(epoch)}, {"applied", applied}});
+    const train::Metrics metrics{{"epoch", static_cast<int>(epoch)}, {"applied", applied}};
+    if (checkpoint) {
+      train::TempDir dir;
+      std::ofstream(dir.path() / ("rank-" + std::to_string(ctx.world_rank()) + ".txt"))
+          << applied << "\n";
+      if (ctx.world_rank() == 0) std::ofstream(dir.path() / "model.txt") << applied << "\n";
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+    } else {
+      train::report(metrics);
+    }
+    if (report_first && ctx.world_rank() == waiter && std::filesystem::exists(marker) &&
+        !std::filesystem::exists(marker + ".reported")) {
+      std::ofstream(marker + ".reported") << "reported\n";
+    }
   }
   std::ofstream out(config.get<std::string>("out") + "/rank" + std::to_string(ctx.world_rank()) +
                     ".txt");

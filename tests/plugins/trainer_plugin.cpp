@@ -18,7 +18,7 @@
 // once the marker exists: that rank, a replacement then, dies as it catches
 // up, after the models' parameters came and before the Trainer's state),
 // await_replacement (with marker: the replacement of rank fail_rank says it
-// started in <marker>.replacement, and once the marker exists rank 0 waits
+// started in <marker>.replacement, and once the marker exists the lowest other rank waits
 // for that, at most 60 s, before its next step: the replacement then joins
 // with steps to spare), replacement_raises (with marker: that replacement
 // throws as it builds its module), fail_rank2, fail_step2 and marker2 (a
@@ -90,7 +90,9 @@ struct Net : train::LightningModule {
       }
     }
     if (config.get<bool>("replacement_raises", false) && failing_rank() &&
-        std::filesystem::exists(first_marker)) {
+        std::filesystem::exists(first_marker) &&
+        !std::filesystem::exists(first_marker + ".raised")) {
+      std::ofstream(first_marker + ".raised") << "raised\n";  // once
       throw std::runtime_error("the replacement cannot build its module");
     }
   }
@@ -126,7 +128,8 @@ struct Net : train::LightningModule {
 
   torch::Tensor training_step(train::Batch& batch, int64_t) override {
     for (const auto& [marker_file, failing] : awaited()) {
-      if (!await_replacement || train::get_context().world_rank() != 0 ||
+      const int waiter = failing == 0 ? 1 : 0;  // the lowest other rank
+      if (!await_replacement || train::get_context().world_rank() != waiter ||
           !std::filesystem::exists(marker_file)) {
         continue;
       }

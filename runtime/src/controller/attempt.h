@@ -51,6 +51,7 @@ struct Attempt {
     int64_t iteration = 0;  // ... as this iteration
     nlohmann::json metrics;
     Clock::time_point reported;
+    bool without_rank0 = false;  // reported while rank 0 was being replaced: not kept
   };
 
   /// Every rank's stacks being collected (STACKS, then STACKS_REPLY): at most
@@ -131,6 +132,9 @@ struct Attempt {
     bool ready = false;
     int64_t generation = 0;  // 0 until a decision announced its group
     std::vector<int> members;
+    // Rank 0's: the loss the group restarts for if it never joins (no other
+    // rank saves the checkpoints).
+    std::optional<RunError> loss;
   };
   std::optional<Replacement> replacement;
   // A replacement that joined, until its group's first step is applied: the

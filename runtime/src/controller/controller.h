@@ -166,20 +166,27 @@ class Controller {
   /// Drops `lost` (which ended as `cause` says) from the group and lets the
   /// others go on without it, when the run recovers in place and can;
   /// false when the failure takes its usual course.
-  bool recover_in_place(WorkerSlot& lost, const std::string& cause);
+  bool recover_in_place(WorkerSlot& lost, FailureKind kind, const std::string& cause);
   void on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote);
   /// The next generation, to the members left, for the ranks lost this pass.
   void announce_losses();
   /// A local worker in place of `lost`, which joins the group at a step
   /// boundary and catches up from a peer; a log line says why when none is.
-  void start_replacement(const WorkerSlot& lost);
+  /// `loss` is what the group restarts for when rank 0's cannot start.
+  void start_replacement(const WorkerSlot& lost, RunError loss);
+  /// Rank 0's replacement will not join (`why`): the attempt fails with the
+  /// loss of rank 0, and the group restarts from the latest checkpoint.
+  void restart_without_rank0(RunError loss, const std::string& why);
+  /// Whether rank 0 is out of the group, its replacement on its way: a
+  /// report's checkpoint then lacks its files and is not kept.
+  bool without_rank0() const;
   /// Why no replacement is started for `lost`; "" when one can be.
   std::string replacement_refusal(const WorkerSlot& lost) const;
   /// The replacement's HELLO: its ASSIGN.
   void assign_replacement(WorkerSlot& worker);
   void on_joinable(WorkerSlot& worker, bool joinable);
   /// The replacement has gone before it joined (exited, or too slow to start):
-  /// the group goes on without it.
+  /// the group goes on without it (or restarts, without rank 0).
   void drop_replacement(const std::string& why);
   /// Whether `worker` is the replacement, not yet in the group.
   bool pending_replacement(const WorkerSlot& worker) const;
@@ -337,6 +344,10 @@ class Controller {
   /// Commits the asynchronous checkpoint once its report was released and
   /// every rank's upload is in; then replays the REPORTs that waited for it.
   void commit_async_checkpoint();
+  /// Commits and records the asynchronous checkpoint; false when the attempt fails.
+  bool commit_async(const Attempt::AsyncCheckpoint& pending);
+  /// Drops the checkpoint of report `iteration`, made while rank 0 was out.
+  void drop_checkpoint(int64_t iteration);
   /// An elastic group grows at a committed checkpoint when node agents wait.
   void maybe_regroup(const std::string& checkpoint);
   void on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch);

@@ -6,6 +6,8 @@
 
 #include <trainrun/error.h>
 
+#include <algorithm>
+
 #include "controller/controller.h"
 
 namespace trainrun {
@@ -105,23 +107,11 @@ void Controller::commit_async_checkpoint() {
   }
   auto pending = std::move(*attempt.async_checkpoint);
   attempt.async_checkpoint.reset();
-  std::string name;
-  try {
-    name = checkpoints_.commit(pending.iteration, pending.metrics);
-  } catch (const IoError& e) {
-    fail_storage(std::string("checkpoint commit failed: ") + e.what());
+  if (pending.without_rank0) {
+    drop_checkpoint(pending.iteration);
+  } else if (!commit_async(pending)) {
     return;
   }
-  try {
-    storage_.append_checkpoint(pending.iteration, name, unix_time());
-  } catch (const IoError& e) {
-    fail_storage(name + " is committed, but result.jsonl cannot record it: " + e.what());
-    return;
-  }
-  log_.info("{} committed: the checkpoint of report {}, {:.1f} s after it", name, pending.iteration,
-            std::chrono::duration<double>(now() - pending.reported).count());
-  if (setup_.on_checkpoint) setup_.on_checkpoint(*checkpoints_.latest());
-  maybe_regroup(name);
   // The reports with a checkpoint that waited for this commit.
   auto deferred = std::move(attempt.deferred_reports);
   attempt.deferred_reports.clear();
@@ -134,6 +124,43 @@ void Controller::commit_async_checkpoint() {
       log_.warn("dropped a message from {}: {}", worker->describe(), e.what());
     }
   }
+}
+
+bool Controller::commit_async(const Attempt::AsyncCheckpoint& pending) {
+  std::string name;
+  try {
+    name = checkpoints_.commit(pending.iteration, pending.metrics);
+  } catch (const IoError& e) {
+    fail_storage(std::string("checkpoint commit failed: ") + e.what());
+    return false;
+  }
+  try {
+    storage_.append_checkpoint(pending.iteration, name, unix_time());
+  } catch (const IoError& e) {
+    fail_storage(name + " is committed, but result.jsonl cannot record it: " + e.what());
+    return false;
+  }
+  log_.info("{} committed: the checkpoint of report {}, {:.1f} s after it", name, pending.iteration,
+            std::chrono::duration<double>(now() - pending.reported).count());
+  if (setup_.on_checkpoint) setup_.on_checkpoint(*checkpoints_.latest());
+  maybe_regroup(name);
+  return true;
+}
+
+bool Controller::without_rank0() const {
+  const auto& members = attempt_->members;
+  return std::find(members.begin(), members.end(), 0) == members.end();
+}
+
+// A train function saves its checkpoint on rank 0: one reported while rank 0
+// is being replaced lacks those files, and a restart from it would find none.
+void Controller::drop_checkpoint(int64_t iteration) {
+  checkpoints_.abort();
+  const auto latest = checkpoints_.latest_name();
+  log_.warn(
+      "the checkpoint of report {} is not kept: rank 0, which saves them, is being "
+      "replaced (the latest is {})",
+      iteration, latest.empty() ? "none" : latest);
 }
 
 // The worker waits for every answer here, so whatever goes wrong fails the run

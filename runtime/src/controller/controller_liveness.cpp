@@ -131,7 +131,10 @@ void Controller::on_worker_exit(WorkerSlot& worker, std::optional<int> code, int
   // Its loss was dealt with: the group went on without it, or dropped it.
   if (worker.departed) return;
   if (stopping() || (worker.done && code == 0)) return;
-  if (recover_in_place(worker, exit_description(code, signal))) return;
+  if (recover_in_place(worker, code ? FailureKind::kExit : FailureKind::kSignal,
+                       exit_description(code, signal))) {
+    return;
+  }
   if (code) {
     fail(worker, FailureKind::kExit, exit_description(code, signal) + " before finishing");
     return;

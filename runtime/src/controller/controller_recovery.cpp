@@ -42,20 +42,25 @@ std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) 
     return "rank " + std::to_string(attempt.replacement->rank) +
            "'s replacement was joining the group";
   }
-  // A train function written for rank 0 saves its checkpoint and says its
-  // progress there: no other rank would take that over.
-  if (lost.rank == attempt.members.front()) {
-    return "it was the group's first rank, whose checkpoint files no other rank writes";
-  }
   if (attempt.group_taken_by >= 0) {
     return "rank " + std::to_string(attempt.group_taken_by) +
            "'s train function took train::process_group() itself, and its own collectives "
            "cannot be done again in a new group";
   }
+  // A train function saves its checkpoint on rank 0 (`if (world_rank == 0)`):
+  // the others go on without it only until its replacement joins.
+  if (lost.rank == 0) {
+    auto why = replacement_refusal(lost);
+    if (!why.empty()) {
+      return "it was rank 0, which saves the checkpoints, and no replacement can take its "
+             "place: " +
+             why;
+    }
+  }
   return "";
 }
 
-bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
+bool Controller::recover_in_place(WorkerSlot& lost, FailureKind kind, const std::string& cause) {
   if (pending_replacement(lost)) {
     // Once its group was announced the others wait for it there: they restart.
     if (attempt_->replacement->generation != 0) return false;
@@ -111,7 +116,7 @@ bool Controller::recover_in_place(WorkerSlot& lost, const std::string& cause) {
   } else {
     check_stalled();
   }
-  start_replacement(lost);
+  start_replacement(lost, RunError{kind, cause, lost.display_rank(), lost.host, lost.process.pid});
   return true;
 }
 
@@ -134,7 +139,7 @@ std::string Controller::replacement_refusal(const WorkerSlot& lost) const {
   return "";
 }
 
-void Controller::start_replacement(const WorkerSlot& lost) {
+void Controller::start_replacement(const WorkerSlot& lost, RunError loss) {
   const int rank = lost.rank;
   auto refusal = replacement_refusal(lost);
   if (!refusal.empty()) {
@@ -147,14 +152,31 @@ void Controller::start_replacement(const WorkerSlot& lost) {
     worker.replacing_since = now();
     attempt_->replacement =
         Attempt::Replacement{rank, worker.index, attempts_.back().recoveries.size() - 1, now()};
+    if (rank == 0) attempt_->replacement->loss = std::move(loss);
     log_.info(
         "started a worker (pid {}) in place of rank {}: it joins the group at a step "
         "boundary, with the state of a peer",
         worker.process.pid, rank);
   } catch (const std::exception& e) {
+    if (rank == 0) {
+      restart_without_rank0(std::move(loss), std::string("could not start: ") + e.what());
+      return;
+    }
     log_.warn("no replacement for rank {} ({}): the group goes on with {} ranks", rank, e.what(),
               attempt_->members.size());
   }
+}
+
+void Controller::restart_without_rank0(RunError loss, const std::string& why) {
+  // The loss was counted when the others went on; the attempt's failure is
+  // that loss, counted again as it ends (unless it already failed otherwise).
+  if (records()) --failures_used_;
+  log_.warn(
+      "rank 0's replacement {}: no other rank saves the checkpoints, so the group restarts from "
+      "the latest",
+      why);
+  loss.message += " (the others went on in place, and its replacement " + why + ")";
+  record_failure(std::move(loss));
 }
 
 bool Controller::pending_replacement(const WorkerSlot& worker) const {
@@ -181,23 +203,29 @@ void Controller::on_joinable(WorkerSlot& worker, bool joinable) {
   }
   attempt.joinable.erase(worker.rank);
   // The members' loop ended before its next step boundary: the group the
-  // replacement waits for will not form.
-  if (attempt.replacement && attempt.replacement->generation != 0) {
+  // replacement waits for will not form. Rank 0's, not yet announced, will
+  // find none either, and what the train functions save after their loop
+  // would lack its files.
+  if (attempt.replacement && (attempt.replacement->generation != 0 || attempt.replacement->loss)) {
     drop_replacement("could not join: the train functions left their loop first");
   }
 }
 
 void Controller::drop_replacement(const std::string& why) {
   auto& attempt = *attempt_;
-  const auto replacement = *attempt.replacement;
+  auto replacement = std::move(*attempt.replacement);
   attempt.replacement.reset();
-  log_.warn("rank {}'s replacement {}: the group goes on with {} ranks", replacement.rank, why,
-            attempt.members.size());
   if (WorkerSlot* worker = pool().at_index(replacement.index)) {
     worker->departed = true;
     worker->replacing_since.reset();
     if (!worker->exited) ::kill(static_cast<pid_t>(worker->process.pid), SIGKILL);
   }
+  if (replacement.loss) {
+    restart_without_rank0(std::move(*replacement.loss), why);
+    return;
+  }
+  log_.warn("rank {}'s replacement {}: the group goes on with {} ranks", replacement.rank, why,
+            attempt.members.size());
 }
 
 // Once per pass of the loop, so that ranks lost together (a node's) make one
@@ -285,9 +313,10 @@ void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote
     // Its group: the members and it, by world rank. Each member forms it at
     // its next step boundary, the replacement as soon as it hears.
     replacement->generation = attempt.generation + 1;
+    // It comes last: the group's first rank, which sends it the state, is a
+    // member's (rank 0's replacement too gets it from the lowest rank left).
     replacement->members = attempt.members;
     replacement->members.push_back(replacement->rank);
-    std::sort(replacement->members.begin(), replacement->members.end());
     decision.join = replacement->generation;
     decision.ranks.assign(replacement->members.begin(), replacement->members.end());
     to_main(*pool().at_index(replacement->index),

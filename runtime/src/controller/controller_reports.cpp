@@ -67,6 +67,12 @@ void Controller::on_done(WorkerSlot& worker) {
   if (attempt_->reports.waiting(worker.rank)) throw ProtocolError("DONE while its report waits");
   worker.done = true;
   attempt_->reports.finished(worker.rank);
+  // Rank 0's replacement, which a group that returned can take no more: a run
+  // does not end without rank 0, whose files its last checkpoints lack.
+  auto& replacement = attempt_->replacement;
+  if (replacement && replacement->loss && !pending_replacement(worker)) {
+    drop_replacement("could not join: the train functions returned first");
+  }
   check_stalled();
 }
 
@@ -116,7 +122,9 @@ void Controller::release_report() {
   auto record = attempt.reports.release();
   const bool async = attempt.async_checkpoint && !attempt.async_checkpoint->released;
   if (async) {
-    *attempt.async_checkpoint = {true, record.iteration, record.metrics, now()};
+    *attempt.async_checkpoint = {true, record.iteration, record.metrics, now(), without_rank0()};
+  } else if (!attempt.async_checkpoint && without_rank0() && checkpoints_.staging()) {
+    drop_checkpoint(record.iteration);
   } else if (!attempt.async_checkpoint) {
     try {
       record.checkpoint = checkpoints_.commit(record.iteration, record.metrics);
