@@ -62,6 +62,27 @@ TEST_CASE("report barrier: completes when every rank arrives and keeps rank 0 me
   CHECK(error->find("rank 1 reported iteration 5 while the run is at iteration 2") == 0);
 }
 
+TEST_CASE("report barrier: while rank 0 is out of the group, the lowest rank's metrics count") {
+  ReportBarrier barrier(3);
+  CHECK_FALSE(barrier.arrive(2, 1, {{"loss", 2}}));
+  CHECK_FALSE(barrier.arrive(1, 1, {{"loss", 1}}));
+  barrier.depart(0);  // lost before it reported
+  REQUIRE(barrier.complete());
+  CHECK(barrier.release() == nlohmann::json{{"loss", 1}});
+  // Rank 0's replacement is back: its metrics count again.
+  barrier.rejoin(0);
+  CHECK_FALSE(barrier.arrive(1, 2, {{"loss", 1}}));
+  CHECK_FALSE(barrier.arrive(0, 2, {{"loss", 0}}));
+  CHECK_FALSE(barrier.arrive(2, 2, {{"loss", 2}}));
+  CHECK(barrier.release() == nlohmann::json{{"loss", 0}});
+  // Rank 0 reported, then was lost: what it reported stays.
+  CHECK_FALSE(barrier.arrive(0, 3, {{"loss", 0}}));
+  barrier.depart(0);
+  CHECK_FALSE(barrier.arrive(1, 3, {{"loss", 1}}));
+  CHECK_FALSE(barrier.arrive(2, 3, {{"loss", 2}}));
+  CHECK(barrier.release() == nlohmann::json{{"loss", 0}});
+}
+
 TEST_CASE("signal names") {
   CHECK(signal_description(SIGSEGV) == "SIGSEGV (Segmentation fault)");
   CHECK(signal_description(SIGABRT) == "SIGABRT (Aborted)");

@@ -14,8 +14,9 @@ void Controller::on_report(WorkerSlot& worker, const protocol::Report& report) {
   // workers are about to stop.
   if (!records()) return;
   nlohmann::json metrics;
-  // The group's first rank's are recorded: rank 0's, unless it was lost.
-  if (!attempt_->members.empty() && worker.rank == attempt_->members.front()) {
+  // Rank 0's are recorded; in place, while rank 0 is being replaced, the
+  // lowest rank's that reported, so every rank's are kept at hand.
+  if (worker.rank == 0 || setup_.options.failure.in_place) {
     try {
       metrics = protocol::decode_metrics(report.metrics);
     } catch (const ProtocolError& e) {

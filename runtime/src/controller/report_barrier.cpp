@@ -14,7 +14,10 @@ std::optional<std::string> ReportBarrier::arrive(int rank, int64_t iteration,
   }
   waiting_[static_cast<size_t>(rank)] = true;
   ++arrived_;
-  if (!metrics.is_null()) metrics_ = std::move(metrics);
+  if (!metrics.is_null() && (metrics_rank_ < 0 || rank < metrics_rank_)) {
+    metrics_ = std::move(metrics);
+    metrics_rank_ = rank;
+  }
   return std::nullopt;
 }
 
@@ -24,12 +27,13 @@ nlohmann::json ReportBarrier::release() {
   std::fill(waiting_.begin(), waiting_.end(), false);
   arrived_ = 0;
   ++iteration_;
+  metrics_rank_ = -1;
   return std::exchange(metrics_, nullptr);
 }
 
 void ReportBarrier::depart(int rank) {
   auto index = static_cast<size_t>(rank);
-  if (waiting_[index]) {  // its metrics, if it was the group's first rank, still count
+  if (waiting_[index]) {  // its metrics, if they were kept, still count
     waiting_[index] = false;
     --arrived_;
   }

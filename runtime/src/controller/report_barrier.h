@@ -2,7 +2,8 @@
 
 // train::report is a barrier: every rank reports iteration N, and all of them
 // are released together once the last one arrives. This tracks arrivals for the
-// current iteration and keeps rank 0's metrics, which are the ones recorded.
+// current iteration and keeps the metrics recorded: rank 0's, or while rank 0
+// is out of the group (recovery in place), the lowest rank's.
 
 #include <nlohmann/json.hpp>
 
@@ -17,8 +18,8 @@ class ReportBarrier {
   explicit ReportBarrier(int world_size)
       : waiting_(static_cast<size_t>(world_size), false), expected_(world_size) {}
 
-  /// Records rank's arrival at `iteration`, with the metrics to record (the
-  /// group's first rank's; null from the others). Returns an error message
+  /// Records rank's arrival at `iteration`, with its metrics (null: none to
+  /// record); the lowest rank's that came are kept. Returns an error message
   /// when the rank is out of step (reports an iteration other than the
   /// current one).
   std::optional<std::string> arrive(int rank, int64_t iteration, nlohmann::json metrics);
@@ -42,6 +43,7 @@ class ReportBarrier {
   int expected_;     // the ranks still in the group
   int64_t iteration_ = 1;
   nlohmann::json metrics_;
+  int metrics_rank_ = -1;  // whose metrics_ are
 };
 
 }  // namespace trainrun
