@@ -89,6 +89,21 @@ def resnet18():
         return ResNet18(num_classes=10)
 
 
+def fashion_resnet18():
+    """resnet18() with the 1-channel 7x7 stride-2 conv1 that FashionMNIST needs."""
+    model = resnet18()
+    model.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return model
+
+
+def fashion_mnist(split):
+    """FashionMNIST's "train" or "t10k" images, normalised, with their labels."""
+    images = read_idx(f"{DATA}/{split}-images-idx3-ubyte.gz")
+    labels = read_idx(f"{DATA}/{split}-labels-idx1-ubyte.gz").long()
+    return torch.utils.data.TensorDataset(
+        ((images.float() / 255.0 - 0.28604) / 0.32025).unsqueeze(1), labels)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--warmup", type=int, default=5)
@@ -108,18 +123,14 @@ def main():
     world = dist.get_world_size() if distributed else 1
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
-    images = read_idx(f"{DATA}/train-images-idx3-ubyte.gz")
-    labels = read_idx(f"{DATA}/train-labels-idx1-ubyte.gz").long()
-    dataset = torch.utils.data.TensorDataset(
-        ((images.float() / 255.0 - 0.28604) / 0.32025).unsqueeze(1), labels)
+    dataset = fashion_mnist("train")
     sampler = torch.utils.data.distributed.DistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=True)
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, sampler=sampler,
                                          pin_memory=cuda)
 
     torch.manual_seed(0)
-    model = resnet18()
-    model.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    model = fashion_resnet18()
     if cuda:
         model = model.to(device)
     if distributed:
