@@ -141,19 +141,19 @@ TEST_CASE(
   Sandbox box;
   auto marker = (box.root() / "failed-once").string();
   auto run = box.run(std::string("--plugin '") + TRAINER_PLUGIN +
-                     "' -n 3 --name z --recovery in-place --max-failures 1 --config epochs=3" +
+                     "' -n 3 --name z --recovery in-place --max-failures 1 --config epochs=4" +
                      " --config batches=8 --config fail_step=10 --config fail_rank=0" +
                      " --config await_replacement=true --config step_sleep_ms=20" +
                      " --config marker=" + marker);
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
-  CHECK(run.output.find("train::Trainer: rank 0 caught up from rank 1 at epoch 1") !=
+  CHECK(run.output.find("train::Trainer: rank 0 caught up from rank 1 at epoch ") !=
         std::string::npos);
   auto dir = box.run_dir("z");
   auto reports = read_reports(dir / "result.jsonl");
-  REQUIRE(reports.size() == 3);
-  CHECK(reports.back()["metrics"]["step"] == 24);
+  REQUIRE(reports.size() == 4);
+  CHECK(reports.back()["metrics"]["step"] == 32);
   // The last checkpoint is whole: the group's first rank (rank 1 since the
   // loss) wrote the model and the Trainer's state, the replacement its own.
   const auto last = dir / reports.back()["checkpoint"].get<std::string>();
@@ -544,29 +544,31 @@ TEST_CASE(
   auto out = box.root() / "out";
   auto run = run_epochs_loop(box,
                              "--config kill_rank=0 --config kill_step=10 --config report_first=true"
-                             " --config checkpoint=true");
+                             " --config checkpoint=true --config epochs=4");
   INFO(run.output);
   REQUIRE(run.exit_code == 0);
   CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
   CHECK(run.output.find("the checkpoint of report 1 is not kept: rank 0, which saves them, is "
                         "being replaced (the latest is none)") != std::string::npos);
-  CHECK(run.output.find("train: rank 0 caught up from rank 1 at epoch 1, batch ") !=
-        std::string::npos);
+  CHECK(run.output.find("train: rank 0 caught up from rank 1 at epoch ") != std::string::npos);
   auto rank0 = rank_file(out, 0);
   auto rank1 = rank_file(out, 1);
   REQUIRE(rank0.size() > 2);
   REQUIRE(rank1.size() > 2);
-  CHECK(rank1[0] == "30");
+  CHECK(rank1[0] == "40");
   CHECK(rank_file(out, 2) == rank1);
-  CHECK(std::stoi(rank0[0]) + std::stoi(rank0[1]) == 30);
+  CHECK(std::stoi(rank0[0]) + std::stoi(rank0[1]) == 40);
   CHECK(parameters_of(rank0) == parameters_of(rank1));
   auto dir = box.run_dir("e");
   auto reports = read_reports(dir / "result.jsonl");
-  REQUIRE(reports.size() == 3);
+  REQUIRE(reports.size() == 4);
   CHECK(reports[0].value("checkpoint", "").empty());
+  CHECK(reports[0]["metrics"]["applied"] == 10);  // rank 1's, rank 0 being out
+  REQUIRE_FALSE(reports.back().value("checkpoint", "").empty());
   // Every checkpoint kept has every rank's files.
   for (size_t i = 1; i < reports.size(); ++i) {
     CAPTURE(i);
+    if (reports[i].value("checkpoint", "").empty()) continue;  // made before it joined
     const auto checkpoint = dir / reports[i]["checkpoint"].get<std::string>();
     CHECK(std::filesystem::exists(checkpoint / "model.txt"));
     for (int rank = 0; rank < 3; ++rank) {
@@ -604,4 +606,24 @@ TEST_CASE("rank 0's replacement that cannot join before the loop ends restarts t
   const auto last = dir / reports.back()["checkpoint"].get<std::string>();
   CHECK(std::filesystem::exists(last / "model.txt"));
   CHECK(rank_file(out, 0) == rank_file(out, 1));
+}
+
+TEST_CASE(
+    "a rank that raises while rank 0's replacement is on its way fails the attempt for its "
+    "exception") {
+  // Its loop unwinds (no replacement can join) before its exception is
+  // reported: the exception, not rank 0's loss, is the attempt's failure, and
+  // both count.
+  Sandbox box;
+  auto run = run_epochs_loop(box,
+                             "--config kill_rank=0 --config kill_step=10 --config report_first=true"
+                             " --config raise_rank=2 --config raise_step=12");
+  INFO(run.output);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+  CHECK(run.output.find("raised at step 12") != std::string::npos);
+  CHECK(run.output.find("so the group restarts") == std::string::npos);
+  auto error = read_json(box.run_dir("e") / "error.json");
+  CHECK(error["rank"] == 2);
+  CHECK(error["kind"] == "exception");
 }

@@ -486,7 +486,8 @@ TRAIN_FUNC(survivors);
 // kill (<marker>.reported). Every step sleeps step_sleep_ms (20),
 // so that the replacement joins with steps to spare. A report after each
 // epoch: {epoch, applied}, and with checkpoint=true a checkpoint of each
-// rank's rank-<r>.txt (its applied steps), rank 0's with model.txt. Writes
+// rank's rank-<r>.txt (its applied steps), rank 0's with model.txt. Rank
+// raise_rank raises before its step raise_step once the marker exists. Writes
 // <out>/rank<r>.txt: the optimizer steps it applied, the global index of its
 // first batch, then its parameters.
 void epochs_loop(const train::Config& config) {
@@ -507,6 +508,9 @@ void epochs_loop(const train::Config& config) {
   const int step_sleep_ms = config.get<int>("step_sleep_ms", 20);
   const bool checkpoint = config.get<bool>("checkpoint", false);
   const int waiter = kill_rank == 0 ? 1 : 0;
+  const int raise_step = ctx.world_rank() == config.get<int>("raise_rank", -1)
+                             ? config.get<int>("raise_step", -1)
+                             : -1;
   bool await_replacement = config.get<bool>("await_replacement", true);
   const auto awaited_after = report_first ? marker + ".reported" : marker;
   torch::manual_seed(0);
@@ -540,6 +544,9 @@ void epochs_loop(const train::Config& config) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
         await_replacement = false;  // once
+      }
+      if (applied + 1 == raise_step && std::filesystem::exists(marker)) {
+        throw std::runtime_error("raised at step " + std::to_string(raise_step));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
       optimizer->zero_grad();

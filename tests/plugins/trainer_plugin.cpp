@@ -21,13 +21,16 @@
 // started in <marker>.replacement, and once the marker exists the lowest other rank waits
 // for that, at most 60 s, before its next step: the replacement then joins
 // with steps to spare), replacement_raises (with marker: that replacement
-// throws as it builds its module), fail_rank2, fail_step2 and marker2 (a
+// throws as it builds its module, and the waiting rank waits until its
+// process is gone), fail_rank2, fail_step2 and marker2 (a
 // second rank killed after its step, once; with await_replacement its
 // replacement is awaited the same way), step_sleep_ms (0).
 
 #include <train/train.h>
 
 #include <torch/torch.h>
+
+#include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
@@ -81,16 +84,16 @@ struct Net : train::LightningModule {
         await_replacement(config.get<bool>("await_replacement", false)),
         step_sleep_ms(config.get<int>("step_sleep_ms", 0)),
         second_marker(config.get("marker2", "")),
-        second_rank(config.get<int>("fail_rank2", -1)) {
+        second_rank(config.get<int>("fail_rank2", -1)),
+        replacement_raises(config.get<bool>("replacement_raises", false)) {
     const int rank = train::get_context().world_rank();
     for (const auto& [marker_file, failing] : awaited()) {
       if (await_replacement && rank == failing && std::filesystem::exists(marker_file) &&
           !std::filesystem::exists(marker_file + ".replacement")) {
-        std::ofstream(marker_file + ".replacement") << "started\n";
+        std::ofstream(marker_file + ".replacement") << ::getpid() << "\n";
       }
     }
-    if (config.get<bool>("replacement_raises", false) && failing_rank() &&
-        std::filesystem::exists(first_marker) &&
+    if (replacement_raises && failing_rank() && std::filesystem::exists(first_marker) &&
         !std::filesystem::exists(first_marker + ".raised")) {
       std::ofstream(first_marker + ".raised") << "raised\n";  // once
       throw std::runtime_error("the replacement cannot build its module");
@@ -116,6 +119,7 @@ struct Net : train::LightningModule {
   bool failing_rank() const { return train::get_context().world_rank() == fail_rank; }
   std::string second_marker;
   int second_rank;
+  bool replacement_raises;
   // Each kill's marker, and the rank it kills.
   std::vector<std::pair<std::string, int>> awaited() const {
     std::vector<std::pair<std::string, int>> kills;
@@ -134,6 +138,14 @@ struct Net : train::LightningModule {
         continue;
       }
       for (int i = 0; i < 6000 && !std::filesystem::exists(marker_file + ".replacement"); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      // One that raises: until the controller reaped it, so that its
+      // failure is dealt with before this rank's next step.
+      int pid = 0;
+      if (replacement_raises) std::ifstream(marker_file + ".replacement") >> pid;
+      for (int i = 0;
+           pid > 0 && i < 6000 && std::filesystem::exists("/proc/" + std::to_string(pid)); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }

@@ -135,6 +135,7 @@ struct Attempt {
     // Rank 0's: the loss the group restarts for if it never joins (no other
     // rank saves the checkpoints).
     std::optional<RunError> loss;
+    bool loop_left = false;  // ... and a member left its loop: it cannot join
   };
   std::optional<Replacement> replacement;
   // A replacement that joined, until its group's first step is applied: the

@@ -80,6 +80,9 @@ bool Controller::recover_in_place(WorkerSlot& lost, FailureKind kind, const std:
   attempt.joinable.erase(lost.rank);
   attempt.members.erase(std::remove(attempt.members.begin(), attempt.members.end(), lost.rank),
                         attempt.members.end());
+  // By world rank again (a replacement that joined came last): the group's
+  // first rank, which saves and sends for the others, is the lowest left.
+  std::sort(attempt.members.begin(), attempt.members.end());
   attempt.lost_unannounced.push_back(lost.rank);
   const int64_t step = attempt.votes ? attempt.votes->step : attempt.applied_step + 1;
   InPlaceRecovery record;
@@ -168,9 +171,14 @@ void Controller::start_replacement(const WorkerSlot& lost, RunError loss) {
 }
 
 void Controller::restart_without_rank0(RunError loss, const std::string& why) {
+  // An attempt that fails already ends for its own failure, counted then.
+  if (!records()) {
+    log_.warn("rank 0's replacement {}", why);
+    return;
+  }
   // The loss was counted when the others went on; the attempt's failure is
-  // that loss, counted again as it ends (unless it already failed otherwise).
-  if (records()) --failures_used_;
+  // that loss, counted again as it ends.
+  --failures_used_;
   log_.warn(
       "rank 0's replacement {}: no other rank saves the checkpoints, so the group restarts from "
       "the latest",
@@ -202,11 +210,18 @@ void Controller::on_joinable(WorkerSlot& worker, bool joinable) {
     return;
   }
   attempt.joinable.erase(worker.rank);
+  if (!attempt.replacement) return;
+  // Rank 0's will find no group either, and what the train functions save
+  // after their loop would lack its files: the group restarts, once this
+  // member returns (on_done). Not now: a loop left by an exception says so
+  // first, and the exception is the attempt's failure.
+  if (attempt.replacement->loss) {
+    attempt.replacement->loop_left = true;
+    return;
+  }
   // The members' loop ended before its next step boundary: the group the
-  // replacement waits for will not form. Rank 0's, not yet announced, will
-  // find none either, and what the train functions save after their loop
-  // would lack its files.
-  if (attempt.replacement && (attempt.replacement->generation != 0 || attempt.replacement->loss)) {
+  // replacement waits for will not form.
+  if (attempt.replacement->generation != 0) {
     drop_replacement("could not join: the train functions left their loop first");
   }
 }
@@ -310,11 +325,12 @@ void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote
       attempt.lost_unannounced.empty() &&
       std::all_of(attempt.members.begin(), attempt.members.end(),
                   [&](int rank) { return attempt.joinable.count(rank) > 0; })) {
-    // Its group: the members and it, by world rank. Each member forms it at
+    // Its group: the members and it. Each member forms it at
     // its next step boundary, the replacement as soon as it hears.
     replacement->generation = attempt.generation + 1;
     // It comes last: the group's first rank, which sends it the state, is a
-    // member's (rank 0's replacement too gets it from the lowest rank left).
+    // member's (rank 0's replacement too gets it from the lowest rank left;
+    // the next loss sorts the members by world rank again).
     replacement->members = attempt.members;
     replacement->members.push_back(replacement->rank);
     decision.join = replacement->generation;

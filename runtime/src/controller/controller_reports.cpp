@@ -72,7 +72,9 @@ void Controller::on_done(WorkerSlot& worker) {
   // does not end without rank 0, whose files its last checkpoints lack.
   auto& replacement = attempt_->replacement;
   if (replacement && replacement->loss && !pending_replacement(worker)) {
-    drop_replacement("could not join: the train functions returned first");
+    drop_replacement(replacement->loop_left
+                         ? "could not join: the train functions left their loop first"
+                         : "could not join: the train functions returned first");
   }
   check_stalled();
 }
