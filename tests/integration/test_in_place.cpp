@@ -540,45 +540,52 @@ TEST_CASE(
   // The kill is in the last batch of epoch 0, and the replacement waits for
   // the others' report of that epoch before it joins: that report has no rank
   // 0 to save the model.
-  Sandbox box;
-  auto out = box.root() / "out";
-  auto run = run_epochs_loop(box,
-                             "--config kill_rank=0 --config kill_step=10 --config report_first=true"
-                             " --config checkpoint=true --config epochs=4");
-  INFO(run.output);
-  REQUIRE(run.exit_code == 0);
-  CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
-  CHECK(run.output.find("the checkpoint of report 1 is not kept: rank 0, which saves them, is "
-                        "being replaced (the latest is none)") != std::string::npos);
-  CHECK(run.output.find("train: rank 0 caught up from rank 1 at epoch ") != std::string::npos);
-  auto rank0 = rank_file(out, 0);
-  auto rank1 = rank_file(out, 1);
-  REQUIRE(rank0.size() > 2);
-  REQUIRE(rank1.size() > 2);
-  CHECK(rank1[0] == "40");
-  CHECK(rank_file(out, 2) == rank1);
-  CHECK(std::stoi(rank0[0]) + std::stoi(rank0[1]) == 40);
-  CHECK(parameters_of(rank0) == parameters_of(rank1));
-  auto dir = box.run_dir("e");
-  auto reports = read_reports(dir / "result.jsonl");
-  REQUIRE(reports.size() == 4);
-  CHECK(reports[0].value("checkpoint", "").empty());
-  CHECK(reports[0]["metrics"]["applied"] == 10);  // rank 1's, rank 0 being out
-  REQUIRE_FALSE(reports.back().value("checkpoint", "").empty());
-  // Every checkpoint kept has every rank's files.
-  for (size_t i = 1; i < reports.size(); ++i) {
-    CAPTURE(i);
-    if (reports[i].value("checkpoint", "").empty()) continue;  // made before it joined
-    const auto checkpoint = dir / reports[i]["checkpoint"].get<std::string>();
-    CHECK(std::filesystem::exists(checkpoint / "model.txt"));
-    for (int rank = 0; rank < 3; ++rank) {
-      CHECK(std::filesystem::exists(checkpoint / ("rank-" + std::to_string(rank) + ".txt")));
+  // Synchronous and asynchronous uploads: an asynchronous one is dropped at
+  // its commit, and the report that waited for it goes on.
+  for (const std::string mode : {"sync", "async"}) {
+    CAPTURE(mode);
+    Sandbox box;
+    auto out = box.root() / "out";
+    auto run =
+        run_epochs_loop(box,
+                        "--config kill_rank=0 --config kill_step=10 --config report_first=true"
+                        " --config checkpoint=true --config epochs=4 --config upload_mode=" +
+                            mode);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
+    CHECK(run.output.find("the checkpoint of report 1 is not kept: rank 0, which saves them, is "
+                          "being replaced (the latest is none)") != std::string::npos);
+    CHECK(run.output.find("train: rank 0 caught up from rank 1 at epoch ") != std::string::npos);
+    auto rank0 = rank_file(out, 0);
+    auto rank1 = rank_file(out, 1);
+    REQUIRE(rank0.size() > 2);
+    REQUIRE(rank1.size() > 2);
+    CHECK(rank1[0] == "40");
+    CHECK(rank_file(out, 2) == rank1);
+    CHECK(std::stoi(rank0[0]) + std::stoi(rank0[1]) == 40);
+    CHECK(parameters_of(rank0) == parameters_of(rank1));
+    auto dir = box.run_dir("e");
+    auto reports = read_reports(dir / "result.jsonl");
+    REQUIRE(reports.size() == 4);
+    CHECK(reports[0].value("checkpoint", "").empty());
+    CHECK(reports[0]["metrics"]["applied"] == 10);  // rank 1's, rank 0 being out
+    REQUIRE_FALSE(reports.back().value("checkpoint", "").empty());
+    // Every checkpoint kept has every rank's files.
+    for (size_t i = 1; i < reports.size(); ++i) {
+      CAPTURE(i);
+      if (reports[i].value("checkpoint", "").empty()) continue;  // made before it joined
+      const auto checkpoint = dir / reports[i]["checkpoint"].get<std::string>();
+      CHECK(std::filesystem::exists(checkpoint / "model.txt"));
+      for (int rank = 0; rank < 3; ++rank) {
+        CHECK(std::filesystem::exists(checkpoint / ("rank-" + std::to_string(rank) + ".txt")));
+      }
     }
+    auto info = read_json(dir / "run.json");
+    REQUIRE(info["attempts"].size() == 1);
+    REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+    CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
   }
-  auto info = read_json(dir / "run.json");
-  REQUIRE(info["attempts"].size() == 1);
-  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
-  CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
 }
 
 TEST_CASE("rank 0's replacement that cannot join before the loop ends restarts the group") {

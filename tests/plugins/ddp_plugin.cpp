@@ -486,7 +486,8 @@ TRAIN_FUNC(survivors);
 // kill (<marker>.reported). Every step sleeps step_sleep_ms (20),
 // so that the replacement joins with steps to spare. A report after each
 // epoch: {epoch, applied}, and with checkpoint=true a checkpoint of each
-// rank's rank-<r>.txt (its applied steps), rank 0's with model.txt. Rank
+// rank's rank-<r>.txt (its applied steps), rank 0's with model.txt,
+// uploaded as `upload_mode` says (sync or async). Rank
 // raise_rank raises before its step raise_step once the marker exists. Writes
 // <out>/rank<r>.txt: the optimizer steps it applied, the global index of its
 // first batch, then its parameters.
@@ -507,6 +508,9 @@ void epochs_loop(const train::Config& config) {
   const int batches = config.get<int>("batches", 10);
   const int step_sleep_ms = config.get<int>("step_sleep_ms", 20);
   const bool checkpoint = config.get<bool>("checkpoint", false);
+  const auto upload_mode = config.get<std::string>("upload_mode", "sync") == "async"
+                               ? train::CheckpointUploadMode::kAsync
+                               : train::CheckpointUploadMode::kSync;
   const int waiter = kill_rank == 0 ? 1 : 0;
   const int raise_step = ctx.world_rank() == config.get<int>("raise_rank", -1)
                              ? config.get<int>("raise_step", -1)
@@ -568,7 +572,7 @@ void epochs_loop(const train::Config& config) {
       std::ofstream(dir.path() / ("rank-" + std::to_string(ctx.world_rank()) + ".txt"))
           << applied << "\n";
       if (ctx.world_rank() == 0) std::ofstream(dir.path() / "model.txt") << applied << "\n";
-      train::report(metrics, train::Checkpoint::from_directory(dir.path()));
+      train::report(metrics, train::Checkpoint::from_directory(dir.path()), upload_mode);
     } else {
       train::report(metrics);
     }
