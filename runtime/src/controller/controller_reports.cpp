@@ -86,7 +86,11 @@ void Controller::on_progress(const WorkerSlot& worker, const protocol::Progress&
       !in(progress.samples)) {
     throw ProtocolError("PROGRESS with counts out of range");
   }
-  if (worker.rank != 0 || !setup_.on_progress || !healthy()) return;
+  // The group's first rank's: rank 0's, or while it is being replaced, the lowest one left.
+  const auto& members = attempt_->members;
+  if (members.empty() || worker.rank != members.front() || !setup_.on_progress || !healthy()) {
+    return;
+  }
   ProgressSample sample{setup_.attempt_offset + attempt_->number,
                         world_size(),
                         progress.epoch,

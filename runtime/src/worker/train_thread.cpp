@@ -356,7 +356,8 @@ int host_arrive(void* handle, char* error, size_t error_size) {
   return 1;
 }
 
-// Rank 0 sends where its loader is at most every kProgressInterval, and an
+// The group's first rank (the SDK sends from it alone) sends where its loader
+// is at most every kProgressInterval, and an
 // epoch's end (so the display shows it complete) unless one went out within
 // kProgressMinInterval, without waiting: a full queue drops it. Only from the
 // train thread, which owns the connection.
@@ -366,7 +367,7 @@ constexpr auto kProgressMinInterval = std::chrono::milliseconds(20);
 void host_progress(void* handle, int64_t epoch, int64_t batch, int64_t batches, int64_t steps,
                    int64_t samples) {
   auto& state = *static_cast<HostState*>(handle);
-  if (state.world_rank != 0 || std::this_thread::get_id() != state.train_thread) return;
+  if (std::this_thread::get_id() != state.train_thread) return;  // the SDK sends from one rank
   auto now = std::chrono::steady_clock::now();
   const bool epoch_end = batches > 0 && batch >= batches;
   if (now - state.progress_sent < (epoch_end ? kProgressMinInterval : kProgressInterval)) return;

@@ -20,10 +20,11 @@ Shown g_shown;
 // Counts above this are clamped: the controller refuses larger ones.
 constexpr int64_t kMostCount = int64_t{1} << 50;
 
-// The host table when it takes progress from this rank on this thread.
+// The host table when it takes progress from this rank on this thread: the
+// group's first rank (rank 0, or while it is being replaced, the lowest left).
 const train_host_v1_t* progress_host() {
   const train_host_v1_t* host = entry_host_on_this_thread();
-  if (host == nullptr || host->world_rank != 0 || !TRAIN_HOST_HAS(host, progress) ||
+  if (host == nullptr || !leads_group() || !TRAIN_HOST_HAS(host, progress) ||
       host->progress == nullptr) {
     return nullptr;
   }
