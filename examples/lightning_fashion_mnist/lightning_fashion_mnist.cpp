@@ -4,7 +4,8 @@
 // Trainer's. Config: epochs (2), max_steps (-1: all), train_batches (-1:
 // all, per epoch), precision (32 or bf16), patience (0: no early stopping),
 // val_batches (-1: all), batch_size (128), log_every (50: the loss printed
-// every n steps), data_dir.
+// every n steps), capture (false; true: each step captured as a CUDA graph
+// and replayed, on a GPU), data_dir.
 
 #include <train/train.h>
 
@@ -40,21 +41,26 @@ struct ImageClassifier : train::LightningModule {
 void train_func(const train::Config& config) {
   const auto data_dir = config.get("data_dir", fashion_mnist::kDefaultDataDir);
   const auto batch_size = static_cast<size_t>(config.get<int>("batch_size", 128));
+  const bool capture = config.get<bool>("capture", false);
   std::vector<std::shared_ptr<train::Callback>> callbacks;
   if (int patience = config.get<int>("patience", 0); patience > 0) {
     callbacks.push_back(std::make_shared<train::EarlyStopping>(
         train::EarlyStoppingOptions().monitor("val_loss").patience(patience)));
   }
-  train::Trainer trainer(train::TrainerOptions()
-                             .max_epochs(config.get<int>("epochs", 2))
-                             .max_steps(config.get<int>("max_steps", -1))
-                             .limit_train_batches(config.get<int>("train_batches", -1))
-                             .limit_val_batches(config.get<int>("val_batches", -1))
-                             .log_every_n_steps(config.get<int>("log_every", 50))
-                             .precision(train::precision_from_string(config.get("precision", "32")))
-                             .train_loader(train::LoaderOptions().batch_size(batch_size))
-                             .val_loader(train::LoaderOptions().batch_size(batch_size)),
-                         callbacks);
+  train::Trainer trainer(
+      train::TrainerOptions()
+          .max_epochs(config.get<int>("epochs", 2))
+          .max_steps(config.get<int>("max_steps", -1))
+          .limit_train_batches(config.get<int>("train_batches", -1))
+          .limit_val_batches(config.get<int>("val_batches", -1))
+          .log_every_n_steps(config.get<int>("log_every", 50))
+          .precision(train::precision_from_string(config.get("precision", "32")))
+          .train_loader(train::LoaderOptions()
+                            .batch_size(batch_size)
+                            .drop_last(capture))  // a captured step replays batches of one shape
+          .val_loader(train::LoaderOptions().batch_size(batch_size))
+          .capture(train::CaptureOptions().enabled(capture)),
+      callbacks);
   // Normalised once, then gathered a batch at a time.
   auto tensors = [&](fashion_mnist::Split split) {
     fashion_mnist::FashionMNIST raw(data_dir, split);

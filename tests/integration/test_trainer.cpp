@@ -153,6 +153,62 @@ TEST_CASE(
   CHECK((steps == std::vector<int64_t>{3, 6, 8}));
 }
 
+TEST_CASE("trainer: capture on the CPU runs eagerly, says why, and trains as without it") {
+  Sandbox box;
+  // train::optim::Adam, a scheduler per epoch, gradients clipped by norm on
+  // the device: a loop that could be captured on a GPU. Here the steps run
+  // through the captured step's eager path, logging after each step.
+  const std::string config =
+      "--config epochs=2 --config batches=8 --config report_steps=1 --config sdk_optim=true"
+      " --config epoch_scheduler=true --config clip=0.5";
+  auto eager = box.run(trainer_run("eager", config));
+  INFO(eager.output);
+  REQUIRE(eager.exit_code == 0);
+  auto captured = box.run(trainer_run("captured", config + " --config capture=true"));
+  INFO(captured.output);
+  REQUIRE(captured.exit_code == 0);
+  CHECK(captured.output.find("train::CapturedStep: steps run eagerly: the batch is on cpu: a "
+                             "CUDA graph captures GPU work") != std::string::npos);
+  auto a = read_jsonl(box.run_dir("eager") / "result.jsonl");
+  auto b = read_jsonl(box.run_dir("captured") / "result.jsonl");
+  for (const std::string metric : {"loss_step", "lr", "loss_epoch", "val_loss"}) {
+    CAPTURE(metric);
+    CHECK(by_step(a, metric).size() >= 2);
+    CHECK((by_step(b, metric) == by_step(a, metric)));
+  }
+}
+
+TEST_CASE("trainer: capture says in one line why a loop it cannot replay runs eagerly") {
+  Sandbox box;
+  const std::string base = "--config epochs=1 --config batches=4 --config capture=true";
+  struct Case {
+    std::string name, config, reason;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"libtorch_optim", "",
+            "train::Trainer: steps run eagerly: the optimizer is not train::optim's SGD, Adam or "
+            "AdamW"},
+           {"accumulate", " --config sdk_optim=true --config accumulate=2",
+            "train::Trainer: steps run eagerly: accumulate_grad_batches is 2"},
+           {"step_scheduler", " --config sdk_optim=true",
+            "train::Trainer: steps run eagerly: the LR scheduler steps every optimizer step"},
+           {"hook",
+            " --config sdk_optim=true --config epoch_scheduler=true --config step_hook=true",
+            "train::Trainer: steps run eagerly: callback 'StepHook' overrides "
+            "on_before_optimizer_step"},
+       }) {
+    CAPTURE(c.name);
+    auto run = box.run(trainer_run(c.name, base + c.config));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find(c.reason) != std::string::npos);
+    // The hook is called at every step, eager as they are.
+    if (c.name == "hook") {
+      CHECK(run.output.find("on_before_optimizer_step calls: 4") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("trainer: ModelCheckpoint on a step value saves only steps that beat the best so far") {
   Sandbox box;
   // No validation; the step loss, averaged at each step sync point, is the monitor.

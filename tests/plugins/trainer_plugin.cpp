@@ -85,7 +85,10 @@ struct Net : train::LightningModule {
         step_sleep_ms(config.get<int>("step_sleep_ms", 0)),
         second_marker(config.get("marker2", "")),
         second_rank(config.get<int>("fail_rank2", -1)),
-        replacement_raises(config.get<bool>("replacement_raises", false)) {
+        replacement_raises(config.get<bool>("replacement_raises", false)),
+        log_lr(config.get<bool>("log_lr", true)),
+        sdk_optim(config.get<bool>("sdk_optim", false)),
+        epoch_scheduler(config.get<bool>("epoch_scheduler", false)) {
     const int rank = train::get_context().world_rank();
     for (const auto& [marker_file, failing] : awaited()) {
       if (await_replacement && rank == failing && std::filesystem::exists(marker_file) &&
@@ -120,6 +123,9 @@ struct Net : train::LightningModule {
   std::string second_marker;
   int second_rank;
   bool replacement_raises;
+  bool log_lr;           // log the learning rate, a number from the host
+  bool sdk_optim;        // train::optim::Adam rather than torch::optim::Adam
+  bool epoch_scheduler;  // step the scheduler every epoch rather than every step
   // Each kill's marker, and the rank it kills.
   std::vector<std::pair<std::string, int>> awaited() const {
     std::vector<std::pair<std::string, int>> kills;
@@ -164,8 +170,10 @@ struct Net : train::LightningModule {
     }
     const bool prog_bar = !prog_bar_rank0 || train::get_context().world_rank() == 0;
     log("loss", loss, train::LogOptions().on_step(true).on_epoch(true).prog_bar(prog_bar));
-    log("lr", optimizer->param_groups()[0].options().get_lr(),
-        train::LogOptions().on_step(true).on_epoch(false));
+    if (log_lr) {
+      log("lr", optimizer->param_groups()[0].options().get_lr(),
+          train::LogOptions().on_step(true).on_epoch(false));
+    }
     if (mismatch && train::get_context().world_rank() == 1) {
       log("only_rank_1", 1.0, train::LogOptions().on_epoch(true));
     }
@@ -197,10 +205,16 @@ struct Net : train::LightningModule {
       std::cout << "failing while catching up" << std::endl;
       std::raise(SIGKILL);
     }
-    optimizer = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.01));
+    if (sdk_optim) {
+      optimizer =
+          std::make_shared<train::optim::Adam>(parameters(), train::optim::AdamOptions(0.01));
+    } else {
+      optimizer =
+          std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.01));
+    }
     return {optimizer,
             std::make_shared<torch::optim::StepLR>(*optimizer, /*step_size=*/3, /*gamma=*/0.5),
-            train::SchedulerInterval::kStep};
+            epoch_scheduler ? train::SchedulerInterval::kEpoch : train::SchedulerInterval::kStep};
   }
 };
 
@@ -225,6 +239,22 @@ class FailOnce : public train::Callback {
   int64_t step_;
   int rank_;
   std::string marker_;
+};
+
+// Counts the optimizer steps it saw, and prints the count at the end.
+class StepHook : public train::Callback {
+ public:
+  std::string state_key() const override { return "StepHook"; }
+  void on_before_optimizer_step(train::Trainer&, train::LightningModule&,
+                                torch::optim::Optimizer&) override {
+    ++calls_;
+  }
+  void on_fit_end(train::Trainer&, train::LightningModule&) override {
+    std::cout << "on_before_optimizer_step calls: " << calls_ << std::endl;
+  }
+
+ private:
+  int64_t calls_ = 0;
 };
 
 // Prints what the built-in callbacks hold at the end, for the tests to compare.
@@ -277,20 +307,23 @@ void fit(const train::Config& config) {
     callbacks.push_back(std::make_shared<FailOnce>(config.get<int>("fail_step2", 5),
                                                    config.get<int>("fail_rank2", 1), marker));
   }
-  train::Trainer trainer(train::TrainerOptions()
-                             .max_epochs(config.get<int>("epochs", 3))
-                             .accumulate_grad_batches(config.get<int>("accumulate", 1))
-                             .gradient_clip_val(config.get<double>("clip", 0))
-                             .gradient_clip_algorithm(config.get<bool>("clip_by_value", false)
-                                                          ? train::GradientClip::kValue
-                                                          : train::GradientClip::kNorm)
-                             .val_check_interval(config.get<int>("val_every", 0))
-                             .limit_val_batches(config.get<int>("val_batches", -1))
-                             .precision(train::precision_from_string(config.get("precision", "32")))
-                             .log_every_n_steps(config.get<int>("log_every", 4))
-                             .train_loader(train::LoaderOptions().batch_size(kBatch))
-                             .val_loader(train::LoaderOptions().batch_size(kBatch)),
-                         callbacks);
+  if (config.get<bool>("step_hook", false)) callbacks.push_back(std::make_shared<StepHook>());
+  train::Trainer trainer(
+      train::TrainerOptions()
+          .max_epochs(config.get<int>("epochs", 3))
+          .accumulate_grad_batches(config.get<int>("accumulate", 1))
+          .gradient_clip_val(config.get<double>("clip", 0))
+          .gradient_clip_algorithm(config.get<bool>("clip_by_value", false)
+                                       ? train::GradientClip::kValue
+                                       : train::GradientClip::kNorm)
+          .val_check_interval(config.get<int>("val_every", 0))
+          .limit_val_batches(config.get<int>("val_batches", -1))
+          .precision(train::precision_from_string(config.get("precision", "32")))
+          .log_every_n_steps(config.get<int>("log_every", 4))
+          .train_loader(train::LoaderOptions().batch_size(kBatch))
+          .val_loader(train::LoaderOptions().batch_size(kBatch))
+          .capture(train::CaptureOptions().enabled(config.get<bool>("capture", false))),
+      callbacks);
   // 10 validation samples per rank: batches of 4, 4 and 2.
   trainer.fit(std::make_shared<Net>(config), Synthetic(batches * kBatch * world),
               Synthetic(config.get<int>("val_size", 10 * world)));

@@ -54,9 +54,11 @@ class Callback {
   /// After each validation run, with its metrics in Trainer::callback_metrics().
   virtual void on_validation_end(Trainer& /*trainer*/, LightningModule& /*module*/) {}
   /// After the gradients are averaged (and unscaled), before they are clipped
-  /// and the optimizer steps, as Lightning calls it.
-  virtual void on_before_optimizer_step(Trainer& /*trainer*/, LightningModule& /*module*/,
-                                        torch::optim::Optimizer& /*optimizer*/) {}
+  /// and the optimizer steps, as Lightning calls it. A replayed captured step
+  /// could not call it: with TrainerOptions::capture, a callback that
+  /// overrides it keeps every step eager.
+  virtual void on_before_optimizer_step(Trainer& trainer, LightningModule& module,
+                                        torch::optim::Optimizer& optimizer);
   /// Writes this callback's state into a checkpoint the trainer is saving.
   virtual void on_save_checkpoint(Trainer& /*trainer*/,
                                   torch::serialize::OutputArchive& /*archive*/) {}

@@ -65,6 +65,11 @@ class CapturedStep {
 
   /// Whether the steps are now replayed from a graph.
   bool captured() const;
+  /// Whether the step function is running under capture now: what it does on
+  /// the host will not run again at replays (a step may refuse, by throwing,
+  /// what a replay cannot repeat; the capture then fails and the steps run
+  /// eagerly, saying why).
+  bool capturing() const;
   /// Why the steps run eagerly ("" while capturing is still possible).
   const std::string& eager_reason() const;
   /// Drops the graph: the next steps warm up and capture again. Call it after

@@ -24,6 +24,7 @@
 
 #include <train/amp.h>
 #include <train/callbacks.h>
+#include <train/capture.h>
 #include <train/checkpoint.h>
 #include <train/context.h>
 #include <train/data.h>
@@ -133,6 +134,19 @@ struct TrainerOptions {
   TORCH_ARG(ModelOptions, model) = {};
   /// GradScaler's options, for Precision::kFP16Mixed.
   TORCH_ARG(GradScalerOptions, grad_scaler) = {};
+  /// Capture the optimizer step (training_step, backward with the reducer's
+  /// collectives, clipping, the GradScaler, the optimizer's step) as one CUDA
+  /// graph after warmup_steps eager ones, and replay it (train::CapturedStep):
+  /// `.capture(train::CaptureOptions())`. Off by default. A replay runs no
+  /// host code: training_step must log tensors computed on the GPU, and what
+  /// it decides on the host (from batch_idx, the epoch) stays as captured.
+  /// Validation, callbacks' other hooks and reports run eagerly. The step is
+  /// captured again after an epoch's LR scheduler step or a change of group.
+  /// Steps run eagerly, saying why in one line, with accumulate_grad_batches
+  /// above 1, a scheduler stepped every step, a callback's own
+  /// on_before_optimizer_step, or where CapturedStep cannot capture (the CPU,
+  /// Gloo with several ranks, a host synchronisation in the step).
+  TORCH_ARG(CaptureOptions, capture) = CaptureOptions().enabled(false);
 };
 
 /// The module the trainer runs (Lightning's LightningModule): a

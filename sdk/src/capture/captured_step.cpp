@@ -41,6 +41,7 @@ struct CapturedStep::Impl {
   bool decided = false;
   std::string reason;  // why every step runs eagerly; "" while capture is possible
   int eager_steps = 0;
+  bool capturing = false;      // the step function runs under capture
   std::set<std::string> told;  // the lines already said
   torch::Tensor static_data, static_target, static_loss;
 #ifdef USE_C10D_NCCL
@@ -109,8 +110,11 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     fresh->capture_begin();  // 1.13 captures in the global mode only
 #endif
     try {
+      capturing = true;
       loss = step(static_data, static_target);
+      capturing = false;
     } catch (...) {
+      capturing = false;
       try {
         fresh->capture_end();
       } catch (const std::exception&) {
@@ -194,6 +198,8 @@ bool CapturedStep::captured() const {
   return false;
 #endif
 }
+
+bool CapturedStep::capturing() const { return impl_->capturing; }
 
 const std::string& CapturedStep::eager_reason() const { return impl_->reason; }
 

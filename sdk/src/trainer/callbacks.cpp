@@ -10,7 +10,19 @@
 #include <limits>
 #include <stdexcept>
 
+#include "trainer/trainer_fit.h"
+
 namespace train {
+
+namespace detail {
+thread_local bool default_hook_reached = false;
+}  // namespace detail
+
+void Callback::on_before_optimizer_step(Trainer& /*trainer*/, LightningModule& /*module*/,
+                                        torch::optim::Optimizer& /*optimizer*/) {
+  detail::default_hook_reached = true;  // not overridden: a replayed step may skip it
+}
+
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();

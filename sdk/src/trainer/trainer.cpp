@@ -1,4 +1,5 @@
 #include <train/distributed.h>
+#include <train/optim.h>
 #include <train/report.h>
 #include <train/trainer.h>
 
@@ -37,6 +38,22 @@ template <typename Kind>
 bool has(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return std::any_of(callbacks.begin(), callbacks.end(),
                      [](const auto& c) { return dynamic_cast<Kind*>(c.get()) != nullptr; });
+}
+
+// LibTorch's clip_grad_norm_ (the same operations, so the same results),
+// without reading the norm on the host: no synchronisation per step, and a
+// step that can be captured.
+void clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+  std::vector<torch::Tensor> grads, norms;
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) grads.push_back(parameter.grad().data());
+  }
+  if (grads.empty()) return;
+  norms.reserve(grads.size());
+  for (const auto& grad : grads) norms.push_back(grad.norm(2.0));
+  auto total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+  auto coefficient = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (auto& grad : grads) grad.mul_(coefficient);
 }
 
 std::string precision_name(Precision precision) {
@@ -92,6 +109,8 @@ Trainer::Trainer(TrainerOptions options, std::vector<std::shared_ptr<Callback>> 
   require(options_.log_every_n_steps() >= 0, "log_every_n_steps must be >= 0");
   require(options_.train_loader().batch_size() >= 1, "train_loader's batch_size must be >= 1");
   require(options_.val_loader().batch_size() >= 1, "val_loader's batch_size must be >= 1");
+  require(!options_.capture().enabled() || options_.capture().warmup_steps() >= 1,
+          "capture's warmup_steps must be >= 1");
   std::set<std::string> keys;
   for (const auto& callback : callbacks_) {
     if (!callback) throw std::invalid_argument("train::Trainer: a callback is null");
@@ -162,6 +181,18 @@ void Trainer::log(const std::string& name, const torch::Tensor* tensor, double v
   }
   double weight = static_cast<double>(options.batch_size());
   if (weight <= 0) weight = f.in_step ? static_cast<double>(std::max<int64_t>(f.batch_size, 1)) : 1;
+  if (f.defer_logs && training_step) {  // added after the step, and after each replay of it
+    if (f.capture->capturing() && (tensor == nullptr || !tensor->is_cuda())) {
+      throw std::runtime_error(
+          "training_step logs '" + name + "' as " +
+          (tensor == nullptr ? std::string("a number")
+                             : "a tensor on the " + tensor->device().str()) +
+          ", which a replayed step cannot compute again; log a tensor computed on the GPU");
+    }
+    f.step_logs.push_back({name, tensor != nullptr ? *tensor : torch::Tensor(), value, weight,
+                           on_step, on_epoch, options.prog_bar(), options.sync_dist()});
+    return;
+  }
   (validating ? f.val_log : f.train_log)
       .add(name, tensor, value, weight, on_step, on_epoch, options.prog_bar(), options.sync_dist());
 }
@@ -244,6 +275,7 @@ void Trainer::Fit::run(Trainer& trainer) {
     detail::declare_joinable(true);  // this loop takes a replacement at its step boundaries
   }
   optimizer->zero_grad();
+  setup_capture(trainer);
 
   for (const auto& callback : trainer.callbacks_) callback->on_fit_start(trainer, *module);
   // An epoch resumed in its middle is finished as it would have been (its
@@ -361,6 +393,7 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   if (scheduler && interval == SchedulerInterval::kEpoch) {
     scheduler->step();
     ++scheduler_steps;
+    if (capture) capture->reset();  // the graph holds the old learning rate
   }
   epoch_done = true;  // a checkpoint from here on resumes at the next epoch
   for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_end(trainer, *module);
@@ -376,36 +409,60 @@ bool Trainer::Fit::training_batch(Trainer& trainer, Batch& data, int64_t index, 
   batch_size = data.data.dim() > 0 ? data.data.size(0) : 1;
   const int64_t accumulate = options.accumulate_grad_batches();
   const bool accumulating = accumulate > 1 && (index + 1) % accumulate != 0 && !last;
-  {
-    std::optional<NoSync> no_sync;
-    if (accumulating) no_sync.emplace(*module);
-    torch::Tensor loss;
-    {
-      std::optional<Autocast> autocast;
-      enter_autocast(autocast, options.precision(), device);
-      in_step = true;
-      loss = module->training_step(data, index);
-      in_step = false;
-    }
-    if (!loss.defined() || loss.numel() != 1) {
-      throw std::runtime_error(
-          "train::LightningModule::training_step must return the loss, one "
-          "number; got " +
-          (loss.defined() ? "a tensor of shape " + c10::str(loss.sizes())
-                          : std::string("an undefined tensor")));
-    }
-    if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
-    (scaler ? scaler->scale(loss) : loss).backward();
+  if (capture) {  // never with accumulation
+    captured_batch(data, index);
+  } else {
+    forward_backward(trainer, data, index, accumulating);
+    if (accumulating) return false;
+    optimizer_step(trainer);
   }
-  if (accumulating) return false;
+  ++global_step;
+  if (scheduler && interval == SchedulerInterval::kStep) {
+    scheduler->step();
+    ++scheduler_steps;
+  }
+  return true;
+}
+
+torch::Tensor Trainer::Fit::forward_backward(Trainer& trainer, Batch& data, int64_t index,
+                                             bool accumulating) {
+  const int64_t accumulate = trainer.options_.accumulate_grad_batches();
+  std::optional<NoSync> no_sync;
+  if (accumulating) no_sync.emplace(*module);
+  torch::Tensor loss;
+  {
+    std::optional<Autocast> autocast;
+    enter_autocast(autocast, trainer.options_.precision(), device);
+    in_step = true;
+    loss = module->training_step(data, index);
+    in_step = false;
+  }
+  if (!loss.defined() || loss.numel() != 1) {
+    throw std::runtime_error(
+        "train::LightningModule::training_step must return the loss, one "
+        "number; got " +
+        (loss.defined() ? "a tensor of shape " + c10::str(loss.sizes())
+                        : std::string("an undefined tensor")));
+  }
+  if (accumulate > 1) loss = loss / static_cast<double>(accumulate);
+  (scaler ? scaler->scale(loss) : loss).backward();
+  return loss;
+}
+
+void Trainer::Fit::optimizer_step(Trainer& trainer) {
+  const auto& options = trainer.options_;
   if (scaler) scaler->unscale_(*optimizer);
   // As Lightning: the hook sees the gradients before clipping.
   for (const auto& callback : trainer.callbacks_) {
+    detail::default_hook_reached = false;
     callback->on_before_optimizer_step(trainer, *module, *optimizer);
+    if (!detail::default_hook_reached && overriding_hook.empty()) {
+      overriding_hook = callback->state_key();
+    }
   }
   if (options.gradient_clip_val() > 0) {
     if (options.gradient_clip_algorithm() == GradientClip::kNorm) {
-      torch::nn::utils::clip_grad_norm_(module->parameters(), options.gradient_clip_val());
+      clip_grad_norm(module->parameters(), options.gradient_clip_val());
     } else {
       torch::nn::utils::clip_grad_value_(module->parameters(), options.gradient_clip_val());
     }
@@ -417,12 +474,76 @@ bool Trainer::Fit::training_batch(Trainer& trainer, Batch& data, int64_t index, 
     optimizer->step();
   }
   optimizer->zero_grad();
-  ++global_step;
-  if (scheduler && interval == SchedulerInterval::kStep) {
-    scheduler->step();
-    ++scheduler_steps;
+}
+
+void Trainer::Fit::setup_capture(Trainer& trainer) {
+  const auto& options = trainer.options_;
+  if (!options.capture().enabled()) return;
+  if (options.accumulate_grad_batches() > 1) {
+    return stop_capturing("accumulate_grad_batches is " +
+                          std::to_string(options.accumulate_grad_batches()) +
+                          ", and a captured step is one whole optimizer step");
   }
-  return true;
+  if (dynamic_cast<optim::AmpStep*>(optimizer.get()) == nullptr) {
+    return stop_capturing(
+        "the optimizer is not train::optim's SGD, Adam or AdamW: LibTorch's read their step "
+        "count on the host, and a replayed step would keep the captured one");
+  }
+  if (scheduler && interval == SchedulerInterval::kStep) {
+    return stop_capturing(
+        "the LR scheduler steps every optimizer step, and a replayed step keeps the learning "
+        "rate it was captured with (a scheduler of SchedulerInterval::kEpoch is captured again "
+        "after each epoch's step)");
+  }
+  capture_group = group().get();
+  capture = std::make_unique<CapturedStep>(
+      [this, &trainer](const torch::Tensor& data, const torch::Tensor& target) {
+        step_ran = true;
+        step_logs.clear();  // a failed capture ran this once already
+        Batch batch(data, target);
+        auto loss = forward_backward(trainer, batch, step_index, /*accumulating=*/false);
+        optimizer_step(trainer);
+        return loss;
+      },
+      options.capture());
+}
+
+void Trainer::Fit::captured_batch(Batch& data, int64_t index) {
+  if (group().get() != capture_group) {  // a replacement joined, or a rank was lost
+    capture->reset();
+    capture_group = group().get();
+  }
+  const bool was_captured = capture->captured();
+  step_index = index;
+  step_ran = false;
+  step_logs.clear();
+  defer_logs = true;
+  struct Undefer {
+    bool& flag;
+    ~Undefer() { flag = false; }
+  } undefer{defer_logs};
+  (*capture)(data.data, data.target);
+  defer_logs = false;
+  // The step that captured logged the graph's own tensors: each replay
+  // overwrites them with its values, which are added again.
+  if (step_ran && !was_captured && capture->captured()) replayed_logs = step_logs;
+  for (const auto& l : step_ran ? step_logs : replayed_logs) {
+    train_log.add(l.name, l.tensor.defined() ? &l.tensor : nullptr, l.value, l.weight, l.on_step,
+                  l.on_epoch, l.prog_bar, l.sync_dist);
+  }
+  if (!overriding_hook.empty()) {  // seen at the first step, which is eager
+    stop_capturing("callback '" + overriding_hook +
+                   "' overrides on_before_optimizer_step, which a replayed step could not call");
+  } else if (!capture->eager_reason().empty()) {  // for good, and said by CapturedStep
+    capture.reset();
+    replayed_logs.clear();
+  }
+}
+
+void Trainer::Fit::stop_capturing(const std::string& reason) {
+  capture.reset();
+  replayed_logs.clear();
+  std::cerr << "train::Trainer: steps run eagerly: " << reason << std::endl;
 }
 
 bool Trainer::Fit::step_sync_due(const Trainer& trainer) const {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/catch_up.h"
 #include "core/collectives.h"
@@ -27,6 +28,9 @@ namespace detail {
 /// every character but letters and digits as '_' (archive keys are
 /// TorchScript attribute names).
 std::string callback_archive_key(const std::string& state_key);
+/// Set by Callback's own on_before_optimizer_step, which a callback that
+/// overrides it does not reach: such a callback keeps the steps eager.
+extern thread_local bool default_hook_reached;
 }  // namespace detail
 
 struct Trainer::Fit {
@@ -39,6 +43,20 @@ struct Trainer::Fit {
   /// One batch: forward, backward, and (unless accumulating) the step.
   /// Returns whether the optimizer stepped.
   bool training_batch(Trainer& trainer, Batch& data, int64_t index, bool last);
+  /// training_step under autocast, and backward on its loss (scaled, divided
+  /// by the accumulated batches). Returns the loss.
+  torch::Tensor forward_backward(Trainer& trainer, Batch& data, int64_t index, bool accumulating);
+  /// Unscaling, on_before_optimizer_step, clipping, the optimizer's (or the
+  /// GradScaler's) step and zero_grad.
+  void optimizer_step(Trainer& trainer);
+
+  // TrainerOptions::capture (in trainer.cpp)
+  /// Makes `capture` when the loop allows a captured step; else says why.
+  void setup_capture(Trainer& trainer);
+  /// One step through `capture`, eager or replayed, and what it logged.
+  void captured_batch(Batch& data, int64_t index);
+  /// Stops capturing for good, saying why in one line.
+  void stop_capturing(const std::string& reason);
   void validate(Trainer& trainer);
   bool steps_done(const TrainerOptions& options) const;
   bool step_sync_due(const Trainer& trainer) const;
@@ -108,8 +126,26 @@ struct Trainer::Fit {
   detail::MetricLog train_log, val_log;
   std::map<std::string, double> callback_metrics;
   bool want_report = false, want_checkpoint = false, want_stop = false;
-  int64_t ordinal = 1;    // which fit of the train function: 1 for the first
-  bool stopping = false;  // agreed by every rank
+
+  /// TrainerOptions::capture, where the loop allows it: null otherwise.
+  std::unique_ptr<CapturedStep> capture;
+  c10d::ProcessGroup* capture_group = nullptr;  // the group the step runs in
+  /// A value training_step logged, added to train_log after its step: a
+  /// replayed step adds the captured step's again, now holding its values.
+  struct StepLog {
+    std::string name;
+    torch::Tensor tensor;  // undefined: `value`, a number from the host
+    double value, weight;
+    bool on_step, on_epoch, prog_bar, sync_dist;
+  };
+  bool defer_logs = false;             // in a step through `capture`
+  bool step_ran = false;               // its step function ran (not replayed)
+  int64_t step_index = 0;              // the batch index it runs for
+  std::string overriding_hook;         // a callback with on_before_optimizer_step
+  std::vector<StepLog> step_logs;      // what the step that ran logged
+  std::vector<StepLog> replayed_logs;  // what the captured one logged
+  int64_t ordinal = 1;                 // which fit of the train function: 1 for the first
+  bool stopping = false;               // agreed by every rank
 };
 
 }  // namespace train
