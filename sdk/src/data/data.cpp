@@ -3,10 +3,14 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -161,6 +165,41 @@ TensorDataset TensorDataset::to(torch::Device device, double max_fraction) const
 }
 
 namespace detail {
+
+torch::data::Example<> to_device(const torch::data::Example<>& batch, c10::Device device) {
+  if (device.type() != c10::DeviceType::CUDA) {
+    return {batch.data.to(device, /*non_blocking=*/true),
+            batch.target.to(device, /*non_blocking=*/true)};
+  }
+  if (batch.data.device() == device && batch.target.device() == device) return batch;  // resident
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  const c10::Stream compute = impl.getStream(device);
+  // One copy stream per device for the thread that trains.
+  thread_local std::map<c10::DeviceIndex, c10::Stream> copy_streams;
+  auto it = copy_streams.find(device.index());
+  if (it == copy_streams.end()) {
+    it = copy_streams.emplace(device.index(), impl.getStreamFromGlobalPool(device)).first;
+  }
+  const c10::Stream copy = it->second;
+  torch::data::Example<> moved;
+  {
+    // The batch's device memory is allocated for the copy stream, and its
+    // pinned source is kept until the copy is done (PyTorch's pinned-memory
+    // allocator records the copy on this stream).
+    const c10::StreamGuard on_copy(copy);
+    moved = {batch.data.to(device, /*non_blocking=*/true),
+             batch.target.to(device, /*non_blocking=*/true)};
+  }
+  c10::Event copied(device.type());
+  copied.record(copy);
+  copied.block(compute);
+  // The compute stream uses that memory too: the caching allocator must not
+  // hand it out again before what the compute stream queued with it is done.
+  for (const auto* tensor : {&moved.data, &moved.target}) {
+    if (tensor->defined() && tensor->is_cuda()) tensor->record_stream(compute);
+  }
+  return moved;
+}
 
 void check_same_dataset_size(size_t size, const char* caller) {
   auto ctx = get_context();
