@@ -24,7 +24,11 @@
 // throws as it builds its module, and the waiting rank waits until its
 // process is gone), fail_rank2, fail_step2 and marker2 (a
 // second rank killed after its step, once; with await_replacement its
-// replacement is awaited the same way), step_sleep_ms (0).
+// replacement is awaited the same way), step_sleep_ms (0), capture (false:
+// TrainerOptions::capture), log_lr (true: the learning rate logged as a
+// number), sdk_optim (false: torch::optim::Adam; true: train::optim::Adam),
+// epoch_scheduler (false: StepLR steps every step), step_hook (false: a
+// callback with its own on_before_optimizer_step), dropout (true).
 
 #include <train/train.h>
 
@@ -88,7 +92,8 @@ struct Net : train::LightningModule {
         replacement_raises(config.get<bool>("replacement_raises", false)),
         log_lr(config.get<bool>("log_lr", true)),
         sdk_optim(config.get<bool>("sdk_optim", false)),
-        epoch_scheduler(config.get<bool>("epoch_scheduler", false)) {
+        epoch_scheduler(config.get<bool>("epoch_scheduler", false)),
+        use_dropout(config.get<bool>("dropout", true)) {
     const int rank = train::get_context().world_rank();
     for (const auto& [marker_file, failing] : awaited()) {
       if (await_replacement && rank == failing && std::filesystem::exists(marker_file) &&
@@ -126,6 +131,7 @@ struct Net : train::LightningModule {
   bool log_lr;           // log the learning rate, a number from the host
   bool sdk_optim;        // train::optim::Adam rather than torch::optim::Adam
   bool epoch_scheduler;  // step the scheduler every epoch rather than every step
+  bool use_dropout;      // false: no random numbers (a captured step draws others)
   // Each kill's marker, and the rank it kills.
   std::vector<std::pair<std::string, int>> awaited() const {
     std::vector<std::pair<std::string, int>> kills;
@@ -134,7 +140,10 @@ struct Net : train::LightningModule {
     return kills;
   }
 
-  torch::Tensor forward(const torch::Tensor& x) { return out(dropout(torch::relu(hidden(x)))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(hidden(x));
+    return out(use_dropout ? dropout(h) : h);
+  }
 
   torch::Tensor training_step(train::Batch& batch, int64_t) override {
     for (const auto& [marker_file, failing] : awaited()) {

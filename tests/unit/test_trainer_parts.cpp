@@ -16,6 +16,7 @@
 
 #include "thread_ranks.h"
 #include "trainer/metric_log.h"
+#include "trainer/trainer_fit.h"
 
 namespace {
 
@@ -245,4 +246,28 @@ TEST_CASE("trainer options: precision names and values out of range") {
       train::TrainerOptions(),
       {std::make_shared<train::ModelCheckpoint>(train::ModelCheckpointOptions().monitor("a")),
        std::make_shared<train::ModelCheckpoint>(train::ModelCheckpointOptions().monitor("b"))}));
+}
+
+TEST_CASE(
+    "trainer clipping: the norm clipped on the device is LibTorch's clip_grad_norm_, bit for bit") {
+  torch::manual_seed(3);
+  for (double max_norm : {0.05, 1e6}) {  // clipped, and left alone
+    CAPTURE(max_norm);
+    std::vector<torch::Tensor> mine, libtorch;
+    for (auto shape : {std::vector<int64_t>{7, 5}, {5}, {3, 2, 2}}) {
+      auto p = torch::randn(shape).requires_grad_(true);
+      p.mutable_grad() = torch::randn(shape);
+      auto q = p.detach().clone().requires_grad_(true);
+      q.mutable_grad() = p.grad().clone();
+      mine.push_back(p);
+      libtorch.push_back(q);
+    }
+    auto no_grad = torch::randn({2}).requires_grad_(true);  // skipped by both
+    mine.push_back(no_grad);
+    libtorch.push_back(no_grad);
+    train::detail::clip_grad_norm(mine, max_norm);
+    torch::nn::utils::clip_grad_norm_(libtorch, max_norm);
+    for (size_t i = 0; i + 1 < mine.size(); ++i)
+      CHECK(torch::equal(mine[i].grad(), libtorch[i].grad()));
+  }
 }

@@ -56,7 +56,8 @@ class Callback {
   /// After the gradients are averaged (and unscaled), before they are clipped
   /// and the optimizer steps, as Lightning calls it. A replayed captured step
   /// could not call it: with TrainerOptions::capture, a callback that
-  /// overrides it keeps every step eager.
+  /// overrides it keeps every step eager. An override must not call this one,
+  /// which does nothing but mark the hook as not overridden.
   virtual void on_before_optimizer_step(Trainer& trainer, LightningModule& module,
                                         torch::optim::Optimizer& optimizer);
   /// Writes this callback's state into a checkpoint the trainer is saving.

@@ -21,6 +21,9 @@ enum class Reduction { kSum, kMax, kMin, kCat };
 /// run's ranks by compute() (one allreduce per kind of reduction that has
 /// states, one allgather per kCat state), then turned into a value by
 /// compute_value(). Derive from it and write update() and compute_value().
+/// Its states are replaced at each update, which a CUDA graph cannot replay:
+/// state() throws std::runtime_error inside a train::CapturedStep's capture,
+/// which then fails and runs the steps eagerly.
 class Metric {
  public:
   virtual ~Metric() = default;

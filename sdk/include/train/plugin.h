@@ -1,19 +1,21 @@
 #pragma once
 
-#include <torch/version.h>
 #include <train/abi.h>
 #include <train/config.h>
 #include <train/version.h>
+
+#include <torch/version.h>
 
 #include <type_traits>
 
 // A plugin's code and the SDK's library share LibTorch's C++ types: both must
 // be built with the same LibTorch (find_package(trainrun) looks for that one
 // first, and says so when it finds another).
-#if TORCH_VERSION_MAJOR != TRAIN_SDK_TORCH_VERSION_MAJOR ||   \
+#if TORCH_VERSION_MAJOR != TRAIN_SDK_TORCH_VERSION_MAJOR || \
     TORCH_VERSION_MINOR != TRAIN_SDK_TORCH_VERSION_MINOR || \
     TORCH_VERSION_PATCH != TRAIN_SDK_TORCH_VERSION_PATCH
-#error "this plugin compiles against another LibTorch than the trainrun SDK was built with \
+#error \
+    "this plugin compiles against another LibTorch than the trainrun SDK was built with \
 (TRAIN_SDK_TORCH_VERSION in train/version.h): set CMAKE_PREFIX_PATH to that LibTorch"
 #endif
 

@@ -41,7 +41,8 @@
 #include <vector>
 
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 6
-#error "trainrun builds against LibTorch 1.13 or 2.6 and later; LibTorch 2.0 to 2.5 are not supported"
+#error \
+    "trainrun builds against LibTorch 1.13 or 2.6 and later; LibTorch 2.0 to 2.5 are not supported"
 #endif
 
 namespace train::compat {
@@ -84,8 +85,7 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     c10::optional<c10::Device> bound_device = c10::nullopt) {
 #if TORCH_VERSION_MAJOR >= 2
   const auto& first = backends.front().backend;
-  auto group =
-      c10::make_intrusive<c10d::ProcessGroup>(store, first->getRank(), first->getSize());
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, first->getRank(), first->getSize());
   if constexpr (detail::has_bound_device<c10d::ProcessGroup>::value) {
     if (bound_device) group->setBoundDeviceId(*bound_device);  // before the backends take it
   }
@@ -117,8 +117,9 @@ inline c10::intrusive_ptr<Backend> make_gloo_backend(
 inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::shared_ptr<::gloo::transport::Device> device, std::chrono::milliseconds timeout) {
-  return make_process_group(store, {{make_gloo_backend(store, rank, size, std::move(device), timeout),
-                                     {c10::DeviceType::CPU, c10::DeviceType::CUDA}}});
+  return make_process_group(store,
+                            {{make_gloo_backend(store, rank, size, std::move(device), timeout),
+                              {c10::DeviceType::CPU, c10::DeviceType::CUDA}}});
 }
 
 #ifdef USE_C10D_NCCL
@@ -138,8 +139,8 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
       c10::make_intrusive<c10d::PrefixStore>("cuda/", store), rank, size, options);
   std::vector<BackendFor> backends{{nccl, {c10::DeviceType::CUDA}}};
 #if TORCH_VERSION_MAJOR >= 2
-  backends.push_back({make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>("cpu/", store),
-                                        rank, size, std::move(gloo_device), timeout),
+  backends.push_back({make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>("cpu/", store), rank,
+                                        size, std::move(gloo_device), timeout),
                       {c10::DeviceType::CPU}});
 #else
   (void)gloo_device;

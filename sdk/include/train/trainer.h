@@ -138,14 +138,16 @@ struct TrainerOptions {
   /// collectives, clipping, the GradScaler, the optimizer's step) as one CUDA
   /// graph after warmup_steps eager ones, and replay it (train::CapturedStep):
   /// `.capture(train::CaptureOptions())`. Off by default. A replay runs no
-  /// host code: training_step must log tensors computed on the GPU, and what
-  /// it decides on the host (from batch_idx, the epoch) stays as captured.
-  /// Validation, callbacks' other hooks and reports run eagerly. The step is
-  /// captured again after an epoch's LR scheduler step or a change of group.
-  /// Steps run eagerly, saying why in one line, with accumulate_grad_batches
-  /// above 1, a scheduler stepped every step, a callback's own
-  /// on_before_optimizer_step, or where CapturedStep cannot capture (the CPU,
-  /// Gloo with several ranks, a host synchronisation in the step).
+  /// host code: training_step must log tensors computed on the GPU and update
+  /// no train::Metric, and what it decides on the host (from batch_idx) stays
+  /// as captured until the next epoch, which captures again (recapture()
+  /// within one). Validation, the callbacks' other hooks and reports run
+  /// eagerly. Steps run eagerly, saying why in one line, with an optimizer
+  /// that is not train::optim's, accumulate_grad_batches above 1, a
+  /// scheduler stepped every step, a callback's own on_before_optimizer_step
+  /// (one that calls the base class's is not seen), or where CapturedStep
+  /// cannot capture (the CPU, Gloo with several ranks, a host
+  /// synchronisation in the step).
   TORCH_ARG(CaptureOptions, capture) = CaptureOptions().enabled(false);
 };
 
@@ -300,6 +302,11 @@ class Trainer {
   void request_report();
   /// Stop after the current epoch.
   void request_stop();
+  /// With TrainerOptions::capture: capture the step again at the next batch.
+  /// Call it after changing within an epoch what the step does on the host
+  /// (a learning rate, requires_grad, weights loaded into new tensors, a
+  /// module's mode); each epoch's start does it by itself.
+  void recapture();
   /// Whether training stops after this epoch (on every rank alike).
   bool should_stop() const;
 

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "capture/capturing.h"
 #include "core/collectives.h"
 
 #ifdef USE_C10D_NCCL
@@ -25,6 +26,12 @@
 #endif
 
 namespace train {
+namespace {
+thread_local bool capturing_here = false;  // a step of this thread is being captured
+}  // namespace
+
+bool detail::capturing_step() { return capturing_here; }
+
 #ifdef USE_C10D_NCCL
 namespace {
 
@@ -110,11 +117,11 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     fresh->capture_begin();  // 1.13 captures in the global mode only
 #endif
     try {
-      capturing = true;
+      capturing = capturing_here = true;
       loss = step(static_data, static_target);
-      capturing = false;
+      capturing = capturing_here = false;
     } catch (...) {
-      capturing = false;
+      capturing = capturing_here = false;
       try {
         fresh->capture_end();
       } catch (const std::exception&) {

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "capture/capturing.h"
 #include "core/collectives.h"
 #include "core/host.h"
 
@@ -35,6 +36,13 @@ void Metric::add_state(const std::string& name, torch::Tensor initial, Reduction
 torch::Tensor& Metric::state(const std::string& name) {
   auto it = states_.find(name);
   if (it == states_.end()) throw std::invalid_argument("Metric: no state named '" + name + "'");
+  if (detail::capturing_step()) {
+    // Its states are replaced (or kept on the host) at each update: a replay
+    // would update none of them.
+    throw std::runtime_error("Metric: state '" + name +
+                             "' is updated inside a captured step, which a replay would not "
+                             "update; update metrics in validation_step, or log the batch's value");
+  }
   return it->second.value;
 }
 

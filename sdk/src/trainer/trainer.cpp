@@ -40,10 +40,18 @@ bool has(const std::vector<std::shared_ptr<Callback>>& callbacks) {
                      [](const auto& c) { return dynamic_cast<Kind*>(c.get()) != nullptr; });
 }
 
-// LibTorch's clip_grad_norm_ (the same operations, so the same results),
-// without reading the norm on the host: no synchronisation per step, and a
-// step that can be captured.
-void clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+std::string precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::k32: return "32";
+    case Precision::kBF16Mixed: return "bf16-mixed";
+    case Precision::kFP16Mixed: return "16-mixed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void detail::clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
   std::vector<torch::Tensor> grads, norms;
   for (const auto& parameter : parameters) {
     if (parameter.grad().defined()) grads.push_back(parameter.grad().data());
@@ -55,17 +63,6 @@ void clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_nor
   auto coefficient = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
   for (auto& grad : grads) grad.mul_(coefficient);
 }
-
-std::string precision_name(Precision precision) {
-  switch (precision) {
-    case Precision::k32: return "32";
-    case Precision::kBF16Mixed: return "bf16-mixed";
-    case Precision::kFP16Mixed: return "16-mixed";
-  }
-  return "?";
-}
-
-}  // namespace
 
 Precision precision_from_string(const std::string& text) {
   if (text == "32" || text == "32-true") return Precision::k32;
@@ -149,6 +146,9 @@ void Trainer::request_checkpoint() {
 void Trainer::request_report() {
   if (fit_) fit_->want_report = true;
 }
+void Trainer::recapture() {
+  if (fit_) fit_->recapture();
+}
 void Trainer::request_stop() {
   if (fit_) fit_->want_stop = true;
 }
@@ -189,8 +189,11 @@ void Trainer::log(const std::string& name, const torch::Tensor* tensor, double v
                              : "a tensor on the " + tensor->device().str()) +
           ", which a replayed step cannot compute again; log a tensor computed on the GPU");
     }
-    f.step_logs.push_back({name, tensor != nullptr ? *tensor : torch::Tensor(), value, weight,
-                           on_step, on_epoch, options.prog_bar(), options.sync_dist()});
+    // A copy: what the rest of the step changes in place (a parameter, a
+    // buffer) is logged as it was here, and a replay writes the copy again.
+    f.step_logs.push_back({name, tensor != nullptr ? tensor->detach().clone() : torch::Tensor(),
+                           value, weight, on_step, on_epoch, options.prog_bar(),
+                           options.sync_dist()});
     return;
   }
   (validating ? f.val_log : f.train_log)
@@ -313,7 +316,8 @@ std::string Trainer::Fit::setup_text(const Trainer& trainer) const {
         << o.log_every_n_steps() << ", gradient_clip_val " << o.gradient_clip_val() << " by "
         << static_cast<int>(o.gradient_clip_algorithm()) << ", precision "
         << precision_name(o.precision()) << ", resume " << o.resume() << ", validation "
-        << (val ? "yes" : "no");
+        << (val ? "yes" : "no") << ", capture " << o.capture().enabled() << " after "
+        << o.capture().warmup_steps();
   for (const auto* loader : {&o.train_loader(), &o.val_loader()}) {
     setup << ", loader batch_size " << loader->batch_size() << " shuffle " << loader->shuffle()
           << " drop_last " << loader->drop_last() << " seed " << loader->seed()
@@ -351,6 +355,9 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   epoch_done = false;
   for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_start(trainer, *module);
   module->train();
+  // What the last epoch's end and this one's start changed on the host (the
+  // scheduler's learning rate, a callback's) is captured again.
+  recapture();
   train->start(epoch, first);
   int64_t batches = train->size();
   if (options.limit_train_batches() >= 0) {
@@ -393,7 +400,6 @@ void Trainer::Fit::train_epoch(Trainer& trainer) {
   if (scheduler && interval == SchedulerInterval::kEpoch) {
     scheduler->step();
     ++scheduler_steps;
-    if (capture) capture->reset();  // the graph holds the old learning rate
   }
   epoch_done = true;  // a checkpoint from here on resumes at the next epoch
   for (const auto& callback : trainer.callbacks_) callback->on_train_epoch_end(trainer, *module);
@@ -456,13 +462,11 @@ void Trainer::Fit::optimizer_step(Trainer& trainer) {
   for (const auto& callback : trainer.callbacks_) {
     detail::default_hook_reached = false;
     callback->on_before_optimizer_step(trainer, *module, *optimizer);
-    if (!detail::default_hook_reached && overriding_hook.empty()) {
-      overriding_hook = callback->state_key();
-    }
+    if (!detail::default_hook_reached && !overriding_hook) overriding_hook = callback->state_key();
   }
   if (options.gradient_clip_val() > 0) {
     if (options.gradient_clip_algorithm() == GradientClip::kNorm) {
-      clip_grad_norm(module->parameters(), options.gradient_clip_val());
+      detail::clip_grad_norm(module->parameters(), options.gradient_clip_val());
     } else {
       torch::nn::utils::clip_grad_value_(module->parameters(), options.gradient_clip_val());
     }
@@ -474,76 +478,6 @@ void Trainer::Fit::optimizer_step(Trainer& trainer) {
     optimizer->step();
   }
   optimizer->zero_grad();
-}
-
-void Trainer::Fit::setup_capture(Trainer& trainer) {
-  const auto& options = trainer.options_;
-  if (!options.capture().enabled()) return;
-  if (options.accumulate_grad_batches() > 1) {
-    return stop_capturing("accumulate_grad_batches is " +
-                          std::to_string(options.accumulate_grad_batches()) +
-                          ", and a captured step is one whole optimizer step");
-  }
-  if (dynamic_cast<optim::AmpStep*>(optimizer.get()) == nullptr) {
-    return stop_capturing(
-        "the optimizer is not train::optim's SGD, Adam or AdamW: LibTorch's read their step "
-        "count on the host, and a replayed step would keep the captured one");
-  }
-  if (scheduler && interval == SchedulerInterval::kStep) {
-    return stop_capturing(
-        "the LR scheduler steps every optimizer step, and a replayed step keeps the learning "
-        "rate it was captured with (a scheduler of SchedulerInterval::kEpoch is captured again "
-        "after each epoch's step)");
-  }
-  capture_group = group().get();
-  capture = std::make_unique<CapturedStep>(
-      [this, &trainer](const torch::Tensor& data, const torch::Tensor& target) {
-        step_ran = true;
-        step_logs.clear();  // a failed capture ran this once already
-        Batch batch(data, target);
-        auto loss = forward_backward(trainer, batch, step_index, /*accumulating=*/false);
-        optimizer_step(trainer);
-        return loss;
-      },
-      options.capture());
-}
-
-void Trainer::Fit::captured_batch(Batch& data, int64_t index) {
-  if (group().get() != capture_group) {  // a replacement joined, or a rank was lost
-    capture->reset();
-    capture_group = group().get();
-  }
-  const bool was_captured = capture->captured();
-  step_index = index;
-  step_ran = false;
-  step_logs.clear();
-  defer_logs = true;
-  struct Undefer {
-    bool& flag;
-    ~Undefer() { flag = false; }
-  } undefer{defer_logs};
-  (*capture)(data.data, data.target);
-  defer_logs = false;
-  // The step that captured logged the graph's own tensors: each replay
-  // overwrites them with its values, which are added again.
-  if (step_ran && !was_captured && capture->captured()) replayed_logs = step_logs;
-  for (const auto& l : step_ran ? step_logs : replayed_logs) {
-    train_log.add(l.name, l.tensor.defined() ? &l.tensor : nullptr, l.value, l.weight, l.on_step,
-                  l.on_epoch, l.prog_bar, l.sync_dist);
-  }
-  if (!overriding_hook.empty()) {  // seen at the first step, which is eager
-    stop_capturing("callback '" + overriding_hook +
-                   "' overrides on_before_optimizer_step, which a replayed step could not call");
-  } else if (!capture->eager_reason().empty()) {  // for good, and said by CapturedStep
-    capture.reset();
-    replayed_logs.clear();
-  }
-}
-
-void Trainer::Fit::stop_capturing(const std::string& reason) {
-  capture.reset();
-  replayed_logs.clear();
-  std::cerr << "train::Trainer: steps run eagerly: " << reason << std::endl;
 }
 
 bool Trainer::Fit::step_sync_due(const Trainer& trainer) const {

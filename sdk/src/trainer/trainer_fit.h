@@ -28,6 +28,10 @@ namespace detail {
 /// every character but letters and digits as '_' (archive keys are
 /// TorchScript attribute names).
 std::string callback_archive_key(const std::string& state_key);
+/// LibTorch's clip_grad_norm_ with norm 2 (its operations, so its results),
+/// without reading the norm on the host: no synchronisation per step, and a
+/// step that can be captured.
+void clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm);
 /// Set by Callback's own on_before_optimizer_step, which a callback that
 /// overrides it does not reach: such a callback keeps the steps eager.
 extern thread_local bool default_hook_reached;
@@ -50,13 +54,6 @@ struct Trainer::Fit {
   /// GradScaler's) step and zero_grad.
   void optimizer_step(Trainer& trainer);
 
-  // TrainerOptions::capture (in trainer.cpp)
-  /// Makes `capture` when the loop allows a captured step; else says why.
-  void setup_capture(Trainer& trainer);
-  /// One step through `capture`, eager or replayed, and what it logged.
-  void captured_batch(Batch& data, int64_t index);
-  /// Stops capturing for good, saying why in one line.
-  void stop_capturing(const std::string& reason);
   void validate(Trainer& trainer);
   bool steps_done(const TrainerOptions& options) const;
   bool step_sync_due(const Trainer& trainer) const;
@@ -67,6 +64,17 @@ struct Trainer::Fit {
   /// checkpoint) when asked to; after a step sync, rank 0 prints the
   /// prog_bar values every log_every_n_steps. A collective.
   void sync_point(Trainer& trainer, bool step_sync, int64_t batches);
+
+  // TrainerOptions::capture (trainer_capture.cpp)
+  /// Makes `capture` when the loop allows a captured step; else says why.
+  void setup_capture(Trainer& trainer);
+  /// One step through `capture`, eager or replayed, and what it logged.
+  void captured_batch(Batch& data, int64_t index);
+  /// Drops the captured graph, if any: the next steps warm up and capture
+  /// again.
+  void recapture();
+  /// Stops capturing for good, saying why in one line.
+  void stop_capturing(const std::string& reason);
 
   /// What every rank must fit with, as text: compared across the ranks.
   std::string setup_text(const Trainer& trainer) const;
@@ -129,23 +137,27 @@ struct Trainer::Fit {
 
   /// TrainerOptions::capture, where the loop allows it: null otherwise.
   std::unique_ptr<CapturedStep> capture;
-  c10d::ProcessGroup* capture_group = nullptr;  // the group the step runs in
+  int64_t capture_generation = 0;  // of the group the step runs in
   /// A value training_step logged, added to train_log after its step: a
   /// replayed step adds the captured step's again, now holding its values.
   struct StepLog {
     std::string name;
     torch::Tensor tensor;  // undefined: `value`, a number from the host
-    double value, weight;
-    bool on_step, on_epoch, prog_bar, sync_dist;
+    double value = 0, weight = 0;
+    bool on_step = false, on_epoch = false, prog_bar = false, sync_dist = false;
   };
-  bool defer_logs = false;             // in a step through `capture`
-  bool step_ran = false;               // its step function ran (not replayed)
-  int64_t step_index = 0;              // the batch index it runs for
-  std::string overriding_hook;         // a callback with on_before_optimizer_step
-  std::vector<StepLog> step_logs;      // what the step that ran logged
-  std::vector<StepLog> replayed_logs;  // what the captured one logged
-  int64_t ordinal = 1;                 // which fit of the train function: 1 for the first
-  bool stopping = false;               // agreed by every rank
+  bool defer_logs = false;  // in a step through `capture`
+  bool step_ran = false;    // its step function ran (not replayed)
+  int64_t step_index = 0;   // the batch index it runs for
+  /// The GradScaler as it was before a step that may be captured: a capture
+  /// that fails leaves it unscaled, and its eager run starts from this.
+  std::optional<GradScaler> scaler_before;
+  std::optional<std::string> overriding_hook;  // a callback with on_before_optimizer_step
+  std::vector<StepLog> step_logs;              // what the step that ran logged
+  std::vector<StepLog> replayed_logs;          // what the captured one logged
+
+  int64_t ordinal = 1;    // which fit of the train function: 1 for the first
+  bool stopping = false;  // agreed by every rank
 };
 
 }  // namespace train
