@@ -112,12 +112,20 @@ def serve(directory):
                              % (weed.returncode, directory))
             sys.exit(1)
         try:
-            client(endpoint).create_bucket(Bucket="trainrun-probe")
-            break
-        except Exception as e:
-            code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
-            if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                break  # started again on the same data
+            probe = client(endpoint)
+            try:
+                probe.create_bucket(Bucket="trainrun-probe")
+            except Exception as e:
+                code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
+                if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise  # else started again on the same data
+            # Serving objects, not only buckets: the volume server has told
+            # the master about its volumes (after a restart, reads of the
+            # stored objects fail until it has).
+            probe.put_object(Bucket="trainrun-probe", Key="probe", Body=b"probe")
+            if probe.get_object(Bucket="trainrun-probe", Key="probe")["Body"].read() == b"probe":
+                break
+        except Exception:
             if time.monotonic() > deadline:
                 sys.stderr.write("s3tool: weed did not serve S3 within %ds\n" % START_TIMEOUT)
                 stop()
