@@ -116,12 +116,15 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
 #else
     fresh->capture_begin();  // 1.13 captures in the global mode only
 #endif
+    const bool outer = capturing_here;  // a step of an enclosing CapturedStep
     try {
       capturing = capturing_here = true;
       loss = step(static_data, static_target);
-      capturing = capturing_here = false;
+      capturing = false;
+      capturing_here = outer;
     } catch (...) {
-      capturing = capturing_here = false;
+      capturing = false;
+      capturing_here = outer;
       try {
         fresh->capture_end();
       } catch (const std::exception&) {
@@ -134,8 +137,17 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     reason = "the capture failed (" + first_line(e.what()) + ")";
     tell("steps run eagerly: " + reason);
     static_data = static_target = torch::Tensor();
-    // Kept, not destroyed: a capture that ended in an error may leave the
-    // caching allocator pointing at its memory pool.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+    // Ends the caching allocator's routing to the abandoned capture's pool,
+    // which would otherwise stay "capturing" and hold back every block freed
+    // with another stream's uses (each batch, record_stream'd) until the end.
+    try {
+      fresh->reset();
+    } catch (const std::exception&) {
+    }
+#endif
+    // Kept, not destroyed: before 2.15 a capture that ended in an error may
+    // leave the caching allocator pointing at its memory pool.
     failed = std::move(fresh);
     // This batch, eagerly. The failed capture ran the step's host code once
     // already (gradients set to none, a counter in the user's code): the step

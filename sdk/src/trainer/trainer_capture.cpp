@@ -63,8 +63,11 @@ void Trainer::Fit::setup_capture(Trainer& trainer) {
 
 void Trainer::Fit::captured_batch(Batch& data, int64_t index) {
   if (const auto generation = detail::current_membership().generation;
-      generation != capture_generation) {  // the group changed: its collectives too
-    recapture();
+      generation != capture_generation) {   // the group changed: its collectives too
+    if (capture->eager_reason().empty()) {  // warm up again in the new group
+      capture->reset();
+      replayed_logs.clear();
+    }
     capture_generation = generation;
   }
   const bool was_captured = capture->captured();
