@@ -1,12 +1,20 @@
 // train::CapturedStep and train::optim on a GPU: a captured step trains as the
-// eager steps do, a host synchronisation inside the step falls back to eager,
-// and the optimizers' paths agree with torch::optim's on CUDA. Skipped
-// without a CUDA device.
+// eager steps do, a host synchronisation inside the step falls back to eager
+// and leaves the caching allocator as it was, and the optimizers' paths agree
+// with torch::optim's on CUDA. Skipped without a CUDA device.
 
 #include <train/capture.h>
 #include <train/optim.h>
 
+#include <c10/core/Event.h>
 #include <torch/torch.h>
+#include <torch/version.h>
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <doctest/doctest.h>
 
@@ -124,4 +132,64 @@ TEST_CASE("train::optim on CUDA: AdamW and SGD on every path end where torch::op
   })[0];
   CHECK(gaps[0].item<double>() < 1e-5);  // foreach
   CHECK(gaps[1].item<double>() < 1e-5);  // fused
+}
+
+TEST_CASE("after a capture that failed, memory freed with another stream's uses is reused") {
+  skip_unless_gpus(1);
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 1)
+  skip("LibTorch " TORCH_VERSION
+       " leaves a failed capture's allocator state as it is (docs/gpu.md)");
+#endif
+#ifdef USE_C10D_NCCL
+  // Each step's input is made on a side stream and record_stream'd to the
+  // step's, as the loader's copies are. Were the allocator still routing to
+  // the failed capture's pool, those blocks would never be freed and the
+  // memory reserved would grow by a megabyte a step.
+  auto results = process_ranks::run(1, [](int, const std::filesystem::path&) {
+    const torch::Device gpu(torch::kCUDA, 0);
+    torch::manual_seed(0);
+    torch::nn::Linear net(16, 4);
+    net->to(gpu);
+    train::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+    train::CapturedStep step(
+        [&](const torch::Tensor& x, const torch::Tensor& y) {
+          auto loss = torch::mse_loss(net->forward(x), y);
+          optimizer.zero_grad();
+          loss.backward();
+          optimizer.step();
+          (void)loss.item<float>();  // a host sync: the capture fails
+          return loss;
+        },
+        train::CaptureOptions().warmup_steps(2));
+    auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+    auto reserved = [] {
+      c10::cuda::device_synchronize();
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+      return static_cast<double>(stats.reserved_bytes[0].current);  // 0: every pool's
+    };
+    const auto y = torch::zeros({64, 4}, gpu);
+    double after_failure = 0;
+    for (int i = 0; i < 300; ++i) {
+      torch::Tensor block;
+      {
+        c10::cuda::CUDAStreamGuard guard(side);
+        block = torch::randn({256 * 1024}, gpu);  // 1 MiB
+      }
+      c10::Event made(c10::DeviceType::CUDA);
+      made.record(side);
+      made.block(c10::cuda::getCurrentCUDAStream(0));
+      block.record_stream(c10::cuda::getCurrentCUDAStream(0));
+      (void)step(block.narrow(0, 0, 64 * 16).view({64, 16}), y);
+      if (i == 20) after_failure = reserved();
+    }
+    const double grown = reserved() - after_failure;
+    return torch::tensor(
+        {step.captured() ? 1.0 : 0.0, step.eager_reason().empty() ? 0.0 : 1.0, grown},
+        torch::kFloat64);
+  })[0];
+  CHECK(results[0].item<double>() == 0.0);  // not captured
+  CHECK(results[1].item<double>() == 1.0);  // and said why
+  INFO("reserved bytes grown over 280 steps: " << results[2].item<double>());
+  CHECK(results[2].item<double>() < 64.0 * 1024 * 1024);
+#endif
 }

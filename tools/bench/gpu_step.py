@@ -10,6 +10,11 @@ Each round runs, one after the other, at each batch size (128 and 512 by default
   loader       plain PyTorch, a DataLoader, no DDP        (plain_step.py --mode loader)
   resident     plain PyTorch, the dataset on the GPU       (plain_step.py --mode resident)
   graph        the same step captured as a CUDA graph      (plain_step.py --mode graph)
+and with --trainer also, at the same place in each round:
+  trainer      train::Trainer (examples/lightning_fashion_mnist), eager
+  trainer_cap  the same with TrainerOptions::capture (config capture=true)
+whose rate comes from two runs, to the warm-up's end and to the steps' end: the
+difference of their times to the last report, so that start-up cancels out;
 and prints min / median / max samples/s of each over the rounds, then the ratios of
 the medians against the targets. GPU rounds move by +-15%: only medians of
 interleaved rounds of one invocation mean anything. With --skip NAME (repeatable)
@@ -17,7 +22,7 @@ a side is left out; --device cpu runs the eager sides on the CPU with few steps,
 check the script itself.
 
   tools/bench/gpu_step.py [--build build] [--rounds 5] [--batch 128 --batch 512]
-                          [--torchrun PATH] [--data-dir DIR] [--skip graph]...
+                          [--torchrun PATH] [--data-dir DIR] [--skip graph]... [--trainer]
 """
 import argparse
 import json
@@ -29,11 +34,15 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ["trainrun", "resident_tr", "captured_tr", "torchrun", "loader", "resident", "graph"]
+TRAINER_SIDES = ["trainer", "trainer_cap"]
 # The ratios of medians the GPU work is held to, at a batch size: (numerator,
 # denominator, batch, target).
 TARGETS = [("trainrun", "torchrun", 128, 1.3), ("trainrun", "resident", 128, 1.0),
            ("resident_tr", "resident", 128, 1.0), ("captured_tr", "graph", 128, 0.7),
            ("trainrun", "loader", 512, 1.3)]
+# What the Trainer's loop costs, and what its capture buys (no targets).
+TRAINER_RATIOS = [("trainer", "trainrun"), ("trainer_cap", "captured_tr"),
+                  ("trainer_cap", "graph")]
 
 
 def run(cmd, env):
@@ -58,7 +67,30 @@ def steps_for(args, batch):
     return warmup, steps
 
 
+def trainer_side(args, name, batch, tmp, env, serial):
+    """samples/s of the Trainer's steps after the warm-up, from two runs' times."""
+    warmup, steps = steps_for(args, batch)
+    results = os.path.join(tmp, "results")
+    placement = ["--use-gpu"] if args.device == "cuda" else ["--cpus-per-worker", "1"]
+    data = ["--config", f"data_dir={args.data_dir}"] if args.data_dir else []
+    times = []
+    for last in (warmup, warmup + steps):
+        run_name = f"{name}{batch}-{serial}-{last}"
+        run([os.path.join(args.build, "trainrun"), "--plugin",
+             os.path.join(args.build, "examples", "lightning_fashion_mnist",
+                          "liblightning_fashion_mnist.so"),
+             "-n", "1", *placement, *data, "-q", "--storage-path", results, "--name", run_name,
+             "--config", "epochs=1", "--config", "val_batches=0", "--config", "log_every=0",
+             "--config", f"batch_size={batch}", "--config", f"max_steps={last}",
+             "--config", f"capture={'true' if name == 'trainer_cap' else 'false'}"], env)
+        with open(os.path.join(results, run_name, "result.jsonl")) as f:
+            times.append(json.loads(f.readlines()[-1])["time_total_s"])
+    return batch * steps / max(times[1] - times[0], 1e-9)
+
+
 def side(args, name, batch, tmp, env, serial):
+    if name in TRAINER_SIDES:
+        return trainer_side(args, name, batch, tmp, env, serial)
     warmup, steps = steps_for(args, batch)
     if name in ("trainrun", "resident_tr", "captured_tr"):
         run_name = f"tr{batch}-{serial}"
@@ -97,11 +129,15 @@ def main():
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--data-dir", help="the FashionMNIST folder (the Debian package's)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--skip", action="append", default=[], choices=SIDES)
+    parser.add_argument("--skip", action="append", default=[], choices=SIDES + TRAINER_SIDES)
+    parser.add_argument("--trainer", action="store_true",
+                        help="also train::Trainer, eager and captured (two runs a side)")
     args = parser.parse_args()
     batches = args.batch or [128, 512]
-    gpu_only = {"graph", "resident_tr", "captured_tr"}
-    sides = [s for s in SIDES if s not in args.skip and not (s in gpu_only and args.device == "cpu")]
+    gpu_only = {"graph", "resident_tr", "captured_tr", "trainer_cap"}
+    candidates = SIDES + (TRAINER_SIDES if args.trainer else [])
+    sides = [s for s in candidates
+             if s not in args.skip and not (s in gpu_only and args.device == "cpu")]
     env = dict(os.environ)
     if args.data_dir:
         env["FASHION_MNIST_DIR"] = args.data_dir
@@ -124,12 +160,17 @@ def main():
         for s in sides:
             values = rows[(s, b)]
             median[(s, b)] = statistics.median(values)
-            print(f"  batch {b:4d}  {s:<9} {min(values):9.0f} {median[(s, b)]:9.0f} "
+            print(f"  batch {b:4d}  {s:<11} {min(values):9.0f} {median[(s, b)]:9.0f} "
                   f"{max(values):9.0f}")
     for top, bottom, b, target in TARGETS:
         if (top, b) in median and (bottom, b) in median:
             print(f"  batch {b}: {top} / {bottom} = {median[(top, b)] / median[(bottom, b)]:.3f}"
                   f"  (target >= {target})")
+    for top, bottom in TRAINER_RATIOS:
+        for b in batches:
+            if (top, b) in median and (bottom, b) in median:
+                print(f"  batch {b}: {top} / {bottom} = "
+                      f"{median[(top, b)] / median[(bottom, b)]:.3f}")
     for b in batches:
         if ("graph", b) in median and ("resident", b) in median:
             print(f"  batch {b}: graph / resident = "

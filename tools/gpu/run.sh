@@ -12,7 +12,8 @@
 # all-tests (builds the rest, runs the whole suite), bench, debug (the GPU
 # tests, or those matching TRAINRUN_GPU_DEBUG_CASES, with a stack printed by
 # every process that crashes; it reports, it does not fail); by default build
-# test bench. The unpacked packages and the build stay in $TRAINRUN_GPU_WORK
+# test bench; TRAINRUN_GPU_BENCH_ROUNDS (5) and TRAINRUN_GPU_BENCH_ARGS (such as
+# --trainer) shape the bench. The unpacked packages and the build stay in $TRAINRUN_GPU_WORK
 # (.gpu-work, ignored), so a later call skips what is done. Logs go to $OUT
 # where it is set, else .gpu-work/out.
 set -euo pipefail
@@ -63,7 +64,8 @@ data=$root/usr/share/datasets/fashion-mnist
 export FASHION_MNIST_DIR=$data  # for the GPU tests and the benchmark
 
 # The GPU tests (test_gpu and the plugins it runs) and the benchmark's plugin.
-gpu_targets=(trainrun trainrun-worker test_gpu ddp_plugin trainer_plugin quickstart fashion_mnist)
+gpu_targets=(trainrun trainrun-worker test_gpu ddp_plugin trainer_plugin quickstart fashion_mnist
+             lightning_fashion_mnist)
 
 for stage in "${stages[@]}"; do
   case $stage in
@@ -127,9 +129,12 @@ for stage in "${stages[@]}"; do
       torchrun_script=$(dirname "$(command -v "$python")")/torchrun
       [[ -x $torchrun_script ]] || torchrun_script=torchrun
       # trainrun, torchrun + DDP and plain PyTorch (a DataLoader, resident data,
-      # a CUDA graph), interleaved, at batch 128 and 512.
+      # a CUDA graph), interleaved, at batch 128 and 512; TRAINRUN_GPU_BENCH_ARGS
+      # adds to them (--trainer: train::Trainer eager and captured too).
+      # shellcheck disable=SC2086
       "$python" tools/bench/gpu_step.py --build "$build" --rounds "${TRAINRUN_GPU_BENCH_ROUNDS:-5}" \
-        --data-dir "$data" --torchrun "$torchrun_script" --python "$python" 2>&1 \
+        --data-dir "$data" --torchrun "$torchrun_script" --python "$python" \
+        ${TRAINRUN_GPU_BENCH_ARGS:-} 2>&1 \
         | tee "$out/bench.log" || failed+=(bench)
       "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 2 \
         --compression bf16 --skip-torchrun --data-dir "$data" 2>&1 | tee -a "$out/bench.log" \

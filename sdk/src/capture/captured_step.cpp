@@ -21,6 +21,7 @@
 
 #ifdef USE_C10D_NCCL
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -106,13 +107,18 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
   queued.record(current);
   queued.block(side);
   torch::Tensor loss;
+#if TORCH_VERSION_MAJOR >= 2
+  // The capture's memory pool, named here so that a failed capture's routing
+  // to it can be ended (below).
+  const auto pool = at::cuda::graph_pool_handle();
+#endif
   try {
     c10::cuda::CUDAStreamGuard guard(side);
     // Thread-local: the loader's threads may allocate (pinned memory) while
     // this thread captures; the backward pass runs on autograd's thread but
     // on the captured stream, which is what is captured.
 #if TORCH_VERSION_MAJOR >= 2
-    fresh->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    fresh->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
 #else
     fresh->capture_begin();  // 1.13 captures in the global mode only
 #endif
@@ -137,12 +143,20 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     reason = "the capture failed (" + first_line(e.what()) + ")";
     tell("steps run eagerly: " + reason);
     static_data = static_target = torch::Tensor();
+    // Ends the caching allocator's routing to the abandoned capture's pool.
+    // Left "capturing", the allocator would hold back every block freed with
+    // another stream's uses (each batch, record_stream'd) until the process
+    // ends. LibTorch 2.15's capture_end ends it even when the capture failed,
+    // and reset() cleans up after; before, capture_end threw first and the
+    // routing is ended here (a second end throws, and is nothing to undo).
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
-    // Ends the caching allocator's routing to the abandoned capture's pool,
-    // which would otherwise stay "capturing" and hold back every block freed
-    // with another stream's uses (each batch, record_stream'd) until the end.
     try {
       fresh->reset();
+    } catch (const std::exception&) {
+    }
+#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1
+    try {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
     } catch (const std::exception&) {
     }
 #endif
