@@ -171,9 +171,24 @@ torch::data::Example<> to_device(const torch::data::Example<>& batch, c10::Devic
     return {batch.data.to(device, /*non_blocking=*/true),
             batch.target.to(device, /*non_blocking=*/true)};
   }
-  if (batch.data.device() == device && batch.target.device() == device) return batch;  // resident
   const c10::impl::VirtualGuardImpl impl(device.type());
   const c10::Stream compute = impl.getStream(device);
+  if (batch.data.device() == device && batch.target.device() == device) {
+    // Resident: gathered on the device by a loader thread, on its current
+    // stream, the device's default one (loader threads never change it). A
+    // loop on another stream waits for the gather, and the allocator keeps
+    // the batch's memory until that stream is done with it.
+    const c10::Stream gathered_on = impl.getDefaultStream(device);
+    if (compute != gathered_on) {
+      c10::Event gathered(device.type());
+      gathered.record(gathered_on);
+      gathered.block(compute);
+      for (const auto* tensor : {&batch.data, &batch.target}) {
+        if (tensor->defined() && tensor->is_cuda()) tensor->record_stream(compute);
+      }
+    }
+    return batch;
+  }
   // One copy stream per device for the thread that trains.
   thread_local std::map<c10::DeviceIndex, c10::Stream> copy_streams;
   auto it = copy_streams.find(device.index());
