@@ -17,12 +17,12 @@ START = re.compile(r"^\d+/\d+ Test: (.*)$")
 
 
 def failed_outputs(log_text):
-    """(name, output lines) of each test in the log whose result is not Passed."""
-    name, lines, in_output = None, [], False
+    """(name, result, output lines) of each test in the log that did not pass."""
+    name, lines, status, in_output = None, [], [], False
     for line in log_text.splitlines():
         started = START.match(line)
         if started:
-            name, lines, in_output = started.group(1), [], False
+            name, lines, status, in_output = started.group(1), [], [], False
         elif name is None:
             continue
         elif line == "Output:":
@@ -31,10 +31,12 @@ def failed_outputs(log_text):
             in_output = False
         elif in_output:
             lines.append(line)
-        elif line.startswith("Test ") and line.endswith("."):
-            if line not in ("Test Passed.", "Test Skipped."):
-                yield name, line, lines
+        elif line.startswith(f'"{name}" end time:'):
+            if "Test Passed." not in status:
+                yield name, " ".join(status) or "no result", lines
             name = None
+        elif line.startswith("Test "):
+            status.append(line)  # Test time, Test Failed., Test Fail Reason: ...
 
 
 def main():
@@ -49,11 +51,11 @@ def main():
     found = 0
     for name, result, lines in failed_outputs(log.read_text(errors="replace")):
         found += 1
-        print(f"===== {result[:-1]}: {name} (its last {args.lines} lines)")
+        print(f"===== {name}: {result} (its last {args.lines} lines)")
         for line in lines[-args.lines:]:
             print(line)
     if not found:
-        print("failed_tests: every test in the log passed or was skipped")
+        print("failed_tests: no test in the log failed (one that never started is not in it)")
     return 0
 
 

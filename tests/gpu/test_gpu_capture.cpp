@@ -134,7 +134,9 @@ TEST_CASE("train::optim on CUDA: AdamW and SGD on every path end where torch::op
   CHECK(gaps[1].item<double>() < 1e-5);  // fused
 }
 
-TEST_CASE("after a capture that failed, memory freed with another stream's uses is reused") {
+TEST_CASE(
+    "after a capture that failed, memory freed with another stream's uses is reused, and random "
+    "numbers are drawn eagerly") {
   skip_unless_gpus(1);
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 1)
   skip("LibTorch " TORCH_VERSION
@@ -144,7 +146,9 @@ TEST_CASE("after a capture that failed, memory freed with another stream's uses 
   // Each step's input is made on a side stream and record_stream'd to the
   // step's, as the loader's copies are. Were the allocator still routing to
   // the failed capture's pool, those blocks would never be freed and the
-  // memory reserved would grow by a megabyte a step.
+  // memory reserved would grow by a megabyte a step. They are random numbers
+  // made on the GPU: were the CUDA generator still in capture mode, each
+  // would throw.
   auto results = process_ranks::run(1, [](int, const std::filesystem::path&) {
     const torch::Device gpu(torch::kCUDA, 0);
     torch::manual_seed(0);

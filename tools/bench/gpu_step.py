@@ -85,7 +85,10 @@ def trainer_side(args, name, batch, tmp, env, serial):
              "--config", f"capture={'true' if name == 'trainer_cap' else 'false'}"], env)
         with open(os.path.join(results, run_name, "result.jsonl")) as f:
             times.append(json.loads(f.readlines()[-1])["time_total_s"])
-    return batch * steps / max(times[1] - times[0], 1e-9)
+    if times[1] - times[0] <= 0:
+        sys.exit(f"{name} at batch {batch}: {warmup + steps} steps took no longer than {warmup} "
+                 f"({times[1]:.2f} s against {times[0]:.2f} s): too few --steps to rate")
+    return batch * steps / (times[1] - times[0])
 
 
 def side(args, name, batch, tmp, env, serial):

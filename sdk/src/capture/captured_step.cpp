@@ -10,6 +10,8 @@
 #include <torch/version.h>
 
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -39,6 +41,53 @@ namespace {
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 std::string shape_of(const torch::Tensor& t) { return c10::str(t.sizes()); }
+
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 15
+// A graph whose capture failed, before LibTorch 2.15: never destroyed, since
+// the allocators may still hold a filter that reads it.
+void keep_for_good(std::unique_ptr<at::cuda::CUDAGraph> graph) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::unique_ptr<at::cuda::CUDAGraph>>();  // never freed
+  const std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(graph));
+}
+
+// Before LibTorch 2.15, capture_end throws on a failed capture before it ends
+// what capture_begin began (2.15 ends it first):
+// - the caching allocator's routing to the capture's pool, which left on
+//   holds back every block freed with another stream's uses (each batch's
+//   copy) and processes no event again: ended here, and the pool released;
+// - the pinned-memory allocator's routing, where the line has one, whose
+//   filter reads the graph: the graph is kept for good;
+// - the CUDA generator's capture mode, in which every eager random op throws
+//   ("Offset increment outside graph capture"): a capture that succeeds, of
+//   one small kernel, ends it.
+void end_failed_capture(std::unique_ptr<at::cuda::CUDAGraph> failed, c10::DeviceIndex device,
+                        at::cuda::MempoolId_t pool, const c10::cuda::CUDAStream& side) {
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+    // capture_end did not get that far, so nothing else releases the pool.
+    c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+  } catch (const std::exception&) {
+    // capture_end ended the routing itself before it threw
+  }
+  keep_for_good(std::move(failed));
+  try {
+    const c10::cuda::CUDAStreamGuard guard(side);
+    auto scratch = torch::zeros({1}, torch::TensorOptions().device(torch::kCUDA, device));
+    auto ending = std::make_unique<at::cuda::CUDAGraph>();
+    try {
+      ending->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      scratch.fill_(1);
+      ending->capture_end();
+    } catch (const std::exception&) {
+      keep_for_good(std::move(ending));
+    }
+  } catch (const std::exception&) {
+    // the eager step says what is wrong, if anything is
+  }
+}
+#endif
 
 }  // namespace
 #endif
@@ -109,7 +158,7 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
   torch::Tensor loss;
 #if TORCH_VERSION_MAJOR >= 2
   // The capture's memory pool, named here so that a failed capture's routing
-  // to it can be ended (below).
+  // to it can be ended (end_failed_capture).
   const auto pool = at::cuda::graph_pool_handle();
 #endif
   try {
@@ -143,26 +192,20 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     reason = "the capture failed (" + first_line(e.what()) + ")";
     tell("steps run eagerly: " + reason);
     static_data = static_target = torch::Tensor();
-    // Ends the caching allocator's routing to the abandoned capture's pool.
-    // Left "capturing", the allocator would hold back every block freed with
-    // another stream's uses (each batch, record_stream'd) until the process
-    // ends. LibTorch 2.15's capture_end ends it even when the capture failed,
-    // and reset() cleans up after; before, capture_end threw first and the
-    // routing is ended here (a second end throws, and is nothing to undo).
+    // What capture_begin began is ended: LibTorch 2.15's capture_end does
+    // before it throws, and reset() cleans up; before 2.15, end_failed_capture.
+    // The graph is kept, not destroyed, until the next capture or reset().
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
     try {
       fresh->reset();
     } catch (const std::exception&) {
     }
-#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1
-    try {
-      c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
-    } catch (const std::exception&) {
-    }
-#endif
-    // Kept, not destroyed: before 2.15 a capture that ended in an error may
-    // leave the caching allocator pointing at its memory pool.
     failed = std::move(fresh);
+#elif TORCH_VERSION_MAJOR == 2
+    end_failed_capture(std::move(fresh), device.index(), pool, side);
+#else
+    failed = std::move(fresh);  // LibTorch 1.x: left as it is (docs/gpu.md)
+#endif
     // This batch, eagerly. The failed capture ran the step's host code once
     // already (gradients set to none, a counter in the user's code): the step
     // must be safe to run again. LibTorch's calls are; GradScaler::step puts
