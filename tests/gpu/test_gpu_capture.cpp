@@ -26,6 +26,20 @@
 
 namespace {
 
+// A training step of `net` with `optimizer`; with sync_inside, a host sync
+// that no capture can take.
+template <typename Net>
+train::CapturedStep::Step step_of(Net& net, torch::optim::Optimizer& optimizer, bool sync_inside) {
+  return [&net, &optimizer, sync_inside](const torch::Tensor& x, const torch::Tensor& y) {
+    torch::Tensor loss = torch::mse_loss(net->forward(x), y);
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    if (sync_inside) (void)loss.item<float>();
+    return loss;
+  };
+}
+
 // Ten steps of a small network on cuda:0, their losses, and (in the last
 // element) whether the steps were captured.
 torch::Tensor train_steps(bool capture, bool sync_inside) {
@@ -34,16 +48,8 @@ torch::Tensor train_steps(bool capture, bool sync_inside) {
   torch::nn::Sequential net(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
   net->to(gpu);
   train::optim::Adam optimizer(net->parameters(), train::optim::AdamOptions(1e-2));
-  train::CapturedStep step(
-      [&](const torch::Tensor& x, const torch::Tensor& y) {
-        auto loss = torch::mse_loss(net->forward(x), y);
-        optimizer.zero_grad();
-        loss.backward();
-        optimizer.step();
-        if (sync_inside) (void)loss.item<float>();  // a host sync: cannot be captured
-        return loss;
-      },
-      train::CaptureOptions().enabled(capture).warmup_steps(3));
+  train::CapturedStep step(step_of(net, optimizer, sync_inside),
+                           train::CaptureOptions().enabled(capture).warmup_steps(3));
   auto generator = at::detail::createCPUGenerator(11);
   auto losses = torch::zeros({11}, torch::kFloat64);
   for (int i = 0; i < 10; ++i) {
@@ -155,16 +161,8 @@ TEST_CASE(
     torch::nn::Linear net(16, 4);
     net->to(gpu);
     train::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
-    train::CapturedStep step(
-        [&](const torch::Tensor& x, const torch::Tensor& y) {
-          auto loss = torch::mse_loss(net->forward(x), y);
-          optimizer.zero_grad();
-          loss.backward();
-          optimizer.step();
-          (void)loss.item<float>();  // a host sync: the capture fails
-          return loss;
-        },
-        train::CaptureOptions().warmup_steps(2));
+    train::CapturedStep step(step_of(net, optimizer, /*sync_inside=*/true),  // fails to capture
+                             train::CaptureOptions().warmup_steps(2));
     auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
     auto reserved = [] {
       c10::cuda::device_synchronize();

@@ -165,6 +165,22 @@ TensorDataset TensorDataset::to(torch::Device device, double max_fraction) const
 }
 
 namespace detail {
+namespace {
+
+// A batch made on stream `from` to be used on `to`: `to` waits for what
+// `from` queued so far, and the caching allocator does not hand the batch's
+// memory out again before what `to` queues with it is done.
+void hand_over(const torch::data::Example<>& batch, const c10::Stream& from,
+               const c10::Stream& to) {
+  c10::Event made(from.device_type());
+  made.record(from);
+  made.block(to);
+  for (const auto* tensor : {&batch.data, &batch.target}) {
+    if (tensor->defined() && tensor->is_cuda()) tensor->record_stream(to);
+  }
+}
+
+}  // namespace
 
 torch::data::Example<> to_device(const torch::data::Example<>& batch, c10::Device device) {
   if (device.type() != c10::DeviceType::CUDA) {
@@ -179,14 +195,7 @@ torch::data::Example<> to_device(const torch::data::Example<>& batch, c10::Devic
     // loop on another stream waits for the gather, and the allocator keeps
     // the batch's memory until that stream is done with it.
     const c10::Stream gathered_on = impl.getDefaultStream(device);
-    if (compute != gathered_on) {
-      c10::Event gathered(device.type());
-      gathered.record(gathered_on);
-      gathered.block(compute);
-      for (const auto* tensor : {&batch.data, &batch.target}) {
-        if (tensor->defined() && tensor->is_cuda()) tensor->record_stream(compute);
-      }
-    }
+    if (compute != gathered_on) hand_over(batch, gathered_on, compute);
     return batch;
   }
   // One copy stream per device for the thread that trains.
@@ -205,14 +214,7 @@ torch::data::Example<> to_device(const torch::data::Example<>& batch, c10::Devic
     moved = {batch.data.to(device, /*non_blocking=*/true),
              batch.target.to(device, /*non_blocking=*/true)};
   }
-  c10::Event copied(device.type());
-  copied.record(copy);
-  copied.block(compute);
-  // The compute stream uses that memory too: the caching allocator must not
-  // hand it out again before what the compute stream queued with it is done.
-  for (const auto* tensor : {&moved.data, &moved.target}) {
-    if (tensor->defined() && tensor->is_cuda()) tensor->record_stream(compute);
-  }
+  hand_over(moved, copy, compute);
   return moved;
 }
 
