@@ -19,7 +19,9 @@
 #include <doctest/doctest.h>
 
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gpu_skip.h"
 #include "process_ranks.h"
@@ -141,28 +143,43 @@ TEST_CASE("train::optim on CUDA: AdamW and SGD on every path end where torch::op
 }
 
 TEST_CASE(
-    "after a capture that failed, memory freed with another stream's uses is reused, and random "
-    "numbers are drawn eagerly") {
+    "after a capture that failed, its pool is released, memory freed with another stream's uses "
+    "is reused, and random numbers are drawn eagerly") {
   skip_unless_gpus(1);
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 1)
   skip("LibTorch " TORCH_VERSION
        " leaves a failed capture's allocator state as it is (docs/gpu.md)");
 #endif
 #ifdef USE_C10D_NCCL
-  // Each step's input is made on a side stream and record_stream'd to the
-  // step's, as the loader's copies are. Were the allocator still routing to
-  // the failed capture's pool, those blocks would never be freed and the
-  // memory reserved would grow by a megabyte a step. They are random numbers
-  // made on the GPU: were the CUDA generator still in capture mode, each
-  // would throw.
+  // Two captures that fail: one that a host sync invalidates, and one whose
+  // step throws while the capture is valid (as train::optim and train::Metric
+  // do under capture). Each step's input is made on a side stream and
+  // record_stream'd to the step's, as the loader's copies are: were the
+  // allocator still routing to the failed capture's pool, those blocks would
+  // never be freed, and the memory reserved would grow by a megabyte a step.
+  // They are random numbers made on the GPU: were the CUDA generator still in
+  // capture mode, each would throw. And each step makes 32 MiB of scratch:
+  // were the capture's pool not released, that much would stay reserved.
   auto results = process_ranks::run(1, [](int, const std::filesystem::path&) {
     const torch::Device gpu(torch::kCUDA, 0);
     torch::manual_seed(0);
     torch::nn::Linear net(16, 4);
     net->to(gpu);
     train::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
-    train::CapturedStep step(step_of(net, optimizer, /*sync_inside=*/true),  // fails to capture
-                             train::CaptureOptions().warmup_steps(2));
+    auto inner = step_of(net, optimizer, /*sync_inside=*/false);
+    train::CapturedStep* self = nullptr;
+    auto failing = [&](bool sync) {
+      return [&, sync](const torch::Tensor& x, const torch::Tensor& y) {
+        (void)torch::empty({8 << 20}, x.options()).fill_(0);  // 32 MiB
+        auto loss = inner(x, y);
+        if (sync) {
+          (void)loss.item<float>();  // a host sync: invalidates the capture
+        } else if (self->capturing()) {
+          throw std::runtime_error("refused under capture");
+        }
+        return loss;
+      };
+    };
     auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
     auto reserved = [] {
       c10::cuda::device_synchronize();
@@ -170,28 +187,42 @@ TEST_CASE(
       return static_cast<double>(stats.reserved_bytes[0].current);  // 0: every pool's
     };
     const auto y = torch::zeros({64, 4}, gpu);
-    double after_failure = 0;
-    for (int i = 0; i < 300; ++i) {
-      torch::Tensor block;
-      {
-        c10::cuda::CUDAStreamGuard guard(side);
-        block = torch::randn({256 * 1024}, gpu);  // 1 MiB
+    std::vector<double> found;
+    for (bool sync : {true, false}) {
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      const double before = reserved();
+      train::CapturedStep step(failing(sync), train::CaptureOptions().warmup_steps(2));
+      self = &step;
+      double after_failure = 0;
+      for (int i = 0; i < 300; ++i) {
+        torch::Tensor block;
+        {
+          c10::cuda::CUDAStreamGuard guard(side);
+          block = torch::randn({256 * 1024}, gpu);  // 1 MiB
+        }
+        c10::Event made(c10::DeviceType::CUDA);
+        made.record(side);
+        made.block(c10::cuda::getCurrentCUDAStream(0));
+        block.record_stream(c10::cuda::getCurrentCUDAStream(0));
+        (void)step(block.narrow(0, 0, 64 * 16).view({64, 16}), y);
+        if (i == 20) after_failure = reserved();
       }
-      c10::Event made(c10::DeviceType::CUDA);
-      made.record(side);
-      made.block(c10::cuda::getCurrentCUDAStream(0));
-      block.record_stream(c10::cuda::getCurrentCUDAStream(0));
-      (void)step(block.narrow(0, 0, 64 * 16).view({64, 16}), y);
-      if (i == 20) after_failure = reserved();
+      const double grown = reserved() - after_failure;
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      found.insert(found.end(),
+                   {step.captured() ? 1.0 : 0.0, step.eager_reason().empty() ? 0.0 : 1.0, grown,
+                    reserved() - before});
     }
-    const double grown = reserved() - after_failure;
-    return torch::tensor(
-        {step.captured() ? 1.0 : 0.0, step.eager_reason().empty() ? 0.0 : 1.0, grown},
-        torch::kFloat64);
+    return torch::tensor(found, torch::kFloat64);
   })[0];
-  CHECK(results[0].item<double>() == 0.0);  // not captured
-  CHECK(results[1].item<double>() == 1.0);  // and said why
-  INFO("reserved bytes grown over 280 steps: " << results[2].item<double>());
-  CHECK(results[2].item<double>() < 64.0 * 1024 * 1024);
+  for (int64_t kind : {0, 1}) {
+    CAPTURE(kind);                                       // 0: a host sync; 1: the step throws
+    CHECK(results[4 * kind].item<double>() == 0.0);      // not captured
+    CHECK(results[4 * kind + 1].item<double>() == 1.0);  // and said why
+    INFO("reserved bytes grown over 280 steps: " << results[4 * kind + 2].item<double>());
+    INFO("reserved bytes kept after the steps: " << results[4 * kind + 3].item<double>());
+    CHECK(results[4 * kind + 2].item<double>() < 64.0 * 1024 * 1024);
+    CHECK(results[4 * kind + 3].item<double>() < 16.0 * 1024 * 1024);
+  }
 #endif
 }

@@ -9,6 +9,7 @@
 #include <c10/core/Event.h>
 #include <torch/version.h>
 
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,16 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 
 std::string shape_of(const torch::Tensor& t) { return c10::str(t.sizes()); }
 
+std::string what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 15
 // A graph whose capture failed, before LibTorch 2.15: never destroyed, since
 // the allocators may still hold a filter that reads it.
@@ -52,8 +63,8 @@ void keep_for_good(std::unique_ptr<at::cuda::CUDAGraph> graph) {
   kept->push_back(std::move(graph));
 }
 
-// Before LibTorch 2.15, capture_end throws on a failed capture before it ends
-// what capture_begin began (2.15 ends it first):
+// Before LibTorch 2.15, capture_end may throw on a failed capture before it
+// ends what capture_begin began (2.15 ends it first):
 // - the caching allocator's routing to the capture's pool, which left on
 //   holds back every block freed with another stream's uses (each batch's
 //   copy) and processes no event again: ended here, and the pool released;
@@ -62,14 +73,20 @@ void keep_for_good(std::unique_ptr<at::cuda::CUDAGraph> graph) {
 // - the CUDA generator's capture mode, in which every eager random op throws
 //   ("Offset increment outside graph capture"): a capture that succeeds, of
 //   one small kernel, ends it.
-void end_failed_capture(std::unique_ptr<at::cuda::CUDAGraph> failed, c10::DeviceIndex device,
-                        at::cuda::MempoolId_t pool, const c10::cuda::CUDAStream& side) {
+void end_failed_capture(std::unique_ptr<at::cuda::CUDAGraph> failed, bool begun,
+                        c10::DeviceIndex device, at::cuda::MempoolId_t pool,
+                        const c10::cuda::CUDAStream& side) {
   try {
     c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
-    // capture_end did not get that far, so nothing else releases the pool.
-    c10::cuda::CUDACachingAllocator::releasePool(device, pool);
   } catch (const std::exception&) {
-    // capture_end ended the routing itself before it threw
+    // capture_end ended the routing before it threw (some 2.x builds do)
+  }
+  if (begun) {
+    try {
+      // The graph is never reset, so nothing else releases its pool.
+      c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+    } catch (const std::exception&) {
+    }
   }
   keep_for_good(std::move(failed));
   try {
@@ -161,6 +178,8 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
   // to it can be ended (end_failed_capture).
   const auto pool = at::cuda::graph_pool_handle();
 #endif
+  [[maybe_unused]] bool begun = false;  // capture_begin returned (read before 2.15)
+  bool ended = false;  // capture_end returned: the graph is whole, what it began ended
   try {
     c10::cuda::CUDAStreamGuard guard(side);
     // Thread-local: the loader's threads may allocate (pinned memory) while
@@ -171,6 +190,7 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
 #else
     fresh->capture_begin();  // 1.13 captures in the global mode only
 #endif
+    begun = true;
     const bool outer = capturing_here;  // a step of an enclosing CapturedStep
     try {
       capturing = capturing_here = true;
@@ -182,30 +202,36 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
       capturing_here = outer;
       try {
         fresh->capture_end();
-      } catch (const std::exception&) {
+        ended = true;  // the step threw, not CUDA: the capture itself was valid
+      } catch (...) {
         // the capture was invalid already; what the step threw says why
       }
       throw;
     }
     fresh->capture_end();
-  } catch (const std::exception& e) {
-    reason = "the capture failed (" + first_line(e.what()) + ")";
+  } catch (...) {
+    reason = "the capture failed (" + first_line(what_of(std::current_exception())) + ")";
     tell("steps run eagerly: " + reason);
     static_data = static_target = torch::Tensor();
-    // What capture_begin began is ended: LibTorch 2.15's capture_end does
-    // before it throws, and reset() cleans up; before 2.15, end_failed_capture.
-    // The graph is kept, not destroyed, until the next capture or reset().
+    if (ended) {
+      fresh.reset();  // an ordinary graph, never replayed: destroyed, its pool released
+    } else {
+      // What capture_begin began is ended: LibTorch 2.15's capture_end does
+      // before it throws, and reset() cleans up; before 2.15,
+      // end_failed_capture. The graph is kept until the next capture or
+      // reset() (before 2.15, for good).
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
-    try {
-      fresh->reset();
-    } catch (const std::exception&) {
-    }
-    failed = std::move(fresh);
+      try {
+        fresh->reset();
+      } catch (...) {
+      }
+      failed = std::move(fresh);
 #elif TORCH_VERSION_MAJOR == 2
-    end_failed_capture(std::move(fresh), device.index(), pool, side);
+      end_failed_capture(std::move(fresh), begun, device.index(), pool, side);
 #else
-    failed = std::move(fresh);  // LibTorch 1.x: left as it is (docs/gpu.md)
+      failed = std::move(fresh);  // LibTorch 1.x: left as it is (docs/gpu.md)
 #endif
+    }
     // This batch, eagerly. The failed capture ran the step's host code once
     // already (gradients set to none, a counter in the user's code): the step
     // must be safe to run again. LibTorch's calls are; GradScaler::step puts
