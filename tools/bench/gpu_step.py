@@ -35,6 +35,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ["trainrun", "resident_tr", "captured_tr", "torchrun", "loader", "resident", "graph"]
 TRAINER_SIDES = ["trainer", "trainer_cap"]
+FASHION_PLUGIN = os.path.join("plugins", "fashion_mnist", "libfashion_mnist.so")
+TRAINER_PLUGIN = os.path.join("examples", "lightning_fashion_mnist", "liblightning_fashion_mnist.so")
 # The ratios of medians the GPU work is held to, at a batch size: (numerator,
 # denominator, batch, target).
 TARGETS = [("trainrun", "torchrun", 128, 1.3), ("trainrun", "resident", 128, 1.0),
@@ -67,24 +69,30 @@ def steps_for(args, batch):
     return warmup, steps
 
 
+def last_report(args, tmp, env, plugin, run_name, config):
+    """The last report of `trainrun -n 1` running `plugin` (a path under --build) as
+    run_name, a name of its own: the same name again would resume that run."""
+    results = os.path.join(tmp, "results")
+    placement = ["--use-gpu"] if args.device == "cuda" else ["--cpus-per-worker", "1"]
+    cmd = [os.path.join(args.build, "trainrun"), "--plugin", os.path.join(args.build, plugin),
+           "-n", "1", *placement, "-q", "--storage-path", results, "--name", run_name]
+    if args.data_dir:
+        config = [f"data_dir={args.data_dir}", *config]
+    for item in config:
+        cmd += ["--config", item]
+    run(cmd, env)
+    with open(os.path.join(results, run_name, "result.jsonl")) as f:
+        return json.loads(f.readlines()[-1])
+
+
 def trainer_side(args, name, batch, tmp, env, serial):
     """samples/s of the Trainer's steps after the warm-up, from two runs' times."""
     warmup, steps = steps_for(args, batch)
-    results = os.path.join(tmp, "results")
-    placement = ["--use-gpu"] if args.device == "cuda" else ["--cpus-per-worker", "1"]
-    data = ["--config", f"data_dir={args.data_dir}"] if args.data_dir else []
-    times = []
-    for last in (warmup, warmup + steps):
-        run_name = f"{name}{batch}-{serial}-{last}"
-        run([os.path.join(args.build, "trainrun"), "--plugin",
-             os.path.join(args.build, "examples", "lightning_fashion_mnist",
-                          "liblightning_fashion_mnist.so"),
-             "-n", "1", *placement, *data, "-q", "--storage-path", results, "--name", run_name,
-             "--config", "epochs=1", "--config", "val_batches=0", "--config", "log_every=0",
-             "--config", f"batch_size={batch}", "--config", f"max_steps={last}",
-             "--config", f"capture={'true' if name == 'trainer_cap' else 'false'}"], env)
-        with open(os.path.join(results, run_name, "result.jsonl")) as f:
-            times.append(json.loads(f.readlines()[-1])["time_total_s"])
+    times = [last_report(args, tmp, env, TRAINER_PLUGIN, f"{name}{batch}-{serial}-{last}",
+                         ["epochs=1", "val_batches=0", "log_every=0", f"batch_size={batch}",
+                          f"max_steps={last}",
+                          f"capture={'true' if name == 'trainer_cap' else 'false'}"])["time_total_s"]
+             for last in (warmup, warmup + steps)]
     if times[1] - times[0] <= 0:
         sys.exit(f"{name} at batch {batch}: {warmup + steps} steps took no longer than {warmup} "
                  f"({times[1]:.2f} s against {times[0]:.2f} s): too few --steps to rate")
@@ -96,20 +104,12 @@ def side(args, name, batch, tmp, env, serial):
         return trainer_side(args, name, batch, tmp, env, serial)
     warmup, steps = steps_for(args, batch)
     if name in ("trainrun", "resident_tr", "captured_tr"):
-        run_name = f"tr{batch}-{serial}"
-        results = os.path.join(tmp, "results")
-        placement = ["--use-gpu"] if args.device == "cuda" else ["--cpus-per-worker", "1"]
-        data = ["--config", f"data_dir={args.data_dir}"] if args.data_dir else []
-        run([os.path.join(args.build, "trainrun"), "--plugin",
-             os.path.join(args.build, "plugins", "fashion_mnist", "libfashion_mnist.so"),
-             "-n", "1", *placement, *data, "-q", "--storage-path", results, "--name", run_name,
-             "--config", "epochs=1", "--config", "eval=false", "--config", "log_every=0",
-             "--config", f"batch_size={batch}", "--config", f"warmup_steps={warmup}",
-             "--config", f"max_steps={warmup + steps}",
-             "--config", f"resident={'true' if name == 'resident_tr' else 'false'}",
-             "--config", f"capture={'true' if name == 'captured_tr' else 'false'}"], env)
-        with open(os.path.join(results, run_name, "result.jsonl")) as f:
-            return json.loads(f.readlines()[-1])["metrics"]["samples_per_s"]
+        return last_report(args, tmp, env, FASHION_PLUGIN, f"{name}{batch}-{serial}",
+                           ["epochs=1", "eval=false", "log_every=0", f"batch_size={batch}",
+                            f"warmup_steps={warmup}", f"max_steps={warmup + steps}",
+                            f"resident={'true' if name == 'resident_tr' else 'false'}",
+                            f"capture={'true' if name == 'captured_tr' else 'false'}"]
+                           )["metrics"]["samples_per_s"]
     if name == "torchrun":
         return json_line(run([args.torchrun, "--nproc_per_node", "1", "--redirects", "2",
                               "--tee", "1", "--log_dir", os.path.join(tmp, f"log{batch}-{serial}"),
