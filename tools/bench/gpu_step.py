@@ -21,16 +21,31 @@ interleaved rounds of one invocation mean anything. With --skip NAME (repeatable
 a side is left out; --device cpu runs the eager sides on the CPU with few steps, to
 check the script itself.
 
+At each batch size it runs the sides that the targets there compare (and the Trainer's
+with --trainer); --all-sides runs every side at every batch size. The sides take turns
+at going first, one place a round. After each round it prints the table so far. With
+--budget S it starts a round only while the longest round so far still fits in S
+seconds, and a round the budget cuts short is dropped whole. Every run is bounded:
+by the budget's end, and by 3x its side's longest run so far (at least 120 s; 300 s
+for a side's first run). A side that fails or hangs is named and left out of the later
+rounds, and the others go on; the exit status is 1 if any failed. A ratio compares the
+rounds in which both sides ran, and under 3 of them assesses no target. SIGTERM or
+SIGINT stops it with the table of the rounds completed.
+
   tools/bench/gpu_step.py [--build build] [--rounds 5] [--batch 128 --batch 512]
                           [--torchrun PATH] [--data-dir DIR] [--skip graph]... [--trainer]
+                          [--all-sides] [--budget SECONDS]
 """
 import argparse
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ["trainrun", "resident_tr", "captured_tr", "torchrun", "loader", "resident", "graph"]
@@ -45,13 +60,103 @@ TARGETS = [("trainrun", "torchrun", 128, 1.3), ("trainrun", "resident", 128, 1.0
 # What the Trainer's loop costs, and what its capture buys (no targets).
 TRAINER_RATIOS = [("trainer", "trainrun"), ("trainer_cap", "captured_tr"),
                   ("trainer_cap", "graph")]
+# The bound of a side's first run (of both runs of a Trainer side), and the least
+# bound of a later one, which is 3x its longest run so far.
+FIRST_RUN_LIMIT_S = 300
+RUN_LIMIT_S = 120
+# What a stopped run is given to end its processes (torchrun its workers, which run
+# in sessions of their own) after SIGTERM, before SIGKILL.
+TERM_GRACE_S = 10
+# Fewer rounds than this in common assess no target.
+MIN_ROUNDS = 3
 
 
-def run(cmd, env):
-    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout.decode()[-3000:]}")
-    return result.stdout.decode()
+class SideFailed(Exception):
+    """A run of one side failed: its exit status, or it ran past its bound."""
+
+
+class BudgetSpent(Exception):
+    """--budget's seconds ran out during a round, in the side named."""
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT: stop, and print what the completed rounds measured."""
+
+
+class StopGate:
+    """Holds SIGTERM and SIGINT back while a child starts (unnamed, it could not be
+    ended) and while a round's values are committed. Not a signal mask: children
+    would inherit it, and ignore the bench's SIGTERM."""
+    held = False
+    pending = None
+
+
+def stop(signum, _frame):
+    name = signal.Signals(signum).name
+    if StopGate.held:
+        StopGate.pending = name
+    else:
+        raise Stopped(name)
+
+
+def hold_stops():
+    StopGate.held = True
+
+
+def release_stops():
+    """Raises Stopped if a stop came while they were held."""
+    StopGate.held = False
+    if StopGate.pending:
+        raise Stopped(StopGate.pending)
+
+
+def end_session(process):
+    """Ends the session of `process`: SIGTERM (trainrun's controller and torchrun end
+    their workers on it), then, after TERM_GRACE_S, SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:  # already reaped: the session is gone
+            return
+        try:
+            process.wait(timeout=TERM_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(cmd, env, deadline):
+    """Runs cmd in a session of its own, ended with all its processes when it runs
+    past `deadline` (time.monotonic()'s) or the bench is stopped. Its output goes to
+    a file, not a pipe, which a process it leaves behind would hold open."""
+    limit = max(1.0, deadline - time.monotonic())
+    with tempfile.TemporaryFile() as output:
+        hold_stops()
+        try:
+            process = subprocess.Popen(cmd, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        except BaseException:
+            release_stops()
+            raise
+        try:
+            release_stops()
+            process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            end_session(process)
+            raise SideFailed(f"ran past its {limit:.0f} s: {' '.join(cmd)}\n"
+                             f"{tail(output)}") from None
+        except BaseException:
+            end_session(process)
+            raise
+        if process.returncode != 0:
+            raise SideFailed(f"exited {process.returncode}: {' '.join(cmd)}\n{tail(output)}")
+        output.seek(0)
+        return output.read().decode(errors="replace")
+
+
+def tail(output):
+    output.seek(0)
+    return output.read().decode(errors="replace")[-3000:]
 
 
 def json_line(out):
@@ -69,7 +174,7 @@ def steps_for(args, batch):
     return warmup, steps
 
 
-def last_report(args, tmp, env, plugin, run_name, config):
+def last_report(args, tmp, env, plugin, run_name, config, deadline):
     """The last report of `trainrun -n 1` running `plugin` (a path under --build) as
     run_name, a name of its own: the same name again would resume that run."""
     results = os.path.join(tmp, "results")
@@ -80,45 +185,137 @@ def last_report(args, tmp, env, plugin, run_name, config):
         config = [f"data_dir={args.data_dir}", *config]
     for item in config:
         cmd += ["--config", item]
-    run(cmd, env)
+    run(cmd, env, deadline)
     with open(os.path.join(results, run_name, "result.jsonl")) as f:
         return json.loads(f.readlines()[-1])
 
 
-def trainer_side(args, name, batch, tmp, env, serial):
+def trainer_side(args, name, batch, tmp, env, serial, deadline):
     """samples/s of the Trainer's steps after the warm-up, from two runs' times."""
     warmup, steps = steps_for(args, batch)
     times = [last_report(args, tmp, env, TRAINER_PLUGIN, f"{name}{batch}-{serial}-{last}",
                          ["epochs=1", "val_batches=0", "log_every=0", f"batch_size={batch}",
                           f"max_steps={last}",
-                          f"capture={'true' if name == 'trainer_cap' else 'false'}"])["time_total_s"]
+                          f"capture={'true' if name == 'trainer_cap' else 'false'}"],
+                         deadline)["time_total_s"]
              for last in (warmup, warmup + steps)]
     if times[1] - times[0] <= 0:
-        sys.exit(f"{name} at batch {batch}: {warmup + steps} steps took no longer than {warmup} "
-                 f"({times[1]:.2f} s against {times[0]:.2f} s): too few --steps to rate")
+        raise SideFailed(f"{warmup + steps} steps took no longer than {warmup} "
+                         f"({times[1]:.2f} s against {times[0]:.2f} s): too few --steps to rate")
     return batch * steps / (times[1] - times[0])
 
 
-def side(args, name, batch, tmp, env, serial):
+def side(args, name, batch, tmp, env, serial, deadline):
+    """samples/s of one run of side `name` at `batch`; raises SideFailed."""
+    try:
+        return measure(args, name, batch, tmp, env, serial, deadline)
+    except (OSError, StopIteration, KeyError, IndexError, ValueError) as e:
+        raise SideFailed(f"no samples/s in what it left: {e!r}") from None
+
+
+def measure(args, name, batch, tmp, env, serial, deadline):
     if name in TRAINER_SIDES:
-        return trainer_side(args, name, batch, tmp, env, serial)
+        return trainer_side(args, name, batch, tmp, env, serial, deadline)
     warmup, steps = steps_for(args, batch)
     if name in ("trainrun", "resident_tr", "captured_tr"):
         return last_report(args, tmp, env, FASHION_PLUGIN, f"{name}{batch}-{serial}",
                            ["epochs=1", "eval=false", "log_every=0", f"batch_size={batch}",
                             f"warmup_steps={warmup}", f"max_steps={warmup + steps}",
                             f"resident={'true' if name == 'resident_tr' else 'false'}",
-                            f"capture={'true' if name == 'captured_tr' else 'false'}"]
-                           )["metrics"]["samples_per_s"]
+                            f"capture={'true' if name == 'captured_tr' else 'false'}"],
+                           deadline)["metrics"]["samples_per_s"]
     if name == "torchrun":
         return json_line(run([args.torchrun, "--nproc_per_node", "1", "--redirects", "2",
                               "--tee", "1", "--log_dir", os.path.join(tmp, f"log{batch}-{serial}"),
                               os.path.join(HERE, "ddp_torchrun.py"), "--warmup", str(warmup),
                               "--steps", str(steps), "--batch", str(batch),
-                              "--device", args.device], env))
+                              "--device", args.device], env, deadline))
     return json_line(run([args.python, os.path.join(HERE, "plain_step.py"), "--mode", name,
                           "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps),
-                          "--device", args.device], env))
+                          "--device", args.device], env, deadline))
+
+
+def sides_at(args, batch):
+    """The sides run at `batch`: those the targets there compare, and the Trainer's with
+    --trainer; every side with --all-sides. --skip and --device cpu leave some out."""
+    named = {name for top, bottom, b, _ in TARGETS if b == batch for name in (top, bottom)}
+    gpu_only = {"graph", "resident_tr", "captured_tr", "trainer_cap"}
+    candidates = SIDES + (TRAINER_SIDES if args.trainer else [])
+    return [s for s in candidates
+            if (args.all_sides or s in named or s in TRAINER_SIDES) and s not in args.skip
+            and not (s in gpu_only and args.device == "cpu")]
+
+
+class Bench:
+    """The rounds' results: rows[(side, batch)] maps a round to its samples/s."""
+
+    def __init__(self, args, batches, env, tmp, end):
+        self.args, self.batches, self.env, self.tmp, self.end = args, batches, env, tmp, end
+        self.sides = {b: sides_at(args, b) for b in batches}
+        self.rows = {(s, b): {} for b in batches for s in self.sides[b]}
+        self.failed = {}  # (side, batch): why; left out of the later rounds
+        self.longest = {}  # (side, batch): its longest run, in seconds
+        self.rounds = 0
+
+    def run_round(self, r):
+        """Runs each side at each batch size once, printing a line a batch size; the
+        sides take turns at going first. Commits the round's values when all ran;
+        raises BudgetSpent when the budget's end came first."""
+        measured = {}
+        for b in self.batches:
+            names = self.sides[b][r % len(self.sides[b]):] + self.sides[b][:r % len(self.sides[b])]
+            line = []
+            for s in names:
+                if (s, b) in self.failed:
+                    continue
+                began = time.monotonic()
+                longest = self.longest.get((s, b))
+                limit = FIRST_RUN_LIMIT_S if longest is None else max(RUN_LIMIT_S, 3 * longest)
+                deadline = began + limit if self.end is None else min(self.end, began + limit)
+                try:
+                    measured[(s, b)] = side(self.args, s, b, self.tmp, self.env, r, deadline)
+                except SideFailed as e:
+                    if self.end is not None and time.monotonic() >= self.end:
+                        raise BudgetSpent(f"{s} at batch {b}") from e
+                    self.failed[(s, b)] = f"round {r}: {e}"
+                    line.append(f"{s} failed")
+                    continue
+                self.longest[(s, b)] = max(longest or 0.0, time.monotonic() - began)
+                line.append(f"{s} {measured[(s, b)]:.0f}")
+            print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
+        hold_stops()  # the round whole or not at all
+        for key, value in measured.items():
+            self.rows[key][r] = value
+        self.rounds += 1
+        release_stops()
+
+    def summary(self):
+        """Prints min / median / max of every side with values, then the ratios of the
+        medians over the rounds both sides of a ratio ran."""
+        print(f"FashionMNIST ResNet-18, 1 process on {self.args.device}, samples/s over "
+              f"{self.rounds} interleaved round(s) of {self.args.rounds} (min / median / max):",
+              flush=True)
+        for b in self.batches:
+            for s in self.sides[b]:
+                values = list(self.rows[(s, b)].values())
+                if values:
+                    print(f"  batch {b:4d}  {s:<11} {min(values):9.0f} "
+                          f"{statistics.median(values):9.0f} {max(values):9.0f}  "
+                          f"({len(values)} rounds)")
+        ratios = [(top, bottom, b, f"  (target >= {target})") for top, bottom, b, target in TARGETS]
+        ratios += [(top, bottom, b, "") for top, bottom in TRAINER_RATIOS for b in self.batches]
+        ratios += [("graph", "resident", b, "  (what capture buys Python)") for b in self.batches]
+        for top, bottom, b, note in ratios:
+            if (top, b) not in self.rows or (bottom, b) not in self.rows:
+                continue
+            common = sorted(set(self.rows[(top, b)]) & set(self.rows[(bottom, b)]))
+            if not common:
+                continue
+            ratio = (statistics.median(self.rows[(top, b)][r] for r in common)
+                     / statistics.median(self.rows[(bottom, b)][r] for r in common))
+            if note and len(common) < MIN_ROUNDS:
+                note = f"  (target not assessed: {len(common)} round(s) in common)"
+            print(f"  batch {b}: {top} / {bottom} = {ratio:.3f}{note}", flush=True)
 
 
 def main():
@@ -135,49 +332,55 @@ def main():
     parser.add_argument("--skip", action="append", default=[], choices=SIDES + TRAINER_SIDES)
     parser.add_argument("--trainer", action="store_true",
                         help="also train::Trainer, eager and captured (two runs a side)")
+    parser.add_argument("--all-sides", action="store_true",
+                        help="every side at every batch size, not only those the targets compare")
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="start no round that the longest so far says would end after this")
     args = parser.parse_args()
+    if args.rounds < 1 or (args.budget is not None and args.budget <= 0):
+        parser.error("--rounds and --budget must be positive")
     batches = args.batch or [128, 512]
-    gpu_only = {"graph", "resident_tr", "captured_tr", "trainer_cap"}
-    candidates = SIDES + (TRAINER_SIDES if args.trainer else [])
-    sides = [s for s in candidates
-             if s not in args.skip and not (s in gpu_only and args.device == "cpu")]
     env = dict(os.environ)
     if args.data_dir:
         env["FASHION_MNIST_DIR"] = args.data_dir
     if args.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
-    rows = {(s, b): [] for s in sides for b in batches}
-    with tempfile.TemporaryDirectory() as tmp:
-        env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
+    start = time.monotonic()
+    end = None if args.budget is None else start + args.budget
+    stopped = False
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    tmp = tempfile.mkdtemp(prefix="gpu_step-")
+    env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
+    bench = Bench(args, batches, env, tmp, end)
+    longest_round = 0.0
+    try:
         for r in range(args.rounds):
-            for b in batches:
-                line = []
-                for s in sides:
-                    rows[(s, b)].append(side(args, s, b, tmp, env, r))
-                    line.append(f"{s} {rows[(s, b)][-1]:.0f}")
-                print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
-    print(f"FashionMNIST ResNet-18, 1 process on {args.device}, samples/s over {args.rounds} "
-          "interleaved rounds (min / median / max):")
-    median = {}
-    for b in batches:
-        for s in sides:
-            values = rows[(s, b)]
-            median[(s, b)] = statistics.median(values)
-            print(f"  batch {b:4d}  {s:<11} {min(values):9.0f} {median[(s, b)]:9.0f} "
-                  f"{max(values):9.0f}")
-    for top, bottom, b, target in TARGETS:
-        if (top, b) in median and (bottom, b) in median:
-            print(f"  batch {b}: {top} / {bottom} = {median[(top, b)] / median[(bottom, b)]:.3f}"
-                  f"  (target >= {target})")
-    for top, bottom in TRAINER_RATIOS:
-        for b in batches:
-            if (top, b) in median and (bottom, b) in median:
-                print(f"  batch {b}: {top} / {bottom} = "
-                      f"{median[(top, b)] / median[(bottom, b)]:.3f}")
-    for b in batches:
-        if ("graph", b) in median and ("resident", b) in median:
-            print(f"  batch {b}: graph / resident = "
-                  f"{median[('graph', b)] / median[('resident', b)]:.3f}  (what capture buys Python)")
+            began = time.monotonic()
+            if end is not None and r > 0 and began + longest_round > end:
+                print(f"round {r}: not begun, {end - began:.0f} s of the budget left and a "
+                      f"round takes up to {longest_round:.0f} s", flush=True)
+                break
+            try:
+                bench.run_round(r)
+            except BudgetSpent as e:
+                print(f"round {r}: the budget ran out in {e}, the round is dropped", flush=True)
+                break
+            longest_round = max(longest_round, time.monotonic() - began)
+            if r + 1 < args.rounds:
+                bench.summary()
+    except Stopped as e:
+        stopped = True
+        print(f"stopped by {e} in round {bench.rounds}, which is dropped", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        shutil.rmtree(tmp, ignore_errors=True)
+    bench.summary()
+    for (s, b), why in bench.failed.items():
+        print(f"FAILED {s} at batch {b}, left out after {why}", file=sys.stderr)
+    if bench.failed or stopped or bench.rounds == 0:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

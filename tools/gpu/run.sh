@@ -12,8 +12,13 @@
 # all-tests (builds the rest, runs the whole suite), bench, debug (the GPU
 # tests, or those matching TRAINRUN_GPU_DEBUG_CASES, with a stack printed by
 # every process that crashes; it reports, it does not fail); by default build
-# test bench; TRAINRUN_GPU_BENCH_ROUNDS (5) and TRAINRUN_GPU_BENCH_ARGS (such as
-# --trainer) shape the bench. The unpacked packages and the build stay in $TRAINRUN_GPU_WORK
+# test bench; compression (bf16 gradient compression against none, one worker)
+# runs only when named. TRAINRUN_GPU_BENCH_ROUNDS (5) and TRAINRUN_GPU_BENCH_ARGS
+# (such as --trainer or --all-sides) shape the bench. TRAINRUN_GPU_DEADLINE_S
+# bounds the whole call (a device session's limit less a margin): the bench
+# takes the time left but TRAINRUN_GPU_TEST_RESERVE_S (180) when a test stage
+# comes after it, and starts no round it cannot finish; ctest starts no test
+# past the deadline. The unpacked packages and the build stay in $TRAINRUN_GPU_WORK
 # (.gpu-work, ignored), so a later call skips what is done. Logs go to $OUT
 # where it is set, else .gpu-work/out.
 set -euo pipefail
@@ -27,6 +32,12 @@ root=$work/root
 build=$work/build
 python=${PYTHON:-python3}
 jobs=$(nproc)
+
+deadline=""
+if [[ -n ${TRAINRUN_GPU_DEADLINE_S:-} ]]; then
+  deadline=$(($(date +%s) + TRAINRUN_GPU_DEADLINE_S))
+fi
+seconds_left() { echo $((deadline - $(date +%s))); }
 
 stage_start() { echo "== $1 ($(date +%T))"; SECONDS=0; }
 stage_end() { echo "== $1 took ${SECONDS}s"; }
@@ -67,7 +78,8 @@ export FASHION_MNIST_DIR=$data  # for the GPU tests and the benchmark
 gpu_targets=(trainrun trainrun-worker test_gpu ddp_plugin trainer_plugin quickstart fashion_mnist
              lightning_fashion_mnist)
 
-for stage in "${stages[@]}"; do
+for ((i = 0; i < ${#stages[@]}; i++)); do
+  stage=${stages[i]}
   case $stage in
     build)
       stage_start build
@@ -92,16 +104,31 @@ for stage in "${stages[@]}"; do
                                2>/dev/null | head -1)" \
         > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
       grep -E "^-- (Found|Torch|trainrun)" "$out/configure.log" || true
-      cmake --build "$build" -j"$jobs" --target "${gpu_targets[@]}" > "$out/build.log" 2>&1 \
-        || { grep -E -A5 "error|FAILED" "$out/build.log" | head -80; exit 1; }
+      bound=()
+      [[ -n $deadline ]] && bound=(timeout "$(seconds_left)")
+      "${bound[@]}" cmake --build "$build" -j"$jobs" --target "${gpu_targets[@]}" \
+        > "$out/build.log" 2>&1 \
+        || { grep -E -A5 "error|FAILED" "$out/build.log" | head -80; tail -3 "$out/build.log"; exit 1; }
       echo "build: $(grep -c 'warning:' "$out/build.log" || true) warnings"
       stage_end build
       ;;
     test)
       stage_start test
       rc=0
+      stop=()
+      if [[ -n $deadline ]]; then
+        if (($(seconds_left) < 30)); then
+          echo "test: $(seconds_left) s left before TRAINRUN_GPU_DEADLINE_S: not run"
+          failed+=(test-no-time)
+          stage_end test
+          continue
+        fi
+        # Local time: CTest 3.25 reads a stop time with a zone as no stop time.
+        stop=(--stop-time "$(date -d "@$deadline" +%T)")
+      fi
       # One GPU is shared: the cases run 4 at a time (each needs at most 2 ranks).
-      ctest --test-dir "$build" -L gpu -j4 --output-on-failure > "$out/gpu_tests.log" 2>&1 || rc=$?
+      ctest --test-dir "$build" -L gpu -j4 --output-on-failure "${stop[@]}" \
+        > "$out/gpu_tests.log" 2>&1 || rc=$?
       grep -E "Test +#|tests passed|skipped:|ERROR|CHECK" "$out/gpu_tests.log" || true
       echo "test: ctest exited $rc"
       ((rc == 0)) || failed+=(test)
@@ -128,18 +155,47 @@ for stage in "${stages[@]}"; do
       stage_start bench
       torchrun_script=$(dirname "$(command -v "$python")")/torchrun
       [[ -x $torchrun_script ]] || torchrun_script=torchrun
+      budget=()
+      if [[ -n $deadline ]]; then
+        # A later test stage keeps its reserve, cut down to 90 s when the bench
+        # would get less than a round and a half (about 150 s).
+        reserve=0
+        for later in "${stages[@]:i+1}"; do
+          [[ $later == test ]] && reserve=${TRAINRUN_GPU_TEST_RESERVE_S:-180}
+        done
+        left=$(seconds_left)
+        if ((left - reserve < 150 && reserve > 90)); then
+          reserve=$((left - 150 > 90 ? left - 150 : 90))
+        fi
+        budget=(--budget $((left - reserve)))
+        if ((budget[1] < 60)); then
+          echo "bench: ${budget[1]} s left for it before TRAINRUN_GPU_DEADLINE_S: not run"
+          failed+=(bench-no-time)
+          stage_end bench
+          continue
+        fi
+        echo "bench: a budget of ${budget[1]} s, $reserve s kept for the tests"
+      fi
       # trainrun, torchrun + DDP and plain PyTorch (a DataLoader, resident data,
       # a CUDA graph), interleaved, at batch 128 and 512; TRAINRUN_GPU_BENCH_ARGS
       # adds to them (--trainer: train::Trainer eager and captured too).
       # shellcheck disable=SC2086
+      # Into the log, not through tee: a stop signalled to the whole group would
+      # end tee before the bench prints the rounds it completed.
+      rc=0
       "$python" tools/bench/gpu_step.py --build "$build" --rounds "${TRAINRUN_GPU_BENCH_ROUNDS:-5}" \
-        --data-dir "$data" --torchrun "$torchrun_script" --python "$python" \
-        ${TRAINRUN_GPU_BENCH_ARGS:-} 2>&1 \
-        | tee "$out/bench.log" || failed+=(bench)
-      "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 2 \
-        --compression bf16 --skip-torchrun --data-dir "$data" 2>&1 | tee -a "$out/bench.log" \
-        || failed+=(bench-bf16)
+        --data-dir "$data" --torchrun "$torchrun_script" --python "$python" "${budget[@]}" \
+        ${TRAINRUN_GPU_BENCH_ARGS:-} > "$out/bench.log" 2>&1 || rc=$?
+      cat "$out/bench.log"
+      ((rc == 0)) || failed+=(bench)
       stage_end bench
+      ;;
+    compression)  # bf16 gradient compression against none; one rank has nothing to save
+      stage_start compression
+      "$python" tools/bench/ddp_throughput.py --build "$build" --gpu --rounds 2 \
+        --compression bf16 --skip-torchrun --data-dir "$data" 2>&1 | tee "$out/compression.log" \
+        || failed+=(compression)
+      stage_end compression
       ;;
     debug)  # the GPU cases again, each process that crashes printing its stack
       stage_start debug
@@ -161,7 +217,8 @@ for stage in "${stages[@]}"; do
       grep -E -A30 "backtrace.c: signal" "$out/debug.log" | grep -E "=>|signal" | head -120 || true
       stage_end debug
       ;;
-    *) echo "run: unknown stage $stage (build, test, all-tests, bench, debug)" >&2; exit 2 ;;
+    *) echo "run: unknown stage $stage (build, test, all-tests, bench, compression, debug)" >&2
+       exit 2 ;;
   esac
 done
 if ((${#failed[@]})); then
