@@ -70,9 +70,13 @@ int register_entry(const char* name, train_entry_fn_v1_t fn) {
 int run_entry(const train_host_v1_t* host, char* error, size_t error_size, Body body) {
   if (host == nullptr || host->abi_version != TRAIN_PLUGIN_ABI_VERSION ||
       host->struct_size < TRAIN_HOST_V1_MIN_SIZE) {
-    copy_message("the worker's host table is incompatible with this plugin's SDK (plugin ABI " +
-                     std::to_string(TRAIN_PLUGIN_ABI_VERSION) + ")",
-                 error, error_size);
+    // Appended, not `"..." + to_string(...) + ")"`, on which GCC 12 warns
+    // falsely (-Warray-bounds in std::string's move constructor).
+    std::string message =
+        "the worker's host table is incompatible with this plugin's SDK (plugin ABI ";
+    message += std::to_string(TRAIN_PLUGIN_ABI_VERSION);
+    message += ")";
+    copy_message(message, error, error_size);
     return TRAIN_ERROR_HOST;
   }
   try {
