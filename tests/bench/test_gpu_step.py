@@ -7,11 +7,13 @@ and python (this file, in another role), each told by the environment to succeed
 a rate, fail, take a while or hang, and checks that:
   - the ratios are those of the medians, against the targets;
   - a side that fails is named, left out of the later rounds, and the others go on;
+    each ratio compares the rounds in which both of its sides ran;
   - --budget begins no round that would not fit, and assesses no target on fewer
     than 3 rounds;
-  - a run that hangs is ended at the budget's end, with the processes it started
-    (in a session of their own, as torchrun starts its workers), and its round dropped;
-  - SIGTERM prints the table of the rounds completed.
+  - a run that hangs, even one that ignores SIGTERM, is ended at its bound with the
+    processes it started in a session of their own (as torchrun starts its workers),
+    and the other sides go on;
+  - SIGTERM prints the table of the runs finished.
 
   test_gpu_step.py REPO
 """
@@ -28,30 +30,36 @@ import time
 
 
 def stand_in(role, argv):
-    """Behaves as `role` (trainrun, torchrun or python) as FAKE_<SIDE> says: "ok:RATE",
-    "slow:SECONDS:RATE", "fail" or "hang" (which starts a child in a session of its
-    own, as torchrun starts its workers, and ends it on SIGTERM, as torchrun does)."""
+    """Behaves as `role` (trainrun, torchrun or python) as FAKE_<SIDE> says, one
+    comma-separated item a run of that side: "RATE", "slow:SECONDS:RATE", "fail",
+    "hang" (starts a child in a session of its own, as torchrun starts its workers,
+    and ends it on SIGTERM, as torchrun does) or "stubborn" (the same, but ignores
+    SIGTERM). The last item holds for every later run."""
     if role == "trainrun":
         side = re.sub(r"\d+-\d+$", "", argv[argv.index("--name") + 1])
     elif role == "torchrun":
         side = "torchrun"
     else:
         side = argv[argv.index("--mode") + 1]
-    with open(os.environ["FAKE_LOG"], "a") as log:
+    log_path = os.environ["FAKE_LOG"]
+    runs = sum(1 for line in open(log_path) if line.startswith(f"{side} ")) \
+        if os.path.exists(log_path) else 0
+    with open(log_path, "a") as log:
         log.write(f"{side} {os.getpid()}\n")
-    how = os.environ.get(f"FAKE_{side.upper()}", "ok:100").split(":")
+    items = os.environ.get(f"FAKE_{side.upper()}", "100").split(",")
+    how = items[min(runs, len(items) - 1)].split(":")
     if how[0] == "fail":
         print(f"{side}: told to fail", file=sys.stderr)
         sys.exit(3)
-    if how[0] == "hang":
+    if how[0] in ("hang", "stubborn"):
         child = subprocess.Popen(["sleep", "600"], start_new_session=True)
-        with open(os.environ["FAKE_LOG"], "a") as log:
+        with open(log_path, "a") as log:
             log.write(f"child {child.pid}\n")
 
         def end(_signum, _frame):
             child.kill()
             sys.exit(1)
-        signal.signal(signal.SIGTERM, end)
+        signal.signal(signal.SIGTERM, end if how[0] == "hang" else signal.SIG_IGN)
         time.sleep(600)
         sys.exit(1)
     if how[0] == "slow":
@@ -81,17 +89,29 @@ def bench(repo, tmp, env_sides, *args, signal_after=None):
            "--batch", "128", "--build", tmp, "--torchrun", os.path.join(tmp, "torchrun"),
            "--python", os.path.join(tmp, "python"), *args]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-    if signal_after is not None:
-        # SIGTERM once the stand-ins' log shows the round it names begun.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and process.poll() is None:
-            if os.path.exists(log) and sum(1 for _ in open(log)) > signal_after:
-                process.send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.05)
-    out, _ = process.communicate(timeout=120)
-    lines = open(log).read().split("\n") if os.path.exists(log) else []
+                               text=True, start_new_session=True)
+    try:
+        if signal_after is not None:
+            # SIGTERM once the stand-ins' log shows that many runs begun.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and process.poll() is None:
+                if os.path.exists(log) and sum(1 for _ in open(log)) > signal_after:
+                    process.send_signal(signal.SIGTERM)
+                    break
+                time.sleep(0.05)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        # On a failure of this test too: nothing of it is left running.
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        lines = open(log).read().split("\n") if os.path.exists(log) else []
+        for line in lines:
+            if line.startswith("child "):
+                try:
+                    os.kill(int(line.split()[1]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     return process.returncode, out, lines
 
 
@@ -122,50 +142,66 @@ def main():
                         f"import test_gpu_step\ntest_gpu_step.stand_in({role!r}, sys.argv)\n")
             os.chmod(path, 0o755)
 
-        rc, out, _ = bench(repo, tmp, {"FAKE_TRAINRUN": "ok:300", "FAKE_TORCHRUN": "ok:100",
-                                       "FAKE_RESIDENT": "ok:200"}, "--rounds", "3")
-        check(rc == 0 and "3 interleaved round(s) of 3" in out
-              and "trainrun / torchrun = 3.000  (target >= 1.3)" in out
-              and "trainrun / resident = 1.500  (target >= 1.0)" in out,
+        # Rates that differ by round: a median is not a mean, nor a ratio of rounds.
+        rc, out, _ = bench(repo, tmp, {"FAKE_TRAINRUN": "100,400,200", "FAKE_TORCHRUN": "100",
+                                       "FAKE_RESIDENT": "50,100,100"}, "--rounds", "3")
+        check(rc == 0 and "3 complete interleaved round(s) of 3" in out
+              and "trainrun / torchrun = 2.000  (target >= 1.3; 3 rounds)" in out
+              and "trainrun / resident = 2.000  (target >= 1.0; 3 rounds)" in out,
               "three rounds give the ratios of the medians against the targets", out)
 
-        rc, out, log = bench(repo, tmp, {"FAKE_TORCHRUN": "fail"}, "--rounds", "3")
-        check(rc == 1 and "FAILED torchrun at batch 128, left out after round 0" in out
-              and sum(1 for line in log if line.startswith("torchrun ")) == 1
-              and "trainrun / resident = 1.000  (target >= 1.0)" in out
-              and "trainrun / torchrun" not in out,
-              "a side that fails is named and left out, and the others go on", out)
+        # resident fails in round 1: its ratio compares round 0 alone (100 / 50), and
+        # assesses no target; torchrun goes on in every round.
+        rc, out, log = bench(repo, tmp, {"FAKE_TRAINRUN": "100,400,200",
+                                         "FAKE_RESIDENT": "50,fail"}, "--rounds", "3")
+        check(rc == 1 and "FAILED resident at batch 128, left out after round 1" in out
+              and sum(1 for line in log if line.startswith("resident ")) == 2
+              and sum(1 for line in log if line.startswith("torchrun ")) == 3
+              and "trainrun / resident = 2.000  (target not assessed: 1 round(s) in common)"
+              in out and "trainrun / torchrun = 2.000  (target >= 1.3; 3 rounds)" in out,
+              "a side that fails is named and left out, the others go on, and each ratio "
+              "compares the rounds both of its sides ran", out)
 
-        # How many rounds fit depends on the machine's load: whatever it is, the round
-        # after the last one completed is the one not begun.
-        rc, out, log = bench(repo, tmp, {"FAKE_TRAINRUN": "slow:2:100"}, "--rounds", "10",
-                             "--budget", "6")
-        done = re.search(r"round (\d+): not begun", out)
-        rounds = int(done.group(1)) if done else -1
-        check(rc == 0 and 1 <= rounds < 10 and f"{rounds} interleaved round(s) of 10" in out
+        # How many rounds fit depends on the machine's load; whatever it is, no round
+        # begins once the budget is spent, and the last one is not begun or cut short.
+        rc, out, log = bench(repo, tmp, {"FAKE_TRAINRUN": "slow:1:100"}, "--rounds", "10",
+                             "--budget", "9")
+        done = re.findall(r"(\d+) complete interleaved round\(s\) of 10", out)
+        rounds = int(done[-1]) if done else -1  # the last table's
+        check(rc == 0 and 1 <= rounds < 10
+              and (f"round {rounds}: not begun" in out or f"round {rounds}: the budget ran out"
+                   in out)
               and (rounds >= 3 or f"(target not assessed: {rounds} round(s) in common)" in out),
               "--budget begins no round that would not fit, and under 3 rounds assess no target",
               out)
 
+        # torchrun ignores SIGTERM, and its worker runs in a session of its own: both
+        # are ended at its bound (a third of the budget: 8 s, then 10 s after SIGTERM),
+        # and the other sides go on.
         began = time.monotonic()
-        rc, out, log = bench(repo, tmp, {"FAKE_TORCHRUN": "hang"}, "--rounds", "3",
-                             "--budget", "3")
+        rc, out, log = bench(repo, tmp, {"FAKE_TORCHRUN": "stubborn"}, "--rounds", "2",
+                             "--budget", "24")
         took = time.monotonic() - began
         pids = [int(line.split()[1]) for line in log if line.startswith(("torchrun ", "child "))]
-        check(rc == 1 and "round 0: the budget ran out in torchrun at batch 128" in out
-              and "0 interleaved round(s)" in out and len(pids) == 2
+        check(rc == 1 and "FAILED torchrun at batch 128, left out after round 0: ran past its" in out
+              and "batch  128  resident" in out and len(pids) == 2
               and not any(alive(pid) for pid in pids) and took < 60,
-              "a run that hangs ends at the budget's end, with the session it started", out)
+              "a run that hangs and ignores SIGTERM is ended at its bound, with the session it "
+              "started elsewhere, and the others go on", out)
 
-        # Three sides a round: SIGTERM once the fifth run (round 1's second) began.
+        # Three sides a round, round 1 in the order torchrun, resident, trainrun:
+        # SIGTERM once the fifth run (round 1's resident) began. Round 1 keeps torchrun's.
         rc, out, log = bench(repo, tmp, {"FAKE_TRAINRUN": "slow:1:100",
                                          "FAKE_TORCHRUN": "slow:1:100",
                                          "FAKE_RESIDENT": "slow:1:100"},
                              "--rounds", "5", signal_after=4)
-        check(rc == 1 and "stopped by SIGTERM in round 1, which is dropped" in out
-              and out.rstrip().endswith("(target not assessed: 1 round(s) in common)")
-              and "1 interleaved round(s) of 5" in out,
-              "SIGTERM prints the table of the rounds completed", out)
+        last = out.split("stopped by")[-1]
+        check(rc == 1 and "stopped by SIGTERM in round 1; its finished runs are kept" in out
+              and "1 complete interleaved round(s) of 5" in last
+              and re.search(r"batch  128  torchrun .*\(2 rounds\)", last)
+              and "trainrun / torchrun = 1.000  (target not assessed: 1 round(s) in common)"
+              in last,
+              "SIGTERM prints the table of the runs finished", out)
 
 
 if __name__ == "__main__":

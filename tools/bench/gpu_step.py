@@ -23,21 +23,24 @@ check the script itself.
 
 At each batch size it runs the sides that the targets there compare (and the Trainer's
 with --trainer); --all-sides runs every side at every batch size. The sides take turns
-at going first, one place a round. After each round it prints the table so far. With
---budget S it starts a round only while the longest round so far still fits in S
-seconds, and a round the budget cuts short is dropped whole. Every run is bounded:
-by the budget's end, and by 3x its side's longest run so far (at least 120 s; 300 s
-for a side's first run). A side that fails or hangs is named and left out of the later
-rounds, and the others go on; the exit status is 1 if any failed. A ratio compares the
-rounds in which both sides ran, and under 3 of them assesses no target. SIGTERM or
-SIGINT stops it with the table of the rounds completed.
+at going first, one place a round, and the table is printed after every round. With
+--budget S it begins a round only while the longest round so far still fits in S
+seconds. Every run is bounded: by the budget's end, and by 3x its side's longest run
+so far (at least 60 s; 180 s for a side's first run, or a third of the budget left),
+and ended with every process it started, orphans included (SIGTERM, then SIGKILL). A
+side that fails or runs past its bound is named and left out of the later rounds, and
+the others go on; the exit status is 1 if any failed. A round the budget or a stop
+(SIGTERM, SIGINT) cuts short keeps the runs it finished: each ratio compares the
+rounds in which both of its sides ran, and under 3 of them assesses no target.
 
   tools/bench/gpu_step.py [--build build] [--rounds 5] [--batch 128 --batch 512]
                           [--torchrun PATH] [--data-dir DIR] [--skip graph]... [--trainer]
                           [--all-sides] [--budget SECONDS]
 """
 import argparse
+import ctypes
 import json
+import math
 import os
 import shutil
 import signal
@@ -46,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ["trainrun", "resident_tr", "captured_tr", "torchrun", "loader", "resident", "graph"]
@@ -60,19 +64,24 @@ TARGETS = [("trainrun", "torchrun", 128, 1.3), ("trainrun", "resident", 128, 1.0
 # What the Trainer's loop costs, and what its capture buys (no targets).
 TRAINER_RATIOS = [("trainer", "trainrun"), ("trainer_cap", "captured_tr"),
                   ("trainer_cap", "graph")]
-# The bound of a side's first run (of both runs of a Trainer side), and the least
-# bound of a later one, which is 3x its longest run so far.
-FIRST_RUN_LIMIT_S = 300
-RUN_LIMIT_S = 120
-# What a stopped run is given to end its processes (torchrun its workers, which run
-# in sessions of their own) after SIGTERM, before SIGKILL.
+# The bound of a side's first run (of both runs of a Trainer side; with --budget, a
+# third of it at most), and the least bound of a later one, which is 3x its longest.
+FIRST_RUN_LIMIT_S = 180
+RUN_LIMIT_S = 60
+# What a run's processes are given to end after SIGTERM (torchrun ends its workers,
+# which run in sessions of their own), before SIGKILL.
 TERM_GRACE_S = 10
 # Fewer rounds than this in common assess no target.
 MIN_ROUNDS = 3
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class SideFailed(Exception):
-    """A run of one side failed: its exit status, or it ran past its bound."""
+    """A run of one side failed: its exit status, its output, or its bound."""
+
+    def __init__(self, message, timed_out=False):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class BudgetSpent(Exception):
@@ -80,22 +89,26 @@ class BudgetSpent(Exception):
 
 
 class Stopped(Exception):
-    """SIGTERM or SIGINT: stop, and print what the completed rounds measured."""
+    """SIGTERM or SIGINT: stop, and print what the rounds measured."""
 
 
 class StopGate:
     """Holds SIGTERM and SIGINT back while a child starts (unnamed, it could not be
-    ended) and while a round's values are committed. Not a signal mask: children
-    would inherit it, and ignore the bench's SIGTERM."""
+    ended) and while a run's processes are ended. Not a signal mask: children would
+    inherit it, and ignore their SIGTERM. The first stop is the only one raised."""
     held = False
     pending = None
+    stopping = False
 
 
 def stop(signum, _frame):
+    if StopGate.stopping:
+        return
     name = signal.Signals(signum).name
     if StopGate.held:
         StopGate.pending = name
     else:
+        StopGate.stopping = True
         raise Stopped(name)
 
 
@@ -106,23 +119,75 @@ def hold_stops():
 def release_stops():
     """Raises Stopped if a stop came while they were held."""
     StopGate.held = False
-    if StopGate.pending:
+    if StopGate.pending and not StopGate.stopping:
+        StopGate.stopping = True
         raise Stopped(StopGate.pending)
 
 
-def end_session(process):
-    """Ends the session of `process`: SIGTERM (trainrun's controller and torchrun end
-    their workers on it), then, after TERM_GRACE_S, SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:  # already reaped: the session is gone
-            return
-        try:
-            process.wait(timeout=TERM_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
+def descendants():
+    """The processes below this one. As a child subreaper it inherits the orphans of
+    its runs (torchrun's workers when torchrun is gone), so these are every process
+    a run started and left."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def end_leftovers():
+    """Ends what runs left behind: SIGTERM, then after TERM_GRACE_S SIGKILL; reaps them."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = descendants()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        waited = time.monotonic() + TERM_GRACE_S
+        while time.monotonic() < waited:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:  # the orphans are ours to reap
+                    pass
+            except ChildProcessError:
+                return
+            if not descendants():
+                return
+            time.sleep(0.1)
+
+
+def end_session(process):
+    """Ends a run: SIGTERM to its session (trainrun's controller and torchrun end their
+    workers on it), SIGKILL after TERM_GRACE_S, then whatever it left elsewhere."""
+    hold_stops()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if process.poll() is not None:
+                break
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                continue
+        end_leftovers()
+    finally:
+        release_stops()
 
 
 def run(cmd, env, deadline):
@@ -143,11 +208,12 @@ def run(cmd, env, deadline):
             process.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             end_session(process)
-            raise SideFailed(f"ran past its {limit:.0f} s: {' '.join(cmd)}\n"
-                             f"{tail(output)}") from None
+            raise SideFailed(f"ran past its {limit:.0f} s: {' '.join(cmd)}\n{tail(output)}",
+                             timed_out=True) from None
         except BaseException:
             end_session(process)
             raise
+        end_session(process)  # what it left, if anything
         if process.returncode != 0:
             raise SideFailed(f"exited {process.returncode}: {' '.join(cmd)}\n{tail(output)}")
         output.seek(0)
@@ -208,9 +274,12 @@ def trainer_side(args, name, batch, tmp, env, serial, deadline):
 def side(args, name, batch, tmp, env, serial, deadline):
     """samples/s of one run of side `name` at `batch`; raises SideFailed."""
     try:
-        return measure(args, name, batch, tmp, env, serial, deadline)
-    except (OSError, StopIteration, KeyError, IndexError, ValueError) as e:
+        rate = float(measure(args, name, batch, tmp, env, serial, deadline))
+    except (OSError, StopIteration, KeyError, IndexError, ValueError, TypeError) as e:
         raise SideFailed(f"no samples/s in what it left: {e!r}") from None
+    if not math.isfinite(rate) or rate <= 0:
+        raise SideFailed(f"a rate of {rate} samples/s")
+    return rate
 
 
 def measure(args, name, batch, tmp, env, serial, deadline):
@@ -250,51 +319,63 @@ class Bench:
     """The rounds' results: rows[(side, batch)] maps a round to its samples/s."""
 
     def __init__(self, args, batches, env, tmp, end):
-        self.args, self.batches, self.env, self.tmp, self.end = args, batches, env, tmp, end
+        self.args, self.env, self.tmp, self.end = args, env, tmp, end
         self.sides = {b: sides_at(args, b) for b in batches}
-        self.rows = {(s, b): {} for b in batches for s in self.sides[b]}
+        self.batches = [b for b in batches if self.sides[b]]
+        self.rows = {(s, b): {} for b in self.batches for s in self.sides[b]}
         self.failed = {}  # (side, batch): why; left out of the later rounds
         self.longest = {}  # (side, batch): its longest run, in seconds
-        self.rounds = 0
+        self.rounds = 0  # complete ones
+        self.current = 0
+
+    def limit(self, s, b):
+        """The bound of the next run of side s at batch b, in seconds."""
+        longest = self.longest.get((s, b))
+        if longest is not None:
+            return max(RUN_LIMIT_S, 3 * longest)
+        if self.end is None:
+            return FIRST_RUN_LIMIT_S
+        return min(FIRST_RUN_LIMIT_S, max(1.0, (self.end - time.monotonic()) / 3))
 
     def run_round(self, r):
         """Runs each side at each batch size once, printing a line a batch size; the
-        sides take turns at going first. Commits the round's values when all ran;
-        raises BudgetSpent when the budget's end came first."""
-        measured = {}
+        sides take turns at going first. Each run's value is kept as it comes. Raises
+        BudgetSpent when the budget's end comes first."""
+        self.current = r
         for b in self.batches:
-            names = self.sides[b][r % len(self.sides[b]):] + self.sides[b][:r % len(self.sides[b])]
+            turn = r % len(self.sides[b])
             line = []
-            for s in names:
+            for s in self.sides[b][turn:] + self.sides[b][:turn]:
                 if (s, b) in self.failed:
                     continue
                 began = time.monotonic()
-                longest = self.longest.get((s, b))
-                limit = FIRST_RUN_LIMIT_S if longest is None else max(RUN_LIMIT_S, 3 * longest)
-                deadline = began + limit if self.end is None else min(self.end, began + limit)
+                if self.end is not None and began >= self.end:
+                    raise BudgetSpent(f"before {s} at batch {b}")
+                deadline = began + self.limit(s, b)
+                budget_bound = self.end is not None and self.end <= deadline
+                if budget_bound:
+                    deadline = self.end
                 try:
-                    measured[(s, b)] = side(self.args, s, b, self.tmp, self.env, r, deadline)
+                    value = side(self.args, s, b, self.tmp, self.env, r, deadline)
                 except SideFailed as e:
-                    if self.end is not None and time.monotonic() >= self.end:
-                        raise BudgetSpent(f"{s} at batch {b}") from e
+                    if e.timed_out and budget_bound:
+                        print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
+                        raise BudgetSpent(f"during {s} at batch {b}") from e
                     self.failed[(s, b)] = f"round {r}: {e}"
                     line.append(f"{s} failed")
                     continue
-                self.longest[(s, b)] = max(longest or 0.0, time.monotonic() - began)
-                line.append(f"{s} {measured[(s, b)]:.0f}")
+                self.rows[(s, b)][r] = value
+                self.longest[(s, b)] = max(self.longest.get((s, b), 0.0), time.monotonic() - began)
+                line.append(f"{s} {value:.0f}")
             print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
-        hold_stops()  # the round whole or not at all
-        for key, value in measured.items():
-            self.rows[key][r] = value
         self.rounds += 1
-        release_stops()
 
     def summary(self):
         """Prints min / median / max of every side with values, then the ratios of the
         medians over the rounds both sides of a ratio ran."""
         print(f"FashionMNIST ResNet-18, 1 process on {self.args.device}, samples/s over "
-              f"{self.rounds} interleaved round(s) of {self.args.rounds} (min / median / max):",
-              flush=True)
+              f"{self.rounds} complete interleaved round(s) of {self.args.rounds} "
+              "(min / median / max):", flush=True)
         for b in self.batches:
             for s in self.sides[b]:
                 values = list(self.rows[(s, b)].values())
@@ -302,10 +383,10 @@ class Bench:
                     print(f"  batch {b:4d}  {s:<11} {min(values):9.0f} "
                           f"{statistics.median(values):9.0f} {max(values):9.0f}  "
                           f"({len(values)} rounds)")
-        ratios = [(top, bottom, b, f"  (target >= {target})") for top, bottom, b, target in TARGETS]
-        ratios += [(top, bottom, b, "") for top, bottom in TRAINER_RATIOS for b in self.batches]
-        ratios += [("graph", "resident", b, "  (what capture buys Python)") for b in self.batches]
-        for top, bottom, b, note in ratios:
+        ratios = [(top, bottom, b, target) for top, bottom, b, target in TARGETS]
+        ratios += [(top, bottom, b, None) for top, bottom in TRAINER_RATIOS for b in self.batches]
+        ratios += [("graph", "resident", b, "capture") for b in self.batches]
+        for top, bottom, b, target in ratios:
             if (top, b) not in self.rows or (bottom, b) not in self.rows:
                 continue
             common = sorted(set(self.rows[(top, b)]) & set(self.rows[(bottom, b)]))
@@ -313,9 +394,19 @@ class Bench:
                 continue
             ratio = (statistics.median(self.rows[(top, b)][r] for r in common)
                      / statistics.median(self.rows[(bottom, b)][r] for r in common))
-            if note and len(common) < MIN_ROUNDS:
+            note = f"  ({len(common)} rounds)"
+            if target == "capture":
+                note = f"  (what capture buys Python; {len(common)} rounds)"
+            elif target is not None and len(common) < MIN_ROUNDS:
                 note = f"  (target not assessed: {len(common)} round(s) in common)"
+            elif target is not None:
+                note = f"  (target >= {target}; {len(common)} rounds)"
             print(f"  batch {b}: {top} / {bottom} = {ratio:.3f}{note}", flush=True)
+
+
+def ignore_stops():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def main():
@@ -335,26 +426,31 @@ def main():
     parser.add_argument("--all-sides", action="store_true",
                         help="every side at every batch size, not only those the targets compare")
     parser.add_argument("--budget", type=float, metavar="SECONDS",
-                        help="start no round that the longest so far says would end after this")
+                        help="begin no round that the longest so far says would end after this")
     args = parser.parse_args()
     if args.rounds < 1 or (args.budget is not None and args.budget <= 0):
         parser.error("--rounds and --budget must be positive")
     batches = args.batch or [128, 512]
+    if not any(sides_at(args, b) for b in batches):
+        parser.error("no side to run at these batch sizes (the targets name 128 and 512; "
+                     "--all-sides runs every side at any)")
     env = dict(os.environ)
     if args.data_dir:
         env["FASHION_MNIST_DIR"] = args.data_dir
     if args.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
+    # The orphans of a run (torchrun's workers) become this process's, to be ended.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     start = time.monotonic()
     end = None if args.budget is None else start + args.budget
-    stopped = False
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     tmp = tempfile.mkdtemp(prefix="gpu_step-")
     env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
     bench = Bench(args, batches, env, tmp, end)
-    longest_round = 0.0
+    failed = False
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
+        longest_round = 0.0
         for r in range(args.rounds):
             began = time.monotonic()
             if end is not None and r > 0 and began + longest_round > end:
@@ -364,22 +460,28 @@ def main():
             try:
                 bench.run_round(r)
             except BudgetSpent as e:
-                print(f"round {r}: the budget ran out in {e}, the round is dropped", flush=True)
+                print(f"round {r}: the budget ran out {e}; its finished runs are kept",
+                      flush=True)
                 break
             longest_round = max(longest_round, time.monotonic() - began)
             if r + 1 < args.rounds:
                 bench.summary()
     except Stopped as e:
-        stopped = True
-        print(f"stopped by {e} in round {bench.rounds}, which is dropped", flush=True)
+        ignore_stops()
+        failed = True
+        print(f"stopped by {e} in round {bench.current}; its finished runs are kept", flush=True)
+    except Exception:  # a defect of the bench's own: what it measured still counts
+        ignore_stops()
+        failed = True
+        traceback.print_exc()
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        ignore_stops()
+        end_leftovers()
         shutil.rmtree(tmp, ignore_errors=True)
     bench.summary()
     for (s, b), why in bench.failed.items():
         print(f"FAILED {s} at batch {b}, left out after {why}", file=sys.stderr)
-    if bench.failed or stopped or bench.rounds == 0:
+    if failed or bench.failed or bench.rounds == 0:
         sys.exit(1)
 
 
