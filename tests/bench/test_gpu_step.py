@@ -13,6 +13,7 @@ a rate, fail, take a while or hang, and checks that:
   - a run that hangs, even one that ignores SIGTERM, is ended at its bound with the
     processes it started in a session of their own (as torchrun starts its workers),
     and the other sides go on;
+  - what a run leaves behind in a session of its own is ended after it;
   - SIGTERM prints the table of the runs finished.
 
   test_gpu_step.py REPO
@@ -33,8 +34,9 @@ def stand_in(role, argv):
     """Behaves as `role` (trainrun, torchrun or python) as FAKE_<SIDE> says, one
     comma-separated item a run of that side: "RATE", "slow:SECONDS:RATE", "fail",
     "hang" (starts a child in a session of its own, as torchrun starts its workers,
-    and ends it on SIGTERM, as torchrun does) or "stubborn" (the same, but ignores
-    SIGTERM). The last item holds for every later run."""
+    and ends it on SIGTERM, as torchrun does), "stubborn" (the same, but ignores
+    SIGTERM) or "desert:RATE" (starts such a child and leaves it running). The last
+    item holds for every later run."""
     if role == "trainrun":
         side = re.sub(r"\d+-\d+$", "", argv[argv.index("--name") + 1])
     elif role == "torchrun":
@@ -64,6 +66,10 @@ def stand_in(role, argv):
         sys.exit(1)
     if how[0] == "slow":
         time.sleep(float(how[1]))
+    if how[0] == "desert":
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        with open(log_path, "a") as log:
+            log.write(f"child {child.pid}\n")
     rate = float(how[-1])
     if role == "trainrun":
         folder = os.path.join(argv[argv.index("--storage-path") + 1],
@@ -101,18 +107,21 @@ def bench(repo, tmp, env_sides, *args, signal_after=None):
                 time.sleep(0.05)
         out, _ = process.communicate(timeout=120)
     finally:
-        # On a failure of this test too: nothing of it is left running.
+        # On a failure of this test too: nothing of it is left running. What the bench
+        # left is counted first, then ended (each a stand-in or its sleep, by its
+        # command line, not a process that took a reused pid).
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         lines = open(log).read().split("\n") if os.path.exists(log) else []
-        for line in lines:
-            if line.startswith("child "):
-                try:
-                    os.kill(int(line.split()[1]), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-    return process.returncode, out, lines
+        survivors = [int(line.split()[1]) for line in lines if line
+                     if alive(int(line.split()[1]), tmp)]
+        for pid in survivors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return process.returncode, out, lines, survivors
 
 
 def check(condition, what, out):
@@ -121,14 +130,17 @@ def check(condition, what, out):
     print(f"ok: {what}")
 
 
-def alive(pid):
+def alive(pid, tmp):
+    """Whether pid is a live stand-in of this test's (its command line names `tmp`) or
+    one's `sleep 600`; a zombie is ended, its parent has not reaped it yet."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    # A zombie is ended: its parent has not reaped it yet.
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
+    return state != "Z" and (tmp in cmdline or cmdline.startswith("sleep\x00600"))
 
 
 def main():
@@ -143,7 +155,7 @@ def main():
             os.chmod(path, 0o755)
 
         # Rates that differ by round: a median is not a mean, nor a ratio of rounds.
-        rc, out, _ = bench(repo, tmp, {"FAKE_TRAINRUN": "100,400,200", "FAKE_TORCHRUN": "100",
+        rc, out, _, _ = bench(repo, tmp, {"FAKE_TRAINRUN": "100,400,200", "FAKE_TORCHRUN": "100",
                                        "FAKE_RESIDENT": "50,100,100"}, "--rounds", "3")
         check(rc == 0 and "3 complete interleaved round(s) of 3" in out
               and "trainrun / torchrun = 2.000  (target >= 1.3; 3 rounds)" in out
@@ -152,7 +164,7 @@ def main():
 
         # resident fails in round 1: its ratio compares round 0 alone (100 / 50), and
         # assesses no target; torchrun goes on in every round.
-        rc, out, log = bench(repo, tmp, {"FAKE_TRAINRUN": "100,400,200",
+        rc, out, log, survivors = bench(repo, tmp, {"FAKE_TRAINRUN": "100,400,200",
                                          "FAKE_RESIDENT": "50,fail"}, "--rounds", "3")
         check(rc == 1 and "FAILED resident at batch 128, left out after round 1" in out
               and sum(1 for line in log if line.startswith("resident ")) == 2
@@ -164,8 +176,8 @@ def main():
 
         # How many rounds fit depends on the machine's load; whatever it is, no round
         # begins once the budget is spent, and the last one is not begun or cut short.
-        rc, out, log = bench(repo, tmp, {"FAKE_TRAINRUN": "slow:1:100"}, "--rounds", "10",
-                             "--budget", "9")
+        rc, out, log, survivors = bench(repo, tmp, {"FAKE_TRAINRUN": "slow:1:100"},
+                                        "--rounds", "10", "--budget", "9")
         done = re.findall(r"(\d+) complete interleaved round\(s\) of 10", out)
         rounds = int(done[-1]) if done else -1  # the last table's
         check(rc == 0 and 1 <= rounds < 10
@@ -176,22 +188,31 @@ def main():
               out)
 
         # torchrun ignores SIGTERM, and its worker runs in a session of its own: both
-        # are ended at its bound (a third of the budget: 8 s, then 10 s after SIGTERM),
-        # and the other sides go on.
+        # are ended at its bound (a third of the budget: 10 s, then SIGKILL 10 s after
+        # SIGTERM), and the other sides go on.
         began = time.monotonic()
-        rc, out, log = bench(repo, tmp, {"FAKE_TORCHRUN": "stubborn"}, "--rounds", "2",
-                             "--budget", "24")
+        rc, out, log, survivors = bench(repo, tmp, {"FAKE_TORCHRUN": "stubborn"},
+                                        "--rounds", "2", "--budget", "30",
+                                        "--least-run-limit", "5")
         took = time.monotonic() - began
         pids = [int(line.split()[1]) for line in log if line.startswith(("torchrun ", "child "))]
         check(rc == 1 and "FAILED torchrun at batch 128, left out after round 0: ran past its" in out
-              and "batch  128  resident" in out and len(pids) == 2
-              and not any(alive(pid) for pid in pids) and took < 60,
+              and "batch  128  resident" in out and len(pids) == 2 and not survivors
+              and took < 90,
               "a run that hangs and ignores SIGTERM is ended at its bound, with the session it "
               "started elsewhere, and the others go on", out)
 
+        # resident's run leaves a process running in a session of its own, an orphan
+        # once the run ends: the bench, its subreaper, ends it.
+        rc, out, log, survivors = bench(repo, tmp, {"FAKE_RESIDENT": "desert:100"},
+                                        "--rounds", "1")
+        check(rc == 0 and sum(1 for line in log if line.startswith("child ")) == 1
+              and not survivors,
+              "what a run leaves in a session of its own is ended after it", out)
+
         # Three sides a round, round 1 in the order torchrun, resident, trainrun:
         # SIGTERM once the fifth run (round 1's resident) began. Round 1 keeps torchrun's.
-        rc, out, log = bench(repo, tmp, {"FAKE_TRAINRUN": "slow:1:100",
+        rc, out, log, survivors = bench(repo, tmp, {"FAKE_TRAINRUN": "slow:1:100",
                                          "FAKE_TORCHRUN": "slow:1:100",
                                          "FAKE_RESIDENT": "slow:1:100"},
                              "--rounds", "5", signal_after=4)

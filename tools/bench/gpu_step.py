@@ -25,17 +25,18 @@ At each batch size it runs the sides that the targets there compare (and the Tra
 with --trainer); --all-sides runs every side at every batch size. The sides take turns
 at going first, one place a round, and the table is printed after every round. With
 --budget S it begins a round only while the longest round so far still fits in S
-seconds. Every run is bounded: by the budget's end, and by 3x its side's longest run
-so far (at least 60 s; 180 s for a side's first run, or a third of the budget left),
-and ended with every process it started, orphans included (SIGTERM, then SIGKILL). A
-side that fails or runs past its bound is named and left out of the later rounds, and
-the others go on; the exit status is 1 if any failed. A round the budget or a stop
+seconds. Every run is bounded: by 3x its side's longest run so far, and a side's
+first by 180 s or a third of the budget left (none under --least-run-limit, 60 s);
+and by the budget's end. A run past its bound is ended with every process it
+started, orphans included (SIGTERM, then SIGKILL). A side that fails or runs past its
+own bound is named and left out of the later rounds, and the others go on; the exit
+status is 1 if any failed. One cut by the budget's end ends the bench. A round the budget or a stop
 (SIGTERM, SIGINT) cuts short keeps the runs it finished: each ratio compares the
 rounds in which both of its sides ran, and under 3 of them assesses no target.
 
   tools/bench/gpu_step.py [--build build] [--rounds 5] [--batch 128 --batch 512]
                           [--torchrun PATH] [--data-dir DIR] [--skip graph]... [--trainer]
-                          [--all-sides] [--budget SECONDS]
+                          [--all-sides] [--budget SECONDS] [--least-run-limit SECONDS]
 """
 import argparse
 import ctypes
@@ -65,12 +66,14 @@ TARGETS = [("trainrun", "torchrun", 128, 1.3), ("trainrun", "resident", 128, 1.0
 TRAINER_RATIOS = [("trainer", "trainrun"), ("trainer_cap", "captured_tr"),
                   ("trainer_cap", "graph")]
 # The bound of a side's first run (of both runs of a Trainer side; with --budget, a
-# third of it at most), and the least bound of a later one, which is 3x its longest.
+# third of what is left, if more than --least-run-limit), and the default least
+# bound of any run (a later one's is 3x the side's longest).
 FIRST_RUN_LIMIT_S = 180
-RUN_LIMIT_S = 60
+LEAST_RUN_LIMIT_S = 60
 # What a run's processes are given to end after SIGTERM (torchrun ends its workers,
-# which run in sessions of their own), before SIGKILL.
+# which run in sessions of their own), then after SIGKILL.
 TERM_GRACE_S = 10
+KILL_GRACE_S = 2
 # Fewer rounds than this in common assess no target.
 MIN_ROUNDS = 3
 PR_SET_CHILD_SUBREAPER = 36
@@ -146,46 +149,36 @@ def descendants():
     return found
 
 
-def end_leftovers():
-    """Ends what runs left behind: SIGTERM, then after TERM_GRACE_S SIGKILL; reaps them."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = descendants()
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        waited = time.monotonic() + TERM_GRACE_S
-        while time.monotonic() < waited:
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:  # the orphans are ours to reap
-                    pass
-            except ChildProcessError:
-                return
-            if not descendants():
-                return
-            time.sleep(0.1)
-
-
-def end_session(process):
-    """Ends a run: SIGTERM to its session (trainrun's controller and torchrun end their
-    workers on it), SIGKILL after TERM_GRACE_S, then whatever it left elsewhere."""
+def end_all(process=None):
+    """Ends a run and whatever it left: SIGTERM to its session (trainrun's controller
+    and torchrun end their workers on it) and to every process below this one, then,
+    after TERM_GRACE_S, SIGKILL. Reaps the orphans; `process` is Popen's to reap."""
     hold_stops()
     try:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if process.poll() is not None:
-                break
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(timeout=TERM_GRACE_S)
-            except subprocess.TimeoutExpired:
-                continue
-        end_leftovers()
+        for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+            if process is not None and process.poll() is None:
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    pass
+            for pid in descendants():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            waited = time.monotonic() + grace
+            while time.monotonic() < waited:
+                if process is not None:
+                    process.poll()
+                for pid in descendants():
+                    if process is None or pid != process.pid:
+                        try:
+                            os.waitpid(pid, os.WNOHANG)  # an orphan, now ours
+                        except ChildProcessError:
+                            pass  # not our child: its parent reaps it
+                if (process is None or process.returncode is not None) and not descendants():
+                    return
+                time.sleep(0.1)
     finally:
         release_stops()
 
@@ -207,13 +200,13 @@ def run(cmd, env, deadline):
             release_stops()
             process.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            end_session(process)
+            end_all(process)
             raise SideFailed(f"ran past its {limit:.0f} s: {' '.join(cmd)}\n{tail(output)}",
                              timed_out=True) from None
         except BaseException:
-            end_session(process)
+            end_all(process)
             raise
-        end_session(process)  # what it left, if anything
+        end_all(process)  # what it left, if anything
         if process.returncode != 0:
             raise SideFailed(f"exited {process.returncode}: {' '.join(cmd)}\n{tail(output)}")
         output.seek(0)
@@ -329,13 +322,15 @@ class Bench:
         self.current = 0
 
     def limit(self, s, b):
-        """The bound of the next run of side s at batch b, in seconds."""
+        """The bound of the next run of side s at batch b, in seconds: its own, which
+        the budget's end may cut shorter still."""
+        least = self.args.least_run_limit
         longest = self.longest.get((s, b))
         if longest is not None:
-            return max(RUN_LIMIT_S, 3 * longest)
+            return max(least, 3 * longest)
         if self.end is None:
             return FIRST_RUN_LIMIT_S
-        return min(FIRST_RUN_LIMIT_S, max(1.0, (self.end - time.monotonic()) / 3))
+        return min(FIRST_RUN_LIMIT_S, max(least, (self.end - time.monotonic()) / 3))
 
     def run_round(self, r):
         """Runs each side at each batch size once, printing a line a batch size; the
@@ -350,6 +345,7 @@ class Bench:
                     continue
                 began = time.monotonic()
                 if self.end is not None and began >= self.end:
+                    print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
                     raise BudgetSpent(f"before {s} at batch {b}")
                 deadline = began + self.limit(s, b)
                 budget_bound = self.end is not None and self.end <= deadline
@@ -427,9 +423,12 @@ def main():
                         help="every side at every batch size, not only those the targets compare")
     parser.add_argument("--budget", type=float, metavar="SECONDS",
                         help="begin no round that the longest so far says would end after this")
+    parser.add_argument("--least-run-limit", type=float, default=LEAST_RUN_LIMIT_S,
+                        metavar="SECONDS", help="the least bound of a run (60)")
     args = parser.parse_args()
-    if args.rounds < 1 or (args.budget is not None and args.budget <= 0):
-        parser.error("--rounds and --budget must be positive")
+    if args.rounds < 1 or (args.budget is not None and args.budget <= 0) \
+            or args.least_run_limit <= 0:
+        parser.error("--rounds, --budget and --least-run-limit must be positive")
     batches = args.batch or [128, 512]
     if not any(sides_at(args, b) for b in batches):
         parser.error("no side to run at these batch sizes (the targets name 128 and 512; "
@@ -440,7 +439,9 @@ def main():
     if args.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
     # The orphans of a run (torchrun's workers) become this process's, to be ended.
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        print(f"gpu_step.py: not a child subreaper ({os.strerror(ctypes.get_errno())}): the "
+              "workers a run leaves in sessions of their own may outlive it", file=sys.stderr)
     start = time.monotonic()
     end = None if args.budget is None else start + args.budget
     tmp = tempfile.mkdtemp(prefix="gpu_step-")
@@ -466,6 +467,7 @@ def main():
             longest_round = max(longest_round, time.monotonic() - began)
             if r + 1 < args.rounds:
                 bench.summary()
+        ignore_stops()
     except Stopped as e:
         ignore_stops()
         failed = True
@@ -476,7 +478,7 @@ def main():
         traceback.print_exc()
     finally:
         ignore_stops()
-        end_leftovers()
+        end_all()
         shutil.rmtree(tmp, ignore_errors=True)
     bench.summary()
     for (s, b), why in bench.failed.items():

@@ -186,10 +186,10 @@ for ((i = 0; i < ${#stages[@]}; i++)); do
       # trainrun, torchrun + DDP and plain PyTorch (a DataLoader, resident data,
       # a CUDA graph), interleaved, at batch 128 and 512; TRAINRUN_GPU_BENCH_ARGS
       # adds to them (--trainer: train::Trainer eager and captured too).
-      # shellcheck disable=SC2086
       # Into the log, not through tee: a stop signalled to the whole group would
       # end tee before the bench prints the rounds it completed.
       rc=0
+      # shellcheck disable=SC2086
       "$python" tools/bench/gpu_step.py --build "$build" --rounds "${TRAINRUN_GPU_BENCH_ROUNDS:-5}" \
         --data-dir "$data" --torchrun "$torchrun_script" --python "$python" "${budget[@]}" \
         ${TRAINRUN_GPU_BENCH_ARGS:-} > "$out/bench.log" 2>&1 || rc=$?
