@@ -308,6 +308,10 @@ def sides_at(args, batch):
             and not (s in gpu_only and args.device == "cpu")]
 
 
+def print_line(r, b, line):
+    print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
+
+
 class Bench:
     """The rounds' results: rows[(side, batch)] maps a round to its samples/s."""
 
@@ -345,7 +349,7 @@ class Bench:
                     continue
                 began = time.monotonic()
                 if self.end is not None and began >= self.end:
-                    print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
+                    print_line(r, b, line)
                     raise BudgetSpent(f"before {s} at batch {b}")
                 deadline = began + self.limit(s, b)
                 budget_bound = self.end is not None and self.end <= deadline
@@ -355,7 +359,7 @@ class Bench:
                     value = side(self.args, s, b, self.tmp, self.env, r, deadline)
                 except SideFailed as e:
                     if e.timed_out and budget_bound:
-                        print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
+                        print_line(r, b, line)
                         raise BudgetSpent(f"during {s} at batch {b}") from e
                     self.failed[(s, b)] = f"round {r}: {e}"
                     line.append(f"{s} failed")
@@ -363,7 +367,7 @@ class Bench:
                 self.rows[(s, b)][r] = value
                 self.longest[(s, b)] = max(self.longest.get((s, b), 0.0), time.monotonic() - began)
                 line.append(f"{s} {value:.0f}")
-            print(f"round {r} batch {b}: " + "  ".join(line) + " samples/s", flush=True)
+            print_line(r, b, line)
         self.rounds += 1
 
     def summary(self):
