@@ -14,7 +14,8 @@ a rate, fail, take a while or hang, and checks that:
     processes it started in a session of their own (as torchrun starts its workers),
     and the other sides go on;
   - what a run leaves behind in a session of its own is ended after it;
-  - SIGTERM prints the table of the runs finished.
+  - SIGTERM prints the table of the runs finished, and one while a finished run's
+    leftovers are ended keeps that run's rate.
 
   test_gpu_step.py REPO
 """
@@ -66,8 +67,10 @@ def stand_in(role, argv):
         sys.exit(1)
     if how[0] == "slow":
         time.sleep(float(how[1]))
-    if how[0] == "desert":
-        child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    if how[0] in ("desert", "abandon"):
+        ignore = signal.SIG_IGN if how[0] == "abandon" else signal.SIG_DFL
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGTERM, ignore))
         with open(log_path, "a") as log:
             log.write(f"child {child.pid}\n")
     rate = float(how[-1])
@@ -84,10 +87,11 @@ def stand_in(role, argv):
 # --- the checks ----------------------------------------------------------------
 
 
-def bench(repo, tmp, env_sides, *args, signal_after=None):
+def bench(repo, tmp, env_sides, *args, signal_after=None, signal_delay=0.0):
     """Runs gpu_step.py on the CPU at batch 128 (trainrun, torchrun and resident:
     what the targets there compare on a CPU) with the stand-ins; returns its exit
-    status, its output and the stand-ins' log."""
+    status, its output and the stand-ins' log. With signal_after, SIGTERM
+    signal_delay seconds after the log has more lines than that."""
     log = os.path.join(tmp, f"log{time.monotonic_ns()}")
     env = dict(os.environ, FAKE_LOG=log)
     env.update(env_sides)
@@ -102,6 +106,7 @@ def bench(repo, tmp, env_sides, *args, signal_after=None):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and process.poll() is None:
                 if os.path.exists(log) and sum(1 for _ in open(log)) > signal_after:
+                    time.sleep(signal_delay)
                     process.send_signal(signal.SIGTERM)
                     break
                 time.sleep(0.05)
@@ -223,6 +228,19 @@ def main():
               and "trainrun / torchrun = 1.000  (target not assessed: 1 round(s) in common)"
               in last,
               "SIGTERM prints the table of the runs finished", out)
+
+        # Round 0's first run, trainrun's, succeeds and leaves a process that ignores
+        # SIGTERM: the bench ends it, SIGKILL 10 s after SIGTERM. A SIGTERM to the
+        # bench 3 s into that (the stand-in itself is gone in well under 3 s) keeps
+        # the run's rate, and begins no other run.
+        rc, out, log, survivors = bench(repo, tmp, {"FAKE_TRAINRUN": "abandon:100"},
+                                        "--rounds", "2", signal_after=1, signal_delay=3)
+        last = out.split("stopped by")[-1]
+        check(rc == 1 and "stopped by SIGTERM in round 0; its finished runs are kept" in out
+              and re.search(r"batch  128  trainrun .*\(1 rounds\)", last)
+              and not any(line.startswith(("torchrun ", "resident ")) for line in log)
+              and not survivors,
+              "a stop while a finished run's leftovers are ended keeps its rate", out)
 
 
 if __name__ == "__main__":

@@ -119,9 +119,15 @@ def hold_stops():
     StopGate.held = True
 
 
-def release_stops():
-    """Raises Stopped if a stop came while they were held."""
+def release_stops(defer=False):
+    """Raises Stopped if a stop came while they were held; with `defer`, leaves it
+    for raise_deferred_stop()."""
     StopGate.held = False
+    if not defer:
+        raise_deferred_stop()
+
+
+def raise_deferred_stop():
     if StopGate.pending and not StopGate.stopping:
         StopGate.stopping = True
         raise Stopped(StopGate.pending)
@@ -149,10 +155,12 @@ def descendants():
     return found
 
 
-def end_all(process=None):
+def end_all(process=None, defer_stop=False):
     """Ends a run and whatever it left: SIGTERM to its session (trainrun's controller
     and torchrun end their workers on it) and to every process below this one, then,
-    after TERM_GRACE_S, SIGKILL. Reaps the orphans; `process` is Popen's to reap."""
+    after TERM_GRACE_S, SIGKILL. Reaps the orphans; `process` is Popen's to reap.
+    A stop meanwhile is raised as it ends, or with `defer_stop` left for
+    raise_deferred_stop()."""
     hold_stops()
     try:
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
@@ -180,7 +188,7 @@ def end_all(process=None):
                     return
                 time.sleep(0.1)
     finally:
-        release_stops()
+        release_stops(defer=defer_stop)
 
 
 def run(cmd, env, deadline):
@@ -206,7 +214,9 @@ def run(cmd, env, deadline):
         except BaseException:
             end_all(process)
             raise
-        end_all(process)  # what it left, if anything
+        # What it left, if anything. A stop meanwhile waits until the run's rate,
+        # or its failure, is kept (Bench.run_round).
+        end_all(process, defer_stop=True)
         if process.returncode != 0:
             raise SideFailed(f"exited {process.returncode}: {' '.join(cmd)}\n{tail(output)}")
         output.seek(0)
@@ -363,10 +373,16 @@ class Bench:
                         raise BudgetSpent(f"during {s} at batch {b}") from e
                     self.failed[(s, b)] = f"round {r}: {e}"
                     line.append(f"{s} failed")
-                    continue
-                self.rows[(s, b)][r] = value
-                self.longest[(s, b)] = max(self.longest.get((s, b), 0.0), time.monotonic() - began)
-                line.append(f"{s} {value:.0f}")
+                else:
+                    self.rows[(s, b)][r] = value
+                    self.longest[(s, b)] = max(self.longest.get((s, b), 0.0),
+                                               time.monotonic() - began)
+                    line.append(f"{s} {value:.0f}")
+                try:
+                    raise_deferred_stop()
+                except Stopped:
+                    print_line(r, b, line)
+                    raise
             print_line(r, b, line)
         self.rounds += 1
 
