@@ -222,6 +222,100 @@ TEST_CASE("sparse gradients: Adam refuses them as torch::optim does, SGD takes t
   CHECK(torch::equal(w, v));
 }
 
+namespace {
+
+// A channels_last parameter with a contiguous gradient (as a reducer's
+// gradient views are), and a contiguous one, in one list.
+template <typename Ours, typename Theirs, typename Options>
+void compare_layouts(const Options& options, Kernels kernels) {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> a{
+      torch::randn({2, 3, 4, 5}).contiguous(torch::MemoryFormat::ChannelsLast).requires_grad_(),
+      torch::randn({3, 4}).requires_grad_()};
+  std::vector<torch::Tensor> b{a[0].detach().clone(torch::MemoryFormat::ChannelsLast),
+                               a[1].detach().clone()};
+  for (auto& p : b) p.set_requires_grad(true);
+  Ours ours(a, options, kernels);
+  Theirs theirs(b, options);
+  for (int step = 0; step < 4; ++step) {
+    auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(2000 + step));
+    for (size_t i = 0; i < a.size(); ++i) {
+      auto grad = torch::randn(a[i].sizes(), generator);  // contiguous
+      a[i].mutable_grad() = grad;
+      b[i].mutable_grad() = grad.clone();
+    }
+    ours.step();
+    theirs.step();
+  }
+  check_close(a, b, false);
+  // Laid out unlike its parameter, the gradient keeps the list off the fused kernel.
+  CHECK(ours.last_path() == Kernels::kForeach);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a gradient laid out unlike its parameter takes no fused kernel, and steps as torch::optim "
+    "does") {
+  using train::optim::detail::laid_out_alike;
+  auto p = torch::randn({2, 3, 4, 5}).contiguous(torch::MemoryFormat::ChannelsLast);
+  CHECK(laid_out_alike(p, {torch::zeros_like(p), torch::Tensor()}));
+  CHECK_FALSE(laid_out_alike(p, {torch::randn({2, 3, 4, 5})}));
+  CHECK_FALSE(laid_out_alike(p, {torch::zeros_like(p, torch::kDouble)}));
+  CHECK_FALSE(laid_out_alike(torch::randn({4, 6}).slice(1, 0, 6, 2), {}));  // not dense
+  for (auto kernels : {Kernels::kAuto, Kernels::kFused}) {
+    CAPTURE(train::optim::to_string(kernels));
+    compare_layouts<train::optim::SGD, torch::optim::SGD>(
+        torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01), kernels);
+    compare_layouts<train::optim::Adam, torch::optim::Adam>(
+        torch::optim::AdamOptions(1e-2).amsgrad(true), kernels);
+    compare_layouts<train::optim::AdamW, torch::optim::AdamW>(
+        torch::optim::AdamWOptions(1e-2).weight_decay(0.1), kernels);
+  }
+}
+
+TEST_CASE("a GradScaler step the device cannot take leaves Adam's state as it was") {
+  auto a = make_params();
+  train::optim::Adam adam(a, torch::optim::AdamOptions(1e-2), Kernels::kForeach);
+  set_grads(a, 0);
+  const auto scale = torch::ones({}, torch::kFloat);
+  const auto found_inf = torch::zeros({}, torch::kFloat);
+  CHECK_FALSE(adam.step_unless_inf(scale, found_inf));
+  CHECK(adam.state().empty());
+  adam.step();
+  CHECK(adam.state().size() == a.size());
+  CHECK_FALSE(adam.step_unless_inf(scale, found_inf));
+  CHECK(adam.state().size() == a.size());
+}
+
+TEST_CASE("SGD given a state without a momentum buffer starts its momentum there, on every path") {
+  for (auto kernels : paths("sgd")) {
+    CAPTURE(train::optim::to_string(kernels));
+    auto a = make_params();
+    auto b = clone_params(a);
+    const auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
+    train::optim::SGD ours(a, options, kernels), fresh(b, options, kernels);
+    using StateMap = std::decay_t<decltype(ours.state())>;
+    for (const auto& p : a) {
+      ours.state()[train::optim::detail::state_key<StateMap>(p)] =
+          std::make_unique<torch::optim::SGDParamState>();
+    }
+    for (int step = 0; step < 4; ++step) {
+      set_grads(a, step);
+      set_grads(b, step);
+      ours.step();
+      fresh.step();
+    }
+    check_close(a, b, false);
+    for (const auto& p : a) {
+      const auto* s =
+          train::optim::detail::find_state<torch::optim::SGDParamState>(ours.state(), p);
+      REQUIRE(s != nullptr);
+      CHECK(s->momentum_buffer().defined());
+    }
+  }
+}
+
 TEST_CASE("the fused kernels this LibTorch has on the CPU") {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   // LibTorch 2.4 added CPU kernels for all three.

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -177,10 +178,9 @@ std::vector<TensorLists> lists_of(torch::optim::OptimizerParamGroup& group, Stat
     lists.state[0].push_back(s.exp_avg());
     lists.state[1].push_back(s.exp_avg_sq());
     if (h.amsgrad) lists.state[2].push_back(s.max_exp_avg_sq());
-    lists.dense = lists.dense && p.is_non_overlapping_and_dense() &&
-                  p.grad().is_non_overlapping_and_dense() &&
-                  s.exp_avg().is_non_overlapping_and_dense() &&
-                  s.exp_avg_sq().is_non_overlapping_and_dense();
+    lists.alike = lists.alike &&
+                  detail::laid_out_alike(p, {p.grad(), s.exp_avg(), s.exp_avg_sq(),
+                                             h.amsgrad ? s.max_exp_avg_sq() : torch::Tensor()});
   }
   return all;
 }
@@ -247,7 +247,12 @@ Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled, DeviceSte
       if (path == Kernels::kFused) {
         device_steps_of<State>(lists, optimizer, device_steps);
         at::_foreach_add_(lists.steps, 1);
-        fused(lists, h, lists.steps);
+        try {
+          fused(lists, h, lists.steps);
+        } catch (...) {
+          at::_foreach_sub_(lists.steps, 1);  // the step did not happen
+          throw;
+        }
         fused_tensors += lists.params.size();
         continue;
       }
@@ -282,19 +287,32 @@ Kernels adam_step(Optimizer& optimizer, Kernels asked, bool decoupled, DeviceSte
 }
 
 // GradScaler's step: every list fused, the step counts on the device, raised
-// by one unless found_inf. Returns false, having stepped nothing, when some
-// list cannot take it.
+// by one unless found_inf. Returns false, having changed nothing (the state it
+// made to tell is dropped again), when some list cannot take it.
 template <typename Options, typename State, typename Optimizer>
 bool adam_step_unless_inf(Optimizer& optimizer, Kernels asked, bool decoupled,
                           DeviceSteps& device_steps, const torch::Tensor& grad_scale,
                           const torch::Tensor& found_inf) {
   const char* name = decoupled ? "AdamW" : "Adam";
   const auto fused_kind = decoupled ? detail::Fused::kAdamW : detail::Fused::kAdam;
+  auto& state = optimizer.state();
+  using StateMap = std::decay_t<decltype(state)>;
+  // The parameters without state: lists_of makes theirs.
+  std::vector<typename StateMap::key_type> stateless;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      const auto key = detail::state_key<StateMap>(p);
+      if (p.grad().defined() && state.count(key) == 0) stateless.push_back(key);
+    }
+  }
   std::vector<std::pair<Hyper, std::vector<TensorLists>>> groups;
   for (auto& group : optimizer.param_groups()) {
     const Hyper h = hyper_of(static_cast<const Options&>(group.options()), decoupled);
-    auto all = lists_of<State>(group, optimizer.state(), h, name);
-    if (!amp_fusable(all, h, fused_kind, asked)) return false;
+    auto all = lists_of<State>(group, state, h, name);
+    if (!amp_fusable(all, h, fused_kind, asked)) {
+      for (const auto& key : stateless) state.erase(key);
+      return false;
+    }
     groups.emplace_back(h, std::move(all));
   }
   for (auto& [h, all] : groups) {

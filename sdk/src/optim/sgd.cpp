@@ -81,8 +81,7 @@ std::vector<TensorLists> lists_of(torch::optim::OptimizerParamGroup& group, Stat
     lists.grads.push_back(p.grad());
     auto* s = detail::find_state<SGDParamState>(states, p);
     lists.state[0].push_back(s != nullptr ? s->momentum_buffer() : torch::Tensor());
-    lists.dense = lists.dense && !p.grad().is_sparse() && p.is_non_overlapping_and_dense() &&
-                  p.grad().is_non_overlapping_and_dense();
+    lists.alike = lists.alike && detail::laid_out_alike(p, {p.grad(), lists.state[0].back()});
   }
   return all;
 }
@@ -154,13 +153,17 @@ torch::Tensor SGD::step(LossClosure closure) {
       }
       (path == Kernels::kFused ? fused_tensors : other_tensors) += lists.params.size();
       if (options.momentum() == 0) continue;
-      // New buffers become the parameters' state, as torch::optim::SGD keeps them.
+      // New buffers become the parameters' state, as torch::optim::SGD keeps
+      // them (in a state of their own, or one loaded without a buffer).
       for (size_t i = 0; i < lists.params.size(); ++i) {
         auto* s = detail::find_state<SGDParamState>(states, lists.params[i]);
-        if (s != nullptr) continue;
-        auto fresh = std::make_unique<SGDParamState>();
-        fresh->momentum_buffer(lists.state[0][i]);
-        states[detail::state_key<StateMap>(lists.params[i])] = std::move(fresh);
+        if (s != nullptr && s->momentum_buffer().defined()) continue;
+        if (s == nullptr) {
+          auto fresh = std::make_unique<SGDParamState>();
+          s = fresh.get();
+          states[detail::state_key<StateMap>(lists.params[i])] = std::move(fresh);
+        }
+        s->momentum_buffer(lists.state[0][i]);
       }
     }
   }

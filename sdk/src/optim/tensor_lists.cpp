@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <array>
 
 #ifdef USE_C10D_NCCL
@@ -37,6 +38,16 @@ bool lookup(Fused fused, c10::DispatchKey key) {
 
 }  // namespace
 
+bool laid_out_alike(const torch::Tensor& param, std::initializer_list<torch::Tensor> with) {
+  if (!param.is_non_overlapping_and_dense()) return false;
+  return std::all_of(with.begin(), with.end(), [&](const torch::Tensor& t) {
+    return !t.defined() ||
+           (t.layout() == torch::kStrided && t.scalar_type() == param.scalar_type() &&
+            t.device() == param.device() && t.sizes() == param.sizes() &&
+            t.strides() == param.strides());
+  });
+}
+
 TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param, bool sparse) {
   for (auto& candidate : lists) {
     if (candidate.device == param.device() && candidate.dtype == param.scalar_type() &&
@@ -68,7 +79,7 @@ Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists) {
   if (asked == Kernels::kForeach) return asked;
   const bool floating = lists.dtype == torch::kFloat || lists.dtype == torch::kDouble ||
                         lists.dtype == torch::kHalf || lists.dtype == torch::kBFloat16;
-  if (floating && lists.dense && has_fused(fused, lists.device.type())) return Kernels::kFused;
+  if (floating && lists.alike && has_fused(fused, lists.device.type())) return Kernels::kFused;
   return Kernels::kForeach;
 }
 

@@ -11,6 +11,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -43,12 +44,21 @@ struct TensorLists {
   std::vector<torch::Tensor> state[3];
   /// Each tensor's step count on the device, where a fused kernel reads it from there.
   std::vector<torch::Tensor> steps;
-  /// Whether every tensor is dense and non-overlapping, as fused kernels need.
-  bool dense = true;
+  /// Whether the tensors at each position (a parameter, its gradient, its
+  /// state) are laid out alike, as fused kernels need (see laid_out_alike).
+  bool alike = true;
   /// Whether the gradients are sparse (SGD takes them one at a time, as
   /// torch::optim::SGD does).
   bool sparse = false;
 };
+
+/// Whether `param` and the tensors a fused kernel reads at its position
+/// (`with`: its gradient, its state; undefined ones, made later like `param`,
+/// skipped) are dense and non-overlapping, with the same sizes, strides, dtype
+/// and device: fused kernels walk them all by one flat index (PyTorch checks
+/// the same before its fused kernels, and takes another path where it fails).
+/// A channels_last parameter whose gradient is contiguous is not.
+bool laid_out_alike(const torch::Tensor& param, std::initializer_list<torch::Tensor> with);
 
 /// The lists for `param` among `lists`, added when there are none yet.
 TensorLists& lists_for(std::vector<TensorLists>& lists, const torch::Tensor& param,
@@ -63,7 +73,7 @@ bool has_fused(Fused fused, c10::DeviceType device_type);
 
 /// The path one set of lists takes when `asked` was asked for: the fused
 /// kernel for kAuto and kFused where there is one for their device and dtype
-/// and the tensors are dense, else the multi-tensor ops; kPerTensor as asked,
+/// and the tensors are laid out alike, else the multi-tensor ops; kPerTensor as asked,
 /// and for sparse gradients.
 Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists);
 
