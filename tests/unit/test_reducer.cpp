@@ -179,6 +179,49 @@ TEST_CASE("after backward every rank holds the average of the ranks' gradients")
   }
 }
 
+TEST_CASE("a channels_last weight's averaged gradient is laid out as the weight is") {
+  const int world = 2;
+  // The same weights on every rank, drawn from no generator (the ranks are threads).
+  auto make = [] {
+    auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3));
+    torch::NoGradGuard no_grad;
+    auto ramp = torch::arange(conv->weight.numel(), torch::kFloat) * 0.37;
+    conv->weight.set_data(torch::sin(ramp)
+                              .reshape(conv->weight.sizes())
+                              .contiguous(torch::MemoryFormat::ChannelsLast));
+    conv->bias.fill_(0.1);
+    return conv;
+  };
+  auto batch = [](int rank) {
+    auto ramp = torch::arange(2 * 3 * 6 * 6, torch::kFloat) * (0.1 * (rank + 1));
+    return torch::sin(ramp).reshape({2, 3, 6, 6}).contiguous(torch::MemoryFormat::ChannelsLast);
+  };
+  std::vector<torch::Tensor> synced(world);
+  std::vector<char> alike(world, 0);  // not vector<bool>: the ranks write at once
+  run_ranks(world, [&](int rank, Group group) {
+    auto conv = make();
+    auto reducer =
+        std::make_shared<train::detail::Reducer>(*conv, std::move(group), train::ModelOptions{});
+    reducer->install_hooks();
+    conv(batch(rank)).pow(2).mean().backward();
+    const auto& grad = conv->weight.grad();
+    alike[rank] = grad.strides() == conv->weight.strides();
+    synced[rank] = grad.clone();
+  });
+  auto expected = torch::zeros_like(make()->weight);
+  for (int rank = 0; rank < world; ++rank) {
+    auto conv = make();
+    conv(batch(rank)).pow(2).mean().backward();
+    expected += conv->weight.grad() / world;
+  }
+  REQUIRE_FALSE(make()->weight.is_contiguous());
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(alike[rank]);
+    CHECK(torch::allclose(synced[rank], expected, 1e-5, 1e-6));
+  }
+}
+
 TEST_CASE("gradients ready in a different order on each rank: small buckets still average") {
   // Rank 1 runs the layers the other way round, so its gradients become ready in
   // another order; buckets must still be allreduced in the same order everywhere.

@@ -170,8 +170,16 @@ void Reducer::renew_storage(Bucket& bucket, bool keep) {
     auto& slot = slots_[s];
     // Shares the bucket's storage without being an autograd view, so that
     // LibTorch's Optimizer::zero_grad (which detaches .grad in place) works.
-    auto view = torch::empty({0}, bucket.contents.options())
-                    .set_(bucket.contents.storage(), offset, slot.param.sizes());
+    // Laid out as its parameter is (a channels_last weight's gradient too), as
+    // autograd lays out a gradient it makes, and as fused optimizers need;
+    // a dense layout spans numel() elements from its offset, as a contiguous one.
+    const auto& param = slot.param;
+    auto view = torch::empty({0}, bucket.contents.options());
+    if (param.is_non_overlapping_and_dense()) {
+      view.set_(bucket.contents.storage(), offset, param.sizes(), param.strides());
+    } else {
+      view.set_(bucket.contents.storage(), offset, param.sizes());
+    }
     offset += slot.param.numel();
     // Autograd accumulates into the bucket from here on. An undefined .grad
     // stays undefined until a gradient comes, as in one process: an
