@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -219,6 +220,67 @@ TEST_CASE("a channels_last weight's averaged gradient is laid out as the weight 
     CAPTURE(rank);
     CHECK(alike[rank]);
     CHECK(torch::allclose(synced[rank], expected, 1e-5, 1e-6));
+  }
+}
+
+TEST_CASE("accumulators made again (as before a capture) still average, a graph's own kept") {
+  const int world = 2;
+  std::vector<ByName> synced(world), synced_kept(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto reducer = attach(net, group);
+    reducer->renew_accumulators();  // none held elsewhere: each made again, hooked
+    net->loss(input(rank)).backward();
+    synced[rank] = grads_of(*net);
+    net->zero_grad();
+    // A live graph holds the accumulators: they are kept, with one hook each.
+    auto held = net->loss(input(rank, 1));
+    reducer->renew_accumulators();
+    held.backward();
+    synced_kept[rank] = grads_of(*net);
+  });
+  std::vector<ByName> local, local_kept;
+  for (int rank = 0; rank < world; ++rank) {
+    local.push_back(local_grads(Net(Layers::kTwo), {input(rank)}));
+    local_kept.push_back(local_grads(Net(Layers::kTwo), {input(rank, 1)}));
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    check_close(synced[rank], mean(local));
+    check_close(synced_kept[rank], mean(local_kept));
+  }
+}
+
+TEST_CASE("a backward that threw part-way, abandoned, leaves the next backward to average") {
+  const int world = 2;
+  std::vector<int> threw(world);
+  std::vector<ByName> synced(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto reducer = attach(net, group);
+    // fc2's gradients come, then the hook between the layers throws: fc1's never do.
+    auto hidden = torch::tanh(net->fc1(input(rank)));
+    hidden.register_hook([](const torch::Tensor&) -> torch::Tensor {
+      throw std::runtime_error("a backward that fails part-way");
+    });
+    try {
+      net->fc2(hidden).pow(2).mean().backward();
+    } catch (const std::exception&) {
+      threw[rank] = 1;
+    }
+    reducer->abandon();
+    net->zero_grad();
+    net->loss(input(rank, 1)).backward();
+    synced[rank] = grads_of(*net);
+  });
+  std::vector<ByName> local;
+  for (int rank = 0; rank < world; ++rank) {
+    local.push_back(local_grads(Net(Layers::kTwo), {input(rank, 1)}));
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(threw[rank]);
+    check_close(synced[rank], mean(local));
   }
 }
 

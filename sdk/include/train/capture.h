@@ -46,7 +46,8 @@ struct CaptureOptions {
 /// worker), a batch whose shapes differ from the captured ones (that step
 /// only), or a capture that failed (from then on, until reset()). A capture
 /// that fails has run the step's host code once: the step must be safe to
-/// run again on the same batch (zero_grad, backward and step are). Not
+/// run again on the same batch (zero_grad, backward and step are; the
+/// prepared models' reducers start their iteration again). Not
 /// thread-safe: one per training loop, called from the thread that trains.
 class CapturedStep {
  public:
@@ -58,9 +59,10 @@ class CapturedStep {
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
 
-  /// Runs one step on this batch and returns its loss. Replayed, the loss is
-  /// the graph's own tensor, overwritten by the next step: clone() it to keep
-  /// it. Rethrows what the step throws when it runs eagerly.
+  /// Runs one step on this batch and returns its loss, detached from autograd
+  /// (kept, an eager step's graph would meet a later capture). Replayed, the
+  /// loss is the graph's own tensor, overwritten by the next step: clone() it
+  /// to keep it. Rethrows what the step throws when it runs eagerly.
   torch::Tensor operator()(const torch::Tensor& data, const torch::Tensor& target);
 
   /// Whether the steps are now replayed from a graph.

@@ -21,6 +21,7 @@
 
 #include "capture/capturing.h"
 #include "core/collectives.h"
+#include "ddp/reducer.h"
 
 #ifdef USE_C10D_NCCL
 #include <ATen/cuda/CUDAGraph.h>
@@ -157,6 +158,14 @@ struct CapturedStep::Impl {
   }
 
   torch::Tensor capture(const torch::Tensor& data, const torch::Tensor& target);
+
+  // A step run eagerly. Its loss is returned detached: a loss the caller
+  // kept would keep the step's autograd graph, whose nodes (made on the
+  // loop's stream) a later capture would then meet.
+  torch::Tensor eager(const torch::Tensor& data, const torch::Tensor& target) {
+    auto loss = step(data, target);
+    return loss.defined() ? loss.detach() : loss;
+  }
 };
 
 #ifdef USE_C10D_NCCL
@@ -182,6 +191,10 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
   bool ended = false;  // capture_end returned: the graph is whole, what it began ended
   try {
     c10::cuda::CUDAStreamGuard guard(side);
+    // The reducers' gradient accumulators, made by prepare_model on the
+    // loop's stream, made again on this one (their streams would fail the
+    // capture; as DDP is made on a side stream for torch.cuda.graph).
+    detail::renew_prepared_accumulators();
     // Thread-local: the loader's threads may allocate (pinned memory) while
     // this thread captures; the backward pass runs on autograd's thread but
     // on the captured stream, which is what is captured.
@@ -235,8 +248,10 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     // This batch, eagerly. The failed capture ran the step's host code once
     // already (gradients set to none, a counter in the user's code): the step
     // must be safe to run again. LibTorch's calls are; GradScaler::step puts
-    // its state back when the host read it needs throws.
-    return step(data, target);
+    // its state back when the host read it needs throws. A backward that
+    // threw part-way left its reducers mid-iteration: they start again.
+    detail::abandon_prepared_iterations();
+    return eager(data, target);
   }
   c10::Event captured(c10::DeviceType::CUDA);
   captured.record(side);
@@ -269,7 +284,7 @@ CapturedStep::~CapturedStep() = default;
 torch::Tensor CapturedStep::operator()(const torch::Tensor& data, const torch::Tensor& target) {
   auto& impl = *impl_;
   if (!impl.decided) impl.decide(data);
-  if (!impl.reason.empty()) return impl.step(data, target);
+  if (!impl.reason.empty()) return impl.eager(data, target);
 #ifdef USE_C10D_NCCL
   if (impl.graph) {
     if (data.sizes() != impl.static_data.sizes() || target.sizes() != impl.static_target.sizes() ||
@@ -278,7 +293,7 @@ torch::Tensor CapturedStep::operator()(const torch::Tensor& data, const torch::T
       impl.tell("a batch of shape " + shape_of(data) + " (captured: " + shape_of(impl.static_data) +
                 ") runs eagerly, as do any others of another shape (LoaderOptions::drop_last "
                 "keeps every batch whole)");
-      return impl.step(data, target);
+      return impl.eager(data, target);
     }
     impl.static_data.copy_(data, /*non_blocking=*/true);
     impl.static_target.copy_(target, /*non_blocking=*/true);
@@ -288,7 +303,7 @@ torch::Tensor CapturedStep::operator()(const torch::Tensor& data, const torch::T
 #endif
   if (impl.eager_steps < impl.options.warmup_steps()) {
     ++impl.eager_steps;
-    return impl.step(data, target);
+    return impl.eager(data, target);
   }
   return impl.capture(data, target);
 }

@@ -224,6 +224,22 @@ void Reducer::install_hooks() {
   }
 }
 
+void Reducer::renew_accumulators() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    // One held elsewhere too (by a live graph) would come back from
+    // grad_accumulator as it is, its hook on already.
+    if (accumulators_[i].use_count() > 1) continue;
+    accumulators_[i].reset();
+    hook_accumulator(i);
+  }
+}
+
+void Reducer::abandon() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandon_iteration();
+}
+
 void Reducer::hook_accumulator(size_t index) {
   std::weak_ptr<Reducer> weak = shared_from_this();
   auto accumulator = torch::autograd::impl::grad_accumulator(slots_[index].param);
@@ -686,6 +702,16 @@ bool has_checked_models() {
   const auto& models = registry();
   return std::any_of(models.begin(), models.end(),
                      [](const PreparedModel& m) { return m.check_divergence; });
+}
+
+void renew_prepared_accumulators() {
+  for (auto& model : registry()) {
+    if (!model.module.expired()) model.reducer->renew_accumulators();
+  }
+}
+
+void abandon_prepared_iterations() {
+  for (auto& model : registry()) model.reducer->abandon();
 }
 
 void check_prepared_models(const std::string& caller) {

@@ -32,6 +32,17 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool set_sync(bool enabled);
   /// Whether a backward under NoSync left gradients for the next synchronisation.
   bool accumulated();
+  /// Gives each parameter a new gradient accumulator, carrying the hooks,
+  /// made on the calling thread's current stream. Autograd records a node's
+  /// stream when it makes it, and a CUDA graph's capture fails on a node of
+  /// another stream (LibTorch 2.15 refuses one of the default stream in so
+  /// many words): the accumulators install_hooks made, on the loop's stream,
+  /// would be. An accumulator a live autograd graph still holds is kept.
+  /// Not while a backward runs.
+  void renew_accumulators();
+  /// Drops the iteration under way (a backward that threw part-way leaves
+  /// one): the next backward starts clean.
+  void abandon();
   size_t num_buckets() const { return buckets_.size(); }
 
  private:
@@ -176,6 +187,12 @@ bool gradients_accumulated();
 
 /// How many models the running train function has prepared (alive).
 size_t prepared_model_count();
+
+/// Reducer::renew_accumulators for each model prepared in the running train function.
+void renew_prepared_accumulators();
+
+/// Reducer::abandon for each model prepared in the running train function.
+void abandon_prepared_iterations();
 
 /// check_divergence over the models prepared in the running train function.
 void check_prepared_models(const std::string& caller);
