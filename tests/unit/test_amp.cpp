@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/capturing.h"
 #include "thread_ranks.h"
 
 namespace {
@@ -149,6 +150,36 @@ TEST_CASE("grad scaler: calls out of order are refused, and a disabled scaler on
   CHECK(off.step(q.optimizer));  // no check when disabled: as torch's GradScaler(enabled=False)
   CHECK_THROWS_AS(train::GradScaler(train::GradScalerOptions().backoff_factor(1.5)),
                   std::invalid_argument);
+}
+
+TEST_CASE(
+    "grad scaler: after a capture that failed part-way, the eager step runs every call again") {
+  // A capture runs the step's host code, then CUDA refuses it (a host read in
+  // clip_grad_norm_, say): unscale_ and step were called under capture, update
+  // never was. The eager rerun of the same step calls them all again.
+  train::GradScaler scaler(train::GradScalerOptions().init_scale(4).growth_interval(100));
+  OneParameter p;
+  p.backward(scaler, torch::tensor({1.0f, 2.0f, 3.0f}));
+  train::detail::set_capturing_step(true);
+  scaler.unscale_(p.optimizer);
+  CHECK_THROWS_AS(scaler.unscale_(p.optimizer), std::logic_error);  // still refused in the capture
+  train::detail::set_capturing_step(false);
+  p.backward(scaler, torch::tensor({1.0f, 2.0f, 3.0f}));  // the eager step, from its top
+  scaler.unscale_(p.optimizer);
+  CHECK(p.w.grad()[2].item<float>() == doctest::Approx(3.0f));
+  CHECK(scaler.step(p.optimizer));
+  scaler.update();
+  CHECK(p.w[2].item<float>() == doctest::Approx(1.0f - 0.1f * 3.0f));
+  // Stepped under a capture that then failed: update() outside counts nothing of it.
+  p.backward(scaler, torch::tensor({1.0f, 1.0f, 1.0f}));
+  train::detail::set_capturing_step(true);
+  CHECK(scaler.step(p.optimizer));
+  train::detail::set_capturing_step(false);
+  CHECK_THROWS_AS(scaler.update(), std::logic_error);  // no step() since the last update()
+  // Outside any capture, calls out of order are still refused.
+  p.backward(scaler, torch::tensor({1.0f, 1.0f, 1.0f}));
+  scaler.unscale_(p.optimizer);
+  CHECK_THROWS_AS(scaler.unscale_(p.optimizer), std::logic_error);
 }
 
 TEST_CASE("grad scaler: of two optimizers only the one with inf skips, and the scale backs off") {

@@ -4,7 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <set>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -229,4 +231,94 @@ TEST_CASE(
   size_t none = 0;
   for (size_t epoch : by_epochs.epochs(2, 2)) none += epoch + 1;
   CHECK(none == 0);
+}
+
+TEST_CASE("a loader of batch size 0 is refused") {
+  CHECK_THROWS_AS(train::DataLoader<train::TensorDataset>(
+                      train::TensorDataset(torch::zeros({4, 1}), torch::zeros({4})),
+                      train::DistributedSampler(4, rank_of(0, 1), false, true),
+                      train::LoaderOptions().batch_size(0), torch::kCPU),
+                  std::invalid_argument);
+}
+
+TEST_CASE("TensorDataset: tensors that require grad give batches without autograd history") {
+  auto data = torch::randn({12, 3}, torch::requires_grad());
+  auto target = torch::arange(12);
+  for (size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    train::DataLoader<train::TensorDataset> loader(
+        train::TensorDataset(data, target),
+        train::DistributedSampler(12, rank_of(0, 1), false, true),
+        train::LoaderOptions().batch_size(5).workers(workers).progress(false), torch::kCPU);
+    int64_t rows = 0;
+    for (auto& batch : loader) {
+      CHECK_FALSE(batch.data.requires_grad());
+      CHECK(torch::equal(batch.data, data.detach().index_select(0, batch.target)));
+      rows += batch.data.size(0);
+    }
+    CHECK(rows == 12);
+  }
+}
+
+TEST_CASE(
+    "TensorDataset::to: a max_fraction outside (0, 1] is refused, and a device it cannot read") {
+  train::TensorDataset dataset(torch::zeros({3, 2}), torch::zeros({3}));
+  for (double fraction : {0.0, -1.0, 1.5, std::nan("")}) {
+    CAPTURE(fraction);
+    CHECK_THROWS_AS(dataset.to(torch::kCPU, fraction), std::invalid_argument);
+  }
+  CHECK(dataset.to(torch::kCPU, 1.0).size() == 3);
+  if (!torch::cuda::is_available()) {
+    // CPU-only LibTorch, or no GPU: said as a std::runtime_error, not LibTorch's c10::Error.
+    CHECK_THROWS_AS(dataset.to(torch::Device(torch::kCUDA, 0)), std::runtime_error);
+  }
+}
+
+TEST_CASE("a second begin() while an earlier iterator is in use leaves that one reading") {
+  auto data = torch::arange(64).reshape({64, 1});
+  for (size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    train::DataLoader<train::TensorDataset> loader(
+        train::TensorDataset(data, torch::arange(64)),
+        train::DistributedSampler(64, rank_of(0, 1), false, true),
+        train::LoaderOptions().batch_size(4).workers(workers).progress(false), torch::kCPU);
+    auto first = loader.begin();
+    CHECK((*first).data.size(0) == 4);
+    size_t inner = 0;
+    for (auto& batch : loader) {  // a nested pass: another inner loader
+      inner += batch.data.size(0) > 0;
+      if (inner == 2) break;
+    }
+    // The first pass's loader is still there to read from (the sampler's
+    // position is shared, so which batches come is not said).
+    ++first;
+    CHECK((*first).data.size(0) == 4);
+    CHECK(inner == 2);
+  }
+}
+
+TEST_CASE("resume() for an epoch that another set_epoch replaced skips nothing there") {
+  auto data = torch::arange(40).reshape({40, 1});
+  train::DataLoader<train::TensorDataset> loader(
+      train::TensorDataset(data, torch::arange(40)),
+      train::DistributedSampler(40, rank_of(0, 1), true, true, 3),
+      train::LoaderOptions().batch_size(4).max_batches(5).progress(false), torch::kCPU);
+  train::DataLoader<train::TensorDataset> fresh(
+      train::TensorDataset(data, torch::arange(40)),
+      train::DistributedSampler(40, rank_of(0, 1), true, true, 3),
+      train::LoaderOptions().batch_size(4).max_batches(5).progress(false), torch::kCPU);
+  loader.set_epoch(2);
+  CHECK(loader.resume(3));
+  loader.set_epoch(3);
+  fresh.set_epoch(3);
+  std::vector<torch::Tensor> expected;
+  for (auto& batch : fresh) expected.push_back(batch.data);
+  REQUIRE(expected.size() == 5);
+  size_t i = 0;
+  for (auto& batch : loader) {
+    CHECK(loader.batches_done() == i);
+    REQUIRE(i < expected.size());
+    CHECK(torch::equal(batch.data, expected[i++]));
+  }
+  CHECK(i == 5);
 }

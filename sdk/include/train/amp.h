@@ -146,9 +146,14 @@ class GradScaler {
   enum class Stage { kReady, kUnscaled, kStepped };  // per optimizer, within an iteration
   struct OptimizerState {
     Stage stage = Stage::kReady;
-    bool found_inf = false;  // on the host
-    torch::Tensor found;     // on the device: one float, nonzero for inf or NaN
+    bool found_inf = false;      // on the host
+    torch::Tensor found;         // on the device: one float, nonzero for inf or NaN
+    bool under_capture = false;  // stage set while a CapturedStep captured the step
   };
+
+  // This optimizer's state, made fresh where a CapturedStep's capture set it
+  // and failed before update(): the eager step that follows does it again.
+  OptimizerState& state_of(const torch::optim::Optimizer& optimizer);
 
   // Decides, once, where the scale lives, from the first device it meets.
   void place(torch::Device device);

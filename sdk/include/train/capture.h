@@ -14,8 +14,9 @@ struct CaptureOptions {
   /// Whether to capture at all; false runs every step eagerly (one code path
   /// for both).
   TORCH_ARG(bool, enabled) = true;
-  /// Eager steps before the capture: they make the gradients, the optimizer's
-  /// state and the reducer's buckets, which the graph then reuses.
+  /// Eager steps before the capture: they make the gradients and the
+  /// optimizer's state, which the graph then reuses (as it does the buckets
+  /// prepare_model made).
   TORCH_ARG(int, warmup_steps) = 3;
 };
 
@@ -44,7 +45,8 @@ struct CaptureOptions {
 /// stderr, where capture is impossible: on the CPU, a LibTorch without CUDA
 /// graphs, a world of several ranks on Gloo (capture needs NCCL or one
 /// worker), a batch whose shapes differ from the captured ones (that step
-/// only), or a capture that failed (from then on, until reset()). A capture
+/// only; the capture itself waits for a batch of the last warm-up step's
+/// shape), or a capture that failed (from then on, until reset()). A capture
 /// that fails has run the step's host code once: the step must be safe to
 /// run again on the same batch (zero_grad, backward and step are; the
 /// prepared models' reducers start their iteration again). Not

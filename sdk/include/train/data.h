@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -77,9 +78,10 @@ class LoaderProgress {
   /// Whether this loader is (now) the one shown: rank 0, a host that takes
   /// progress, and no other shown loader alive (or only an evaluation one).
   bool claim();
-  /// A new epoch of `batches` batches (0: not known); `epoch` is set_epoch's,
-  /// or -1 to count the epochs begun.
-  void begin_epoch(int64_t epoch, int64_t batches);
+  /// A new epoch of `batches` batches (0: not known), from batch `first` (an
+  /// epoch resumed part-way); `epoch` is set_epoch's, or -1 to count the
+  /// epochs begun.
+  void begin_epoch(int64_t epoch, int64_t batches, int64_t first = 0);
   void batch_done(int64_t samples);
 
  private:
@@ -197,9 +199,11 @@ class TensorDataset
   /// A copy of the dataset on `device`: on a GPU, the whole dataset resident in
   /// its memory, each batch gathered there with no copy from the host (the
   /// loader's copy to the device is then a no-op). For data that fits: throws
-  /// std::runtime_error, naming the sizes, when the tensors would take more
-  /// than `max_fraction` of the device's free memory (cudaMemGetInfo), or when
-  /// that cannot be told.
+  /// std::runtime_error, naming the sizes, when the tensors not there yet
+  /// would take more than `max_fraction` of the device's free memory
+  /// (cudaMemGetInfo), or when that cannot be told; std::invalid_argument
+  /// when max_fraction is not in (0, 1]. Ranks that share a GPU each see the
+  /// same free memory: give each its share.
   TensorDataset to(torch::Device device, double max_fraction = 0.5) const;
   /// The bytes of both tensors.
   size_t nbytes() const;
@@ -270,6 +274,9 @@ class DataLoader {
         sampler_(std::move(sampler)),
         options_(options),
         device_(device) {
+    if (options_.batch_size() == 0) {
+      throw std::invalid_argument("train::DataLoader: batch_size must be at least 1");
+    }
     if (options_.progress()) {
       progress_ = std::make_shared<detail::LoaderProgress>(!options_.allow_duplicates());
     }
@@ -285,14 +292,14 @@ class DataLoader {
   }
 
   /// The epoch set by set_epoch starts at its batch `batches`: the sampler
-  /// skips the ones before without reading them. Returns false, and skips
-  /// nothing, when the sampler cannot (it has no resume(epoch, position));
-  /// then read and drop them.
+  /// skips the ones before without reading them (unless another epoch is set
+  /// before it begins). Returns false, and skips nothing, when the sampler
+  /// cannot (it has no resume(epoch, position)); then read and drop them.
   bool resume(size_t batches) {
     if constexpr (has_resume<Sampler>::value) {
-      sampler_.resume(static_cast<size_t>(std::max<int64_t>(epoch_, 0)),
-                      batches * options_.batch_size());
-      resumed_ = batches;  // of max_batches, already done
+      const auto epoch = static_cast<size_t>(std::max<int64_t>(epoch_, 0));
+      sampler_.resume(epoch, batches * options_.batch_size());
+      resumed_ = std::make_pair(epoch, batches);  // of max_batches, already done
       return true;
     } else {
       return false;
@@ -326,10 +333,13 @@ class DataLoader {
    public:
     using InnerIterator = torch::data::Iterator<Batch>;
     /// `limit`: the batches it yields at most (none: no limit).
-    /// `position`: the loader's, which operator++ moves on.
-    Iterator(InnerIterator it, c10::Device device, Position* position,
+    /// `position`: the loader's, which operator++ moves on. `inner`: the
+    /// loader `it` reads from, kept while the iterator is (a begin() that
+    /// follows makes another).
+    Iterator(std::shared_ptr<Inner> inner, InnerIterator it, c10::Device device, Position* position,
              detail::LoaderProgress* progress = nullptr, c10::optional<size_t> limit = c10::nullopt)
-        : it_(std::move(it)),
+        : inner_(std::move(inner)),
+          it_(std::move(it)),
           device_(device),
           progress_(progress),
           left_(limit.value_or(0)),
@@ -365,6 +375,7 @@ class DataLoader {
     }
 
    private:
+    std::shared_ptr<Inner> inner_;
     InnerIterator it_;
     c10::Device device_;
     c10::optional<Batch> current_;
@@ -448,32 +459,35 @@ class DataLoader {
     if constexpr (has_pin_memory<Dataset>::value) dataset_.pin_memory(device_.is_cuda());
     // Built directly: LibTorch 1.13's map() cannot chain onto a stacked dataset.
     inner_ =
-        std::make_unique<Inner>(Pinned(stacked(), detail::PinMemory(device_.is_cuda())), sampler_,
+        std::make_shared<Inner>(Pinned(stacked(), detail::PinMemory(device_.is_cuda())), sampler_,
                                 torch::data::DataLoaderOptions()
                                     .batch_size(options_.batch_size())
                                     .drop_last(options_.drop_last())
                                     .workers(workers()));
+    // The batches resume() skipped, where this epoch is the one it was for.
+    const auto epoch = static_cast<size_t>(std::max<int64_t>(epoch_, 0));
+    const size_t resumed = resumed_ && resumed_->first == epoch ? resumed_->second : 0;
+    resumed_.reset();
     detail::LoaderProgress* shown = progress_ && progress_->claim() ? progress_.get() : nullptr;
     if (shown != nullptr) {
       // Counted once, and only where a sampler can be counted without running it.
       if constexpr (has_local_size<Sampler>::value) {
         if (batches_ < 0) batches_ = static_cast<int64_t>(size());
       }
-      shown->begin_epoch(epoch_, std::max<int64_t>(batches_, 0));
+      shown->begin_epoch(epoch_, std::max<int64_t>(batches_, 0), static_cast<int64_t>(resumed));
     }
     // What max_batches leaves of an epoch that resumed part-way.
     c10::optional<size_t> limit;
     if (const size_t most = options_.max_batches(); most > 0) {
-      limit = most > resumed_ ? most - resumed_ : 0;
+      limit = most > resumed ? most - resumed : 0;
     }
-    position_.epoch = static_cast<size_t>(std::max<int64_t>(epoch_, 0));
-    position_.next = resumed_;
+    position_.epoch = epoch;
+    position_.next = resumed;
     position_.driving = std::exchange(position_.armed, false);
     if (position_.driving) detail::epochs_loop_pass_begins();
-    resumed_ = 0;
-    return Iterator(inner_->begin(), device_, &position_, shown, limit);
+    return Iterator(inner_, inner_->begin(), device_, &position_, shown, limit);
   }
-  Iterator end() { return Iterator(inner_->end(), device_, &position_); }
+  Iterator end() { return Iterator(inner_, inner_->end(), device_, &position_); }
 
   /// The batches of the epoch begun last that are done: finished in the
   /// loop over it, or skipped by resume() (a replacement's loop over epochs()
@@ -522,11 +536,12 @@ class DataLoader {
   Sampler sampler_;
   LoaderOptions options_;
   c10::Device device_;
-  std::unique_ptr<Inner> inner_;
+  std::shared_ptr<Inner> inner_;  // the last begin()'s; its iterators keep theirs
   std::shared_ptr<detail::LoaderProgress> progress_;  // with LoaderOptions::progress
   int64_t epoch_ = -1;                                // set_epoch's; -1: never set
   int64_t batches_ = -1;                              // per epoch, once counted
-  size_t resumed_ = 0;  // batches resume() skipped in the epoch begin() starts next
+  // resume()'s epoch and the batches it skipped there, for the next begin().
+  c10::optional<std::pair<size_t, size_t>> resumed_;
   Position position_;
 };
 

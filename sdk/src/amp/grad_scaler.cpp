@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/capturing.h"
 #include "core/collectives.h"
 
 namespace train {
@@ -130,9 +131,17 @@ torch::Tensor GradScaler::find_inf(torch::optim::Optimizer& optimizer,
   return found;
 }
 
+GradScaler::OptimizerState& GradScaler::state_of(const torch::optim::Optimizer& optimizer) {
+  auto& state = per_optimizer_[&optimizer];
+  // A capture that succeeded ran update() too, and a replay runs no host
+  // code: a stage left from a capture, met outside one, is a failed capture's.
+  if (state.under_capture && !detail::capturing_step()) state = OptimizerState{};
+  return state;
+}
+
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) return;
-  auto& state = per_optimizer_[&optimizer];
+  auto& state = state_of(optimizer);
   if (state.stage == Stage::kUnscaled) {
     throw std::logic_error(
         "train::GradScaler::unscale_ was already called for this optimizer since the last "
@@ -157,6 +166,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     state.found =
         find_inf(optimizer, scale_tensor_.to(torch::kDouble).reciprocal().to(torch::kFloat));
     state.stage = Stage::kUnscaled;
+    state.under_capture = detail::capturing_step();
     return;
   }
   // On the host: CUDA gradients by the fused kernel per device, CPU ones one by one.
@@ -186,6 +196,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   agree(found);
   state.found_inf = found.item<float>() > 0;
   state.stage = Stage::kUnscaled;
+  state.under_capture = detail::capturing_step();
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
@@ -193,7 +204,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
-  auto& state = per_optimizer_[&optimizer];
+  auto& state = state_of(optimizer);
   if (state.stage == Stage::kStepped) {
     throw std::logic_error(
         "train::GradScaler::step was already called for this optimizer since the last update()");
@@ -217,6 +228,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     if (on_device_step->step_unless_inf(unscaled ? torch::Tensor() : scale_tensor_, found)) {
       state.found = found;
       state.stage = Stage::kStepped;
+      state.under_capture = detail::capturing_step();
       return true;
     }
     // The optimizer cannot skip on the device: the host decides, below.
@@ -234,6 +246,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     throw;
   }
   state.stage = Stage::kStepped;
+  state.under_capture = detail::capturing_step();
   if (found_inf) return false;
   optimizer.step();
   return true;
@@ -241,6 +254,11 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
 
 void GradScaler::update() {
   if (!options_.enabled()) return;
+  if (!detail::capturing_step()) {  // what a failed capture left, not done again
+    for (auto it = per_optimizer_.begin(); it != per_optimizer_.end();) {
+      it = it->second.under_capture ? per_optimizer_.erase(it) : std::next(it);
+    }
+  }
   if (per_optimizer_.empty()) {
     throw std::logic_error(
         "train::GradScaler::update: no step() or unscale_() since the last update(), so no "

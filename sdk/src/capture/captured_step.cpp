@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "capture/capturing.h"
+#include "core/capturing.h"
 #include "core/collectives.h"
 #include "ddp/reducer.h"
 
@@ -31,11 +31,6 @@
 #endif
 
 namespace train {
-namespace {
-thread_local bool capturing_here = false;  // a step of this thread is being captured
-}  // namespace
-
-bool detail::capturing_step() { return capturing_here; }
 
 #ifdef USE_C10D_NCCL
 namespace {
@@ -116,8 +111,10 @@ struct CapturedStep::Impl {
   bool decided = false;
   std::string reason;  // why every step runs eagerly; "" while capture is possible
   int eager_steps = 0;
-  bool capturing = false;      // the step function runs under capture
-  std::set<std::string> told;  // the lines already said
+  std::vector<int64_t> warmed_shape;  // the last warm-up batch's data
+  bool told_other_shape = false;      // said once per capture
+  bool capturing = false;             // the step function runs under capture
+  std::set<std::string> told;         // the lines already said
   torch::Tensor static_data, static_target, static_loss;
 #ifdef USE_C10D_NCCL
   std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -204,15 +201,16 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     fresh->capture_begin();  // 1.13 captures in the global mode only
 #endif
     begun = true;
-    const bool outer = capturing_here;  // a step of an enclosing CapturedStep
+    const bool outer = detail::capturing_step();  // a step of an enclosing CapturedStep
     try {
-      capturing = capturing_here = true;
+      capturing = true;
+      detail::set_capturing_step(true);
       loss = step(static_data, static_target);
       capturing = false;
-      capturing_here = outer;
+      detail::set_capturing_step(outer);
     } catch (...) {
       capturing = false;
-      capturing_here = outer;
+      detail::set_capturing_step(outer);
       try {
         fresh->capture_end();
         ended = true;  // the step threw, not CUDA: the capture itself was valid
@@ -290,9 +288,11 @@ torch::Tensor CapturedStep::operator()(const torch::Tensor& data, const torch::T
     if (data.sizes() != impl.static_data.sizes() || target.sizes() != impl.static_target.sizes() ||
         data.scalar_type() != impl.static_data.scalar_type() ||
         target.scalar_type() != impl.static_target.scalar_type()) {
-      impl.tell("a batch of shape " + shape_of(data) + " (captured: " + shape_of(impl.static_data) +
-                ") runs eagerly, as do any others of another shape (LoaderOptions::drop_last "
-                "keeps every batch whole)");
+      if (!std::exchange(impl.told_other_shape, true)) {
+        impl.tell("a batch of another shape than the captured " + shape_of(impl.static_data) +
+                  " runs eagerly, as do any others (" + shape_of(data) +
+                  " first; LoaderOptions::drop_last keeps every batch whole)");
+      }
       return impl.eager(data, target);
     }
     impl.static_data.copy_(data, /*non_blocking=*/true);
@@ -303,8 +303,12 @@ torch::Tensor CapturedStep::operator()(const torch::Tensor& data, const torch::T
 #endif
   if (impl.eager_steps < impl.options.warmup_steps()) {
     ++impl.eager_steps;
+    impl.warmed_shape = data.sizes().vec();
     return impl.eager(data, target);
   }
+  // Captured from a batch of the warm-up's shape: a last, partial batch of a
+  // short epoch would leave a graph that every whole batch then misses.
+  if (data.sizes() != c10::IntArrayRef(impl.warmed_shape)) return impl.eager(data, target);
   return impl.capture(data, target);
 }
 
@@ -329,6 +333,7 @@ void CapturedStep::reset() {
 #endif
   impl_->static_data = impl_->static_target = impl_->static_loss = torch::Tensor();
   impl_->eager_steps = 0;
+  impl_->told_other_shape = false;
   // Decided again at the next batch: a failed capture may succeed now.
   impl_->decided = false;
   impl_->reason.clear();

@@ -124,7 +124,10 @@ torch::data::Example<> TensorDataset::get_batch(c10::ArrayRef<size_t> indices) {
     }
     out[i] = static_cast<int64_t>(indices[static_cast<size_t>(i)]);
   }
-  auto gather = [&](const torch::Tensor& from) {
+  // Detached: a batch carries no autograd history (and index_select_out
+  // refuses a tensor that requires grad).
+  auto gather = [&](const torch::Tensor& source) {
+    const auto from = source.detach();
     if (!from.is_cpu()) return from.index_select(0, index.to(from.device(), /*non_blocking=*/true));
     auto sizes = from.sizes().vec();
     sizes[0] = n;
@@ -138,25 +141,38 @@ torch::data::Example<> TensorDataset::get_batch(c10::ArrayRef<size_t> indices) {
 size_t TensorDataset::nbytes() const { return data_.nbytes() + target_.nbytes(); }
 
 TensorDataset TensorDataset::to(torch::Device device, double max_fraction) const {
+  if (!(max_fraction > 0 && max_fraction <= 1)) {
+    throw std::invalid_argument("train::TensorDataset::to: max_fraction must be in (0, 1], got " +
+                                std::to_string(max_fraction));
+  }
   if (device.is_cuda()) {
     // cudaMemGetInfo from the CUDA runtime LibTorch has loaded; the SDK links
     // no CUDA library of its own (it builds against CPU-only LibTorch too).
     using MemGetInfo = int (*)(size_t*, size_t*);
     auto mem_get_info = reinterpret_cast<MemGetInfo>(::dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
     size_t free = 0, total = 0;
-    {
-      c10::DeviceGuard guard(device);
-      if (mem_get_info == nullptr || mem_get_info(&free, &total) != 0) {
-        throw std::runtime_error("train::TensorDataset::to: cannot tell the free memory of " +
-                                 device.str() +
-                                 " (no CUDA runtime loaded), so the dataset is not moved there");
+    std::string why = "no CUDA runtime loaded";
+    if (mem_get_info != nullptr) {
+      try {
+        c10::DeviceGuard guard(device);
+        const int status = mem_get_info(&free, &total);
+        why = status == 0 ? "" : "cudaMemGetInfo returned " + std::to_string(status);
+      } catch (const c10::Error& e) {  // no such device
+        why = e.what_without_backtrace();
+        why = why.substr(0, why.find('\n'));
       }
     }
-    const auto needed = static_cast<double>(nbytes());
+    if (!why.empty()) {
+      throw std::runtime_error("train::TensorDataset::to: cannot tell the free memory of " +
+                               device.str() + " (" + why + "), so the dataset is not moved there");
+    }
+    // What is on the device already takes no more of it.
+    auto more = [&](const torch::Tensor& t) { return t.device() == device ? 0 : t.nbytes(); };
+    const auto needed = static_cast<double>(more(data_) + more(target_));
     if (needed > max_fraction * static_cast<double>(free)) {
       throw std::runtime_error("train::TensorDataset::to: the dataset takes " +
-                               std::to_string(nbytes() >> 20) + " MiB, more than " +
-                               std::to_string(max_fraction) + " of the " +
+                               std::to_string(static_cast<size_t>(needed) >> 20) +
+                               " MiB more, more than " + std::to_string(max_fraction) + " of the " +
                                std::to_string(free >> 20) + " MiB free on " + device.str() +
                                "; keep it in host memory (the loader pins and copies batches)");
     }
@@ -191,9 +207,11 @@ torch::data::Example<> to_device(const torch::data::Example<>& batch, c10::Devic
   const c10::Stream compute = impl.getStream(device);
   if (batch.data.device() == device && batch.target.device() == device) {
     // Resident: gathered on the device by a loader thread, on its current
-    // stream, the device's default one (loader threads never change it). A
-    // loop on another stream waits for the gather, and the allocator keeps
-    // the batch's memory until that stream is done with it.
+    // stream, the device's default one (loader threads never change it);
+    // without loader threads, on this thread's own stream, which then waits
+    // needlessly (but briefly) for the default one. A loop on another stream
+    // waits for the gather, and the allocator keeps the batch's memory until
+    // that stream is done with it.
     const c10::Stream gathered_on = impl.getDefaultStream(device);
     if (compute != gathered_on) hand_over(batch, gathered_on, compute);
     return batch;

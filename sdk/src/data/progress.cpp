@@ -56,12 +56,12 @@ bool LoaderProgress::claim() {
   return true;
 }
 
-void LoaderProgress::begin_epoch(int64_t epoch, int64_t batches) {
+void LoaderProgress::begin_epoch(int64_t epoch, int64_t batches, int64_t first) {
   const auto* host = progress_host();
   if (host == nullptr || g_shown.loader != this) return;
   g_shown.epoch = epoch >= 0 ? epoch : epochs_begun_;
   ++epochs_begun_;
-  g_shown.batch = 0;
+  g_shown.batch = first;  // an epoch resumed part-way
   g_shown.batches = batches;
   send(*host);
 }

@@ -5,7 +5,7 @@
 
 #include <stdexcept>
 
-#include "capture/capturing.h"
+#include "core/capturing.h"
 #include "core/collectives.h"
 #include "core/host.h"
 
