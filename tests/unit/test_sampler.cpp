@@ -261,7 +261,7 @@ TEST_CASE("TensorDataset: tensors that require grad give batches without autogra
 }
 
 TEST_CASE(
-    "TensorDataset::to: a max_fraction outside (0, 1] is refused, and a device it cannot read") {
+    "TensorDataset::to: a max_fraction not in 0 to 1 is refused, and a device it cannot read") {
   train::TensorDataset dataset(torch::zeros({3, 2}), torch::zeros({3}));
   for (double fraction : {0.0, -1.0, 1.5, std::nan("")}) {
     CAPTURE(fraction);
