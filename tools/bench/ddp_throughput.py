@@ -19,10 +19,13 @@ rounds: Debian's 1.13 (`torchrun`, the default) and pip's 2.x
 --gpu runs 1 worker on cuda:0 instead (trainrun --use-gpu against torchrun
 --nproc_per_node 1 with DDP on NCCL; no ceiling; target >= 1.0); tools/gpu/run.sh
 runs it on a GPU machine. --data-dir names the FashionMNIST folder for both.
+--baseline-build DIR also runs trainrun -n 2 of another build (an earlier commit's,
+say) in each round and prints the ratio to it (target >= 1.0: no slower than it).
 
   tools/bench/ddp_throughput.py [--build build] [--rounds 2] [--steps 30] [--warmup 5]
                                 [--compression fp16|bf16] [--skip-torchrun] [--per-tensor]
                                 [--torchrun PATH]... [--gpu] [--data-dir DIR]
+                                [--baseline-build DIR]
 """
 import argparse
 import json
@@ -42,12 +45,13 @@ def run(cmd, env):
     return result.stdout.decode()
 
 
-def trainrun(args, tmp, env, workers, name, compression="none", extra=()):
+def trainrun(args, tmp, env, workers, name, compression="none", extra=(), build=None):
+    build = build or args.build
     results = os.path.join(tmp, "results")
     placement = ["--use-gpu"] if args.gpu else ["--cpus-per-worker", "1"]
     data = ["--config", f"data_dir={args.data_dir}"] if args.data_dir else []
-    run([os.path.join(args.build, "trainrun"), "--plugin",
-         os.path.join(args.build, "plugins", "fashion_mnist", "libfashion_mnist.so"),
+    run([os.path.join(build, "trainrun"), "--plugin",
+         os.path.join(build, "plugins", "fashion_mnist", "libfashion_mnist.so"),
          "-n", str(workers), *placement, *data, "-q", "--storage-path", results,
          "--name", name, "--config", "epochs=1", "--config", "eval=false",
          "--config", "log_every=0", "--config", f"warmup_steps={args.warmup}",
@@ -93,6 +97,8 @@ def main():
                         help="also run trainrun with per-tensor Adam and per-sample data")
     parser.add_argument("--torchrun", action="append", metavar="PATH",
                         help="a torchrun to compare against (repeatable; default: torchrun)")
+    parser.add_argument("--baseline-build", metavar="DIR",
+                        help="also trainrun of another build, to compare against")
     args = parser.parse_args()
     args.steps = args.steps or (300 if args.gpu else 30)
     args.warmup = args.warmup or (30 if args.gpu else 5)
@@ -101,7 +107,7 @@ def main():
     env = dict(os.environ) if args.gpu else dict(os.environ, OMP_NUM_THREADS="1")
     if args.data_dir:
         env["FASHION_MNIST_DIR"] = args.data_dir
-    ours, ceiling, compressed, before = [], [], [], []
+    ours, ceiling, compressed, before, baseline = [], [], [], [], []
     theirs = {t: [] for t in torchruns}
     with tempfile.TemporaryDirectory() as tmp:
         env["TRAINRUN_CACHE_DIR"] = os.path.join(tmp, "cache")
@@ -118,6 +124,10 @@ def main():
                                        extra=("--config", "kernels=per-tensor",
                                               "--config", "data=samples")))
                 line += f"  per-tensor {before[-1][0]:.1f}"
+            if args.baseline_build:
+                baseline.append(trainrun(args, tmp, env, workers, f"baseline{r}",
+                                         build=args.baseline_build))
+                line += f"  baseline build {baseline[-1][0]:.1f}"
             for i, t in enumerate(torchruns):
                 theirs[t].append(torchrun(args, tmp, env, f"torchrun{i}-{r}", t))
                 line += f"  {labels[t]} {theirs[t][-1][0]:.1f}"
@@ -142,6 +152,10 @@ def main():
         name = "... per-tensor Adam, samples"
         print(f"  {name:<{width}} {med(before, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(before, 1):6.0f} MB")
+    if baseline:
+        name = f"trainrun of {args.baseline_build}"
+        print(f"  {name:<{width}} {med(baseline, 0):7.1f} samples/s   "
+              f"peak RSS/worker {med(baseline, 1):6.0f} MB")
     for name, rows in theirs.items():
         print(f"  {labels[name]:<{width}} {med(rows, 0):7.1f} samples/s   "
               f"peak RSS/worker {med(rows, 1):6.0f} MB")
@@ -159,6 +173,9 @@ def main():
               "  (target >= 1.0)")
     if compressed:
         print(f"  {args.compression} / uncompressed = {med(compressed, 0) / t:.3f}")
+    if baseline:
+        print(f"  trainrun / trainrun of {args.baseline_build} = {t / med(baseline, 0):.3f}"
+              "  (target >= 1.0)")
 
 if __name__ == "__main__":
     main()
