@@ -87,11 +87,12 @@ def stand_in(role, argv):
 # --- the checks ----------------------------------------------------------------
 
 
-def bench(repo, tmp, env_sides, *args, signal_after=None, signal_delay=0.0):
+def bench(repo, tmp, env_sides, *args, signal_after=None, once_gone=None):
     """Runs gpu_step.py on the CPU at batch 128 (trainrun, torchrun and resident:
     what the targets there compare on a CPU) with the stand-ins; returns its exit
-    status, its output and the stand-ins' log. With signal_after, SIGTERM
-    signal_delay seconds after the log has more lines than that."""
+    status, its output and the stand-ins' log. With signal_after, SIGTERM once the
+    log has more lines than that, and with once_gone, once the first run of that
+    side has also exited."""
     log = os.path.join(tmp, f"log{time.monotonic_ns()}")
     env = dict(os.environ, FAKE_LOG=log)
     env.update(env_sides)
@@ -105,8 +106,11 @@ def bench(repo, tmp, env_sides, *args, signal_after=None, signal_delay=0.0):
             # SIGTERM once the stand-ins' log shows that many runs begun.
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and process.poll() is None:
-                if os.path.exists(log) and sum(1 for _ in open(log)) > signal_after:
-                    time.sleep(signal_delay)
+                lines = open(log).read().split("\n") if os.path.exists(log) else []
+                if len([line for line in lines if line]) > signal_after and (
+                        once_gone is None or not any(
+                            os.path.exists(f"/proc/{line.split()[1]}") for line in lines
+                            if line.startswith(f"{once_gone} "))):
                     process.send_signal(signal.SIGTERM)
                     break
                 time.sleep(0.05)
@@ -231,10 +235,10 @@ def main():
 
         # Round 0's first run, trainrun's, succeeds and leaves a process that ignores
         # SIGTERM: the bench ends it, SIGKILL 10 s after SIGTERM. A SIGTERM to the
-        # bench 3 s into that (the stand-in itself is gone in well under 3 s) keeps
-        # the run's rate, and begins no other run.
+        # bench once the stand-in has exited and been reaped (so during those 10 s)
+        # keeps the run's rate, and begins no other run.
         rc, out, log, survivors = bench(repo, tmp, {"FAKE_TRAINRUN": "abandon:100"},
-                                        "--rounds", "2", signal_after=1, signal_delay=3)
+                                        "--rounds", "2", signal_after=1, once_gone="trainrun")
         last = out.split("stopped by")[-1]
         check(rc == 1 and "stopped by SIGTERM in round 0; its finished runs are kept" in out
               and re.search(r"batch  128  trainrun .*\(1 rounds\)", last)

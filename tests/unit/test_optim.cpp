@@ -263,6 +263,10 @@ TEST_CASE(
   CHECK_FALSE(laid_out_alike(p, {torch::randn({2, 3, 4, 5})}));
   CHECK_FALSE(laid_out_alike(p, {torch::zeros_like(p, torch::kDouble)}));
   CHECK_FALSE(laid_out_alike(torch::randn({4, 6}).slice(1, 0, 6, 2), {}));  // not dense
+  // A dimension of size 1 is never stepped over: its stride may differ (a
+  // depthwise weight made channels_last keeps its strides; its gradient does not).
+  auto depthwise = torch::empty_strided({8, 1, 3, 3}, {9, 9, 3, 1});
+  CHECK(laid_out_alike(depthwise, {torch::empty_strided({8, 1, 3, 3}, {9, 1, 3, 1})}));
   for (auto kernels : {Kernels::kAuto, Kernels::kFused}) {
     CAPTURE(train::optim::to_string(kernels));
     compare_layouts<train::optim::SGD, torch::optim::SGD>(

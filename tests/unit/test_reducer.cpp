@@ -251,6 +251,31 @@ TEST_CASE("accumulators made again (as before a capture) still average, a graph'
   }
 }
 
+TEST_CASE("accumulators made again skip a parameter frozen after prepare_model") {
+  const int world = 2;
+  std::vector<ByName> synced(world);
+  run_ranks(world, [&](int rank, Group group) {
+    Net net(Layers::kTwo);
+    auto reducer = attach(net, group, train::ModelOptions().find_unused_parameters(true));
+    net->fc1->bias.set_requires_grad(false);  // frozen: no accumulator to make
+    reducer->renew_accumulators();
+    net->loss(input(rank)).backward();
+    synced[rank] = grads_of(*net);
+  });
+  std::vector<ByName> local;
+  for (int rank = 0; rank < world; ++rank) {
+    local.push_back(local_grads(Net(Layers::kTwo), {input(rank)}));
+  }
+  const auto expected = mean(local);
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    for (const char* name : {"fc1.weight", "fc2.weight", "fc2.bias"}) {
+      CAPTURE(name);
+      CHECK(torch::allclose(synced[rank].at(name), expected.at(name), 1e-5, 1e-6));
+    }
+  }
+}
+
 TEST_CASE("a backward that threw part-way, abandoned, leaves the next backward to average") {
   const int world = 2;
   std::vector<int> threw(world);

@@ -195,6 +195,7 @@ def run(cmd, env, deadline):
     """Runs cmd in a session of its own, ended with all its processes when it runs
     past `deadline` (time.monotonic()'s) or the bench is stopped. Its output goes to
     a file, not a pipe, which a process it leaves behind would hold open."""
+    raise_deferred_stop()  # one that came while the last run's leftovers were ended
     limit = max(1.0, deadline - time.monotonic())
     with tempfile.TemporaryFile() as output:
         hold_stops()

@@ -45,12 +45,11 @@ struct CaptureOptions {
 /// stderr, where capture is impossible: on the CPU, a LibTorch without CUDA
 /// graphs, a world of several ranks on Gloo (capture needs NCCL or one
 /// worker), a batch whose shapes differ from the captured ones (that step
-/// only; the capture itself waits for a batch of the last warm-up step's
-/// shape), or a capture that failed (from then on, until reset()). A capture
-/// that fails has run the step's host code once: the step must be safe to
-/// run again on the same batch (zero_grad, backward and step are; the
-/// prepared models' reducers start their iteration again). Not
-/// thread-safe: one per training loop, called from the thread that trains.
+/// only; the capture itself comes after warmup_steps batches of one shape in
+/// a row, with the next of that shape), or a capture that failed (from then on, until reset()). A
+/// capture that fails has run the step's host code once: the step must be safe to run again on the
+/// same batch (zero_grad, backward and step are; the prepared models' reducers start their
+/// iteration again). Not thread-safe: one per training loop, called from the thread that trains.
 class CapturedStep {
  public:
   /// `step` takes a batch's data and target and returns the loss.

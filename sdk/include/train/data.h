@@ -269,6 +269,11 @@ class DataLoader {
     bool driving = false;
   };
 
+  DataLoader(const DataLoader&) = delete;  // a copy would share the inner loader
+  DataLoader& operator=(const DataLoader&) = delete;
+  DataLoader(DataLoader&&) = default;
+  DataLoader& operator=(DataLoader&&) = default;
+
   DataLoader(Dataset dataset, Sampler sampler, const LoaderOptions& options, c10::Device device)
       : dataset_(std::move(dataset)),
         sampler_(std::move(sampler)),

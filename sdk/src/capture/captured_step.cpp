@@ -111,10 +111,10 @@ struct CapturedStep::Impl {
   bool decided = false;
   std::string reason;  // why every step runs eagerly; "" while capture is possible
   int eager_steps = 0;
-  std::vector<int64_t> warmed_shape;  // the last warm-up batch's data
-  bool told_other_shape = false;      // said once per capture
-  bool capturing = false;             // the step function runs under capture
-  std::set<std::string> told;         // the lines already said
+  std::vector<int64_t> warmed_data, warmed_target;  // the shapes the warm-up steps ran
+  bool told_other_shape = false;                    // said once per capture
+  bool capturing = false;                           // the step function runs under capture
+  std::set<std::string> told;                       // the lines already said
   torch::Tensor static_data, static_target, static_loss;
 #ifdef USE_C10D_NCCL
   std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -248,14 +248,16 @@ torch::Tensor CapturedStep::Impl::capture(const torch::Tensor& data, const torch
     // must be safe to run again. LibTorch's calls are; GradScaler::step puts
     // its state back when the host read it needs throws. A backward that
     // threw part-way left its reducers mid-iteration: they start again.
-    detail::abandon_prepared_iterations();
+    detail::abandon_prepared_iterations(/*wait_for_collectives=*/false);
     return eager(data, target);
   }
   c10::Event captured(c10::DeviceType::CUDA);
   captured.record(side);
   captured.block(current);
   graph = std::move(fresh);
-  static_loss = loss;
+  // Detached: a caller who kept it would keep the captured graph's nodes.
+  // The same storage, which every replay writes.
+  static_loss = loss.defined() ? loss.detach() : loss;
   tell("captured the step (batch " + shape_of(data) + ") after " + std::to_string(eager_steps) +
        " eager steps");
   graph->replay();  // the capture ran nothing: this batch's step
@@ -301,14 +303,20 @@ torch::Tensor CapturedStep::operator()(const torch::Tensor& data, const torch::T
     return impl.static_loss;
   }
 #endif
+  // The warm-up counts batches of one shape in a row, and the capture takes
+  // the next of that shape: a partial batch would leave a graph that every
+  // whole batch then misses.
+  const bool same_shape = data.sizes() == c10::IntArrayRef(impl.warmed_data) &&
+                          target.sizes() == c10::IntArrayRef(impl.warmed_target);
+  if (!same_shape) {
+    impl.warmed_data = data.sizes().vec();
+    impl.warmed_target = target.sizes().vec();
+    impl.eager_steps = 0;
+  }
   if (impl.eager_steps < impl.options.warmup_steps()) {
     ++impl.eager_steps;
-    impl.warmed_shape = data.sizes().vec();
     return impl.eager(data, target);
   }
-  // Captured from a batch of the warm-up's shape: a last, partial batch of a
-  // short epoch would leave a graph that every whole batch then misses.
-  if (data.sizes() != c10::IntArrayRef(impl.warmed_shape)) return impl.eager(data, target);
   return impl.capture(data, target);
 }
 

@@ -229,20 +229,29 @@ void Reducer::renew_accumulators() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     // One held elsewhere too (by a live graph) would come back from
     // grad_accumulator as it is, its hook on already.
-    if (accumulators_[i].use_count() > 1) continue;
+    // A parameter frozen since has no accumulator to make (and gets no gradient).
+    if (accumulators_[i].use_count() > 1 || !slots_[i].param.requires_grad()) continue;
     accumulators_[i].reset();
     hook_accumulator(i);
   }
 }
 
-void Reducer::abandon() {
+void Reducer::abandon(bool wait_for_collectives) {
   std::lock_guard<std::mutex> lock(mutex_);
-  abandon_iteration();
+  if (wait_for_collectives) {
+    abandon_iteration();
+    return;
+  }
+  for (auto& bucket : buckets_) bucket.work.reset();
+  used_work_.reset();
+  launch_failed_ = false;
+  reset_iteration();
 }
 
 void Reducer::hook_accumulator(size_t index) {
   std::weak_ptr<Reducer> weak = shared_from_this();
   auto accumulator = torch::autograd::impl::grad_accumulator(slots_[index].param);
+  if (!accumulator) return;  // it requires no gradient (frozen)
   accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
       [weak, index](const torch::autograd::variable_list& outputs,
                     const torch::autograd::variable_list&) {
@@ -710,8 +719,8 @@ void renew_prepared_accumulators() {
   }
 }
 
-void abandon_prepared_iterations() {
-  for (auto& model : registry()) model.reducer->abandon();
+void abandon_prepared_iterations(bool wait_for_collectives) {
+  for (auto& model : registry()) model.reducer->abandon(wait_for_collectives);
 }
 
 void check_prepared_models(const std::string& caller) {

@@ -41,8 +41,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// Not while a backward runs.
   void renew_accumulators();
   /// Drops the iteration under way (a backward that threw part-way leaves
-  /// one): the next backward starts clean.
-  void abandon();
+  /// one): the next backward starts clean. It waits for the collectives
+  /// launched, which write into the buckets, unless `wait_for_collectives` is
+  /// false: those of a CUDA graph's failed capture were recorded, never run.
+  void abandon(bool wait_for_collectives = true);
   size_t num_buckets() const { return buckets_.size(); }
 
  private:
@@ -192,7 +194,7 @@ size_t prepared_model_count();
 void renew_prepared_accumulators();
 
 /// Reducer::abandon for each model prepared in the running train function.
-void abandon_prepared_iterations();
+void abandon_prepared_iterations(bool wait_for_collectives = true);
 
 /// check_divergence over the models prepared in the running train function.
 void check_prepared_models(const std::string& caller);

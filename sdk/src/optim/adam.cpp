@@ -324,7 +324,12 @@ bool adam_step_unless_inf(Optimizer& optimizer, Kernels asked, bool decoupled,
       // As PyTorch's _fused_adam: the counts go up, the kernel skips on inf,
       // and the counts of a skipped step come back down.
       at::_foreach_add_(lists.steps, 1);
-      fused(lists, h, lists.steps, scale, found);
+      try {
+        fused(lists, h, lists.steps, scale, found);
+      } catch (...) {
+        at::_foreach_sub_(lists.steps, 1);
+        throw;
+      }
       at::_foreach_sub_(lists.steps,
                         std::vector<torch::Tensor>(lists.steps.size(), found.reshape({})));
     }

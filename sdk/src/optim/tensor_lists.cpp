@@ -40,11 +40,17 @@ bool lookup(Fused fused, c10::DispatchKey key) {
 
 bool laid_out_alike(const torch::Tensor& param, std::initializer_list<torch::Tensor> with) {
   if (!param.is_non_overlapping_and_dense()) return false;
+  // The stride of a dimension of size 1 is never stepped over: it may differ.
+  auto same_strides = [&](const torch::Tensor& t) {
+    for (int64_t d = 0; d < param.dim(); ++d) {
+      if (param.size(d) > 1 && t.stride(d) != param.stride(d)) return false;
+    }
+    return true;
+  };
   return std::all_of(with.begin(), with.end(), [&](const torch::Tensor& t) {
     return !t.defined() ||
            (t.layout() == torch::kStrided && t.scalar_type() == param.scalar_type() &&
-            t.device() == param.device() && t.sizes() == param.sizes() &&
-            t.strides() == param.strides());
+            t.device() == param.device() && t.sizes() == param.sizes() && same_strides(t));
   });
 }
 

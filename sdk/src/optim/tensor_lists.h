@@ -54,10 +54,10 @@ struct TensorLists {
 
 /// Whether `param` and the tensors a fused kernel reads at its position
 /// (`with`: its gradient, its state; undefined ones, made later like `param`,
-/// skipped) are dense and non-overlapping, with the same sizes, strides, dtype
-/// and device: fused kernels walk them all by one flat index (PyTorch checks
-/// the same before its fused kernels, and takes another path where it fails).
-/// A channels_last parameter whose gradient is contiguous is not.
+/// skipped) are dense and non-overlapping, with the same sizes, dtype, device
+/// and strides (but where a dimension has size 1): fused kernels walk them all
+/// by one flat index, and PyTorch's check_fast_path_restrictions asks the
+/// same. A channels_last parameter whose gradient is contiguous is not.
 bool laid_out_alike(const torch::Tensor& param, std::initializer_list<torch::Tensor> with);
 
 /// The lists for `param` among `lists`, added when there are none yet.
