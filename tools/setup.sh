@@ -15,6 +15,8 @@ packages=(
   # TensorBoard event files: protobuf-lite and its compiler.
   libprotobuf-dev protobuf-compiler libspdlog-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libsodium-dev zlib1g-dev
+  # The replica check's hash (XXH3, inlined: plugins link no library of it).
+  libxxhash-dev
   # Object storage: libcurl signs S3 requests (SigV4), pugixml reads S3's XML.
   libcurl4-openssl-dev libpugixml-dev
   # report.html's charts (inlined at build time).

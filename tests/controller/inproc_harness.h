@@ -14,10 +14,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,19 +36,45 @@
 namespace trainrun::testing {
 
 /// A clock that moves only when told; the controller's waits stay short
-/// (1 ms) so that it sees each move at once.
+/// (1 ms) so that it sees each move at once. hold() parks the controller
+/// before its next wait, so that what the test sends until release() is read
+/// in one pass of its loop, as messages that arrived together are.
 class ManualClock final : public TimeSource {
  public:
   Clock::time_point now() const override {
     return Clock::time_point(Clock::duration(ticks_.load()));
   }
   std::chrono::milliseconds longest_wait(std::chrono::milliseconds wanted) const override {
+    std::unique_lock lock(mutex_);
+    parked_ = held_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !held_; });
+    parked_ = false;
     return std::min(wanted, std::chrono::milliseconds(1));
   }
   void advance(Clock::duration by) { ticks_ += by.count(); }
+  /// Returns once the controller is parked before its next wait; throws
+  /// when it does not park within `patience` (it ended).
+  void hold(std::chrono::seconds patience = std::chrono::seconds(20)) {
+    std::unique_lock lock(mutex_);
+    held_ = true;
+    if (!changed_.wait_for(lock, patience, [this] { return parked_; })) {
+      held_ = false;
+      throw std::runtime_error("the controller did not come to its next wait");
+    }
+  }
+  void release() {
+    std::lock_guard lock(mutex_);
+    held_ = false;
+    changed_.notify_all();
+  }
 
  private:
   std::atomic<Clock::rep> ticks_{Clock::now().time_since_epoch().count()};
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  mutable bool held_ = false;
+  mutable bool parked_ = false;
 };
 
 /// How long, in real time, a test waits for anything before it fails.

@@ -6,7 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <csignal>
 #include <fstream>
+#include <map>
 
 #include "../unit/temp_dir.h"
 #include "common/hash.h"
@@ -24,6 +27,11 @@ std::vector<nlohmann::json> results(const RunStorage& storage) {
   std::vector<nlohmann::json> records;
   for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
   return records;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), {}};
 }
 
 // The checkpoint directories the run committed.
@@ -276,4 +284,154 @@ TEST_CASE("in-process controller: a stop during the back-off ends the run at onc
   CHECK(outcome.error->kind == FailureKind::kInterrupted);
   CHECK(outcome.attempts.size() == 2);
   CHECK_FALSE(run.logged("attempt 3 starts"));
+}
+
+namespace {
+
+// Three workers of a node agent, started and in the group: by world rank.
+struct AgentGroup {
+  AgentGroup(InprocRun& run) : agent(run.context(), run.endpoint()) {
+    protocol::AgentHello hello;
+    hello.host = "node-a";
+    hello.pid = 200;
+    hello.workers = {201, 202, 203};
+    agent.send(hello);
+    agent.expect<protocol::AgentAccepted>();
+    workers.reserve(3);
+    for (int64_t pid : {201, 202, 203}) workers.push_back(run.worker("node-a", pid));
+    for (auto& worker : workers) worker.hello(0, /*agent_pid=*/200);
+    for (auto& worker : workers) {
+      auto assign = worker.main.expect<protocol::Assign>();
+      worker.start(assign, /*shares_storage=*/true);
+      by_rank[assign.world_rank] = &worker;
+    }
+    // Every one has started training (its STARTED read).
+    for (int64_t pid : {201, 202, 203}) {
+      REQUIRE(run.wait_for_log("(node-a, pid " + std::to_string(pid) + ") shares the run"));
+    }
+  }
+  Peer agent;
+  std::vector<ScriptedWorker> workers;
+  std::map<int, ScriptedWorker*> by_rank;
+};
+
+// Report `iteration` on each of `ranks` with a checkpoint: a file of its own
+// from each of `writers`, an empty directory from the others; waits for the
+// report's acknowledgement.
+void report_checkpoint(AgentGroup& group, int64_t iteration, const std::vector<int>& ranks,
+                       const std::vector<int>& writers) {
+  for (int rank : ranks) {
+    protocol::Report report;
+    report.iteration = iteration;
+    report.metrics = encode_metrics({{"step", iteration}});
+    const bool writes = std::find(writers.begin(), writers.end(), rank) != writers.end();
+    const auto name = "shard-" + std::to_string(rank) + ".pt";
+    report.checkpoint = true;  // an empty directory from those that do not write
+    if (writes) report.files = {{name, 5, ""}};
+    auto& train = *group.by_rank.at(rank)->train;
+    train.send(report);
+    auto upload = train.expect<protocol::Upload>();
+    if (!writes) {
+      train.send(protocol::Uploaded{iteration, {}, ""});
+      continue;
+    }
+    REQUIRE_FALSE(upload.staging_dir.empty());
+    auto file = std::filesystem::path(upload.staging_dir) / name;
+    std::ofstream(file) << "12345";
+    train.send(protocol::Uploaded{iteration, {{name, 5, sha256_file(file)}}, ""});
+  }
+  for (int rank : ranks) {
+    CHECK(group.by_rank.at(rank)->train->expect<protocol::ReportAck>().iteration == iteration);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "in-process controller: no checkpoint is kept that lacks the files of a lost rank that "
+    "writes them") {
+  // The ranks that write: every one (a shard each, train::Trainer's
+  // rank-<r>.pt), rank 0 alone, or not known yet (no checkpoint before the loss).
+  for (const std::string writes : {"every rank", "rank 0", "not known"}) {
+    CAPTURE(writes);
+    TempDir tmp;
+    auto opts = options(3);
+    opts.failure.in_place = true;
+    opts.run.heartbeat_timeout = 600s;
+    InprocRun run(tmp.path, opts);
+    AgentGroup group(run);
+    const std::vector<int> writers =
+        writes == "every rank" ? std::vector<int>{0, 1, 2} : std::vector<int>{0};
+    // Every rank reports; those that do not write pass an empty directory.
+    if (writes != "not known") report_checkpoint(group, 1, {0, 1, 2}, writers);
+    // Rank 2 dies; its agent says so. A node agent's worker gets no replacement.
+    group.agent.send(protocol::Exited{group.by_rank[2]->pid, 0, SIGKILL});
+    if (writes == "every rank") {
+      // Without its shard no checkpoint would be whole: the group restarts.
+      CHECK(run.wait_for_log(
+          "no recovery in place (it was rank 2, which writes into the checkpoints (it wrote into "
+          "the last one), and no replacement can take its place: its worker was not started by "
+          "the controller (a node agent's or a remote one)), the group restarts"));
+      CHECK(group.agent.expect<protocol::Shutdown>(&run.clock(), 100ms).restart);
+      CHECK(checkpoints(run.storage()).size() == 1);
+      continue;
+    }
+    REQUIRE(run.wait_for_log("the other 2 go on in place"));
+    for (int rank : {0, 1}) group.by_rank[rank]->main.expect<protocol::PeerLost>();
+    const int64_t iteration = writes == "rank 0" ? 2 : 1;
+    report_checkpoint(group, iteration, {0, 1}, {0});
+    if (writes == "rank 0") {  // it lacks nothing
+      CHECK_FALSE(run.logged("is not kept"));
+      CHECK(checkpoints(run.storage()).size() == 2);
+    } else {  // rank 2 might have written some
+      CHECK(
+          run.logged("the checkpoint of report 1 is not kept: it lacks the files of rank 2, "
+                     "lost and not replaced yet, and no checkpoint of the whole group shows "
+                     "yet which ranks write (the latest is none)"));
+      CHECK(checkpoints(run.storage()).empty());
+    }
+    for (int rank : {0, 1}) group.by_rank[rank]->train->send(protocol::Done{iteration});
+    CHECK_FALSE(run.outcome(100ms).error);
+  }
+}
+
+TEST_CASE(
+    "in-process controller: a vote that arrives with a node agent's word of a lost rank does "
+    "not apply the step") {
+  TempDir tmp;
+  auto opts = options(3);
+  opts.failure.in_place = true;
+  opts.run.heartbeat_timeout = 600s;
+  InprocRun run(tmp.path, opts);
+  AgentGroup group(run);
+  auto& by_rank = group.by_rank;
+  // Rank 2 completes step 1's collectives and votes, then dies. Its agent's
+  // word and rank 0's vote arrive together, before rank 1's: rank 1's
+  // collective never completed, so no rank may apply the step.
+  by_rank[2]->train->send(protocol::StepVote{1, 0});
+  run.clock().hold();
+  group.agent.send(protocol::Exited{by_rank[2]->pid, 0, SIGKILL});
+  by_rank[0]->train->send(protocol::StepVote{1, 0});
+  run.clock().release();
+  REQUIRE(run.wait_for_log("the other 2 go on in place at step 1"));
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    auto lost = by_rank[rank]->main.expect<protocol::PeerLost>();
+    CHECK(lost.generation == 1);
+    CHECK(lost.ranks == std::vector<int32_t>{0, 1});
+    CHECK(lost.lost == std::vector<int32_t>{2});
+  }
+  // Rank 0 voted in the group that ended: told to do the step again.
+  auto decision = by_rank[0]->train->expect<protocol::StepDecision>();
+  CHECK(decision.step == 1);
+  CHECK_FALSE(decision.apply);
+  // In the survivors' group, both vote again, and the step is applied.
+  for (int rank : {0, 1}) by_rank[rank]->train->send(protocol::StepVote{1, 1});
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    auto again = by_rank[rank]->train->expect<protocol::StepDecision>();
+    CHECK(again.step == 1);
+    CHECK(again.apply);
+  }
+  run.stop();
 }

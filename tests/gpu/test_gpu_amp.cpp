@@ -9,6 +9,7 @@
 
 #include <limits>
 
+#include "core/catch_up.h"
 #include "gpu_skip.h"
 #include "process_ranks.h"
 
@@ -44,4 +45,27 @@ TEST_CASE(
   CHECK(checks[2].item<int64_t>() == 1);  // with its gradient unscaled
   CHECK(checks[3].item<int64_t>() == 1);  // the inf step was skipped
   CHECK(checks[4].item<int64_t>() == 1);  // and the scale backed off
+}
+
+TEST_CASE("optimizer state sent to a replacement lands on its parameters' CUDA device") {
+  skip_unless_gpus(1);
+  auto checks = process_ranks::run(1, [](int, const std::filesystem::path&) {
+    const torch::Device gpu(torch::kCUDA, 0);
+    auto w = torch::ones({4}, torch::TensorOptions().device(gpu).requires_grad(true));
+    torch::optim::Adam sent({w}, torch::optim::AdamOptions(0.1));
+    w.mutable_grad() = torch::ones_like(w);
+    sent.step();
+    // What a survivor sends (train::Trainer's and a loop's catch-up), loaded
+    // as a replacement loads it.
+    const auto bytes = train::detail::saved_optimizer(sent);
+    auto v = torch::ones({4}, torch::TensorOptions().device(gpu).requires_grad(true));
+    torch::optim::Adam received({v}, torch::optim::AdamOptions(0.1));
+    train::detail::load_optimizer(received, bytes, gpu);
+    const auto& state =
+        static_cast<torch::optim::AdamParamState&>(*received.state().begin()->second);
+    return torch::tensor({static_cast<int64_t>(state.exp_avg().is_cuda()),
+                          static_cast<int64_t>(state.exp_avg_sq().is_cuda())});
+  })[0];
+  CHECK(checks[0].item<int64_t>() == 1);
+  CHECK(checks[1].item<int64_t>() == 1);
 }

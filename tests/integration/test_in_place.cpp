@@ -90,6 +90,27 @@ TEST_CASE("a rank killed mid-step: the others go on in place, every step applied
   CHECK_FALSE(box.any_worker_alive());
 }
 
+TEST_CASE("a rank killed mid-step with a GradScaler: its agreement on inf goes on in place too") {
+  Sandbox box;
+  auto out = box.root() / "out";
+  auto run = run_survivors(box,
+                           "--max-failures 1 --config steps=30 --config kill_rank=1"
+                           " --config kill_step=12 --config scaler=true");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("was killed by SIGKILL (Killed): the other 2 go on in place at step ") !=
+        std::string::npos);
+  CHECK(run.output.find("attempt 2") == std::string::npos);  // no restart
+  auto rank0 = rank_file(out, 0);
+  REQUIRE(rank0.size() > 1);
+  CHECK(rank0.front() == "30");
+  CHECK(rank0 == rank_file(out, 2));
+  auto info = read_json(box.run_dir("s") / "run.json");
+  REQUIRE(info["attempts"].size() == 1);
+  REQUIRE(info["attempts"][0]["recoveries"].size() == 1);
+  CHECK(info["attempts"][0]["recoveries"][0]["steps_lost"] == 0);
+}
+
 TEST_CASE("two ranks killed one after the other: the last one finishes alone") {
   Sandbox box;
   auto out = box.root() / "out";
@@ -554,8 +575,9 @@ TEST_CASE(
     INFO(run.output);
     REQUIRE(run.exit_code == 0);
     CHECK(run.output.find("the other 2 go on in place") != std::string::npos);
-    CHECK(run.output.find("the checkpoint of report 1 is not kept: rank 0, which saves them, is "
-                          "being replaced (the latest is none)") != std::string::npos);
+    CHECK(run.output.find("the checkpoint of report 1 is not kept: it lacks the files of rank 0, "
+                          "lost and not replaced yet, and no checkpoint of the whole group shows "
+                          "yet which ranks write (the latest is none)") != std::string::npos);
     CHECK(run.output.find("train: rank 0 caught up from rank 1 at epoch ") != std::string::npos);
     auto rank0 = rank_file(out, 0);
     auto rank1 = rank_file(out, 1);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <random>
 #include <regex>
 #include <set>
@@ -288,12 +289,14 @@ TEST_CASE("soak: 20 random kill -9s, and the run still finishes with every check
 }
 
 // The FashionMNIST recipe with rank 0 killed halfway through its second epoch
-// resumes from the first epoch's checkpoint, and ends where an uninterrupted
-// run ends: the data order follows the epoch, so the redone epoch is the same.
-TEST_CASE("FashionMNIST killed mid-epoch reaches the accuracy of an uninterrupted run") {
+// resumes from the first epoch's checkpoint and ends where an uninterrupted
+// run ends, bit for bit: the data order follows the epoch, the model and Adam
+// come back whole, and with one thread per worker nothing else varies, so the
+// redone epoch is the same epoch.
+TEST_CASE("FashionMNIST killed mid-epoch ends with the uninterrupted run's losses and weights") {
   Sandbox box;
   const std::string recipe = std::string("--plugin '") + FASHION_MNIST_PLUGIN +
-                             "' -n 2 --config epochs=2 --config max_steps=24"
+                             "' -n 2 --cpus-per-worker 1 --config epochs=2 --config max_steps=24"
                              " --config eval_steps=20 --config batch_size=32"
                              " --config log_every=1";
   auto whole = box.run(recipe + " --name whole");
@@ -324,13 +327,32 @@ TEST_CASE("FashionMNIST killed mid-epoch reaches the accuracy of an uninterrupte
   REQUIRE(resumed.size() == 2);  // epoch 1's report came only from the second attempt
   CHECK(resumed[1]["attempt"] == 2);
   CHECK(resumed[1]["metrics"]["epoch"] == 1);
-  double accuracy = expected[1]["metrics"]["accuracy"].get<double>();
-  MESSAGE("test accuracy: uninterrupted " << accuracy << ", killed and resumed "
-                                          << resumed[1]["metrics"]["accuracy"].get<double>());
-  CHECK(accuracy > 0.5);  // it learned something
-  CHECK(std::abs(resumed[1]["metrics"]["accuracy"].get<double>() - accuracy) <= 0.02);
-  CHECK(std::abs(resumed[1]["metrics"]["test_loss"].get<double>() -
-                 expected[1]["metrics"]["test_loss"].get<double>()) <= 0.05);
+  CHECK(expected[1]["metrics"]["accuracy"].get<double>() > 0.5);  // it learned something
+  for (const std::string metric : {"loss", "accuracy", "test_loss"}) {
+    CAPTURE(metric);
+    for (size_t epoch = 0; epoch < 2; ++epoch) {
+      CAPTURE(epoch);
+      CHECK(resumed[epoch]["metrics"][metric].get<double>() ==
+            expected[epoch]["metrics"][metric].get<double>());
+    }
+  }
+  // The last checkpoint's weights and buffers: the same bytes (optimizer.pt
+  // names each state by its tensor's address, which differs by process; the
+  // losses of epoch 1 above came from that state).
+  auto files = [&](const std::string& name) {
+    const auto dir = box.run_dir(name);
+    const auto latest = read_json(dir / "checkpoint_state.json")["latest"].get<std::string>();
+    std::map<std::string, std::string> sha256;
+    const auto manifest = read_json(dir / latest / "manifest.json");
+    for (const auto& file : manifest["files"]) {
+      const auto path = file["path"].get<std::string>();
+      if (path != "optimizer.pt") sha256[path] = file["sha256"].get<std::string>();
+    }
+    return sha256;
+  };
+  const auto whole_files = files("whole");
+  CHECK(whole_files.count("model.pt") == 1);
+  CHECK(files("killed") == whole_files);
 }
 
 TEST_CASE("Ctrl-C between attempts ends the run as interrupted, standby workers and all") {

@@ -83,7 +83,7 @@ TEST_CASE("a train function that throws on rank 1 fails the run with that rank's
 }
 
 TEST_CASE("a worker killed by a signal fails the run naming the signal and where") {
-  for (std::string how : {"abort", "segv", "null", "call_null", "two_threads"}) {
+  for (std::string how : {"abort", "segv", "null", "call_null", "two_threads", "overflow"}) {
     CAPTURE(how);
     Sandbox box;
     auto run = box.run(kTestPlugin + " --entry crash -n 2 --name c --config how=" + how);
@@ -97,8 +97,12 @@ TEST_CASE("a worker killed by a signal fails the run naming the signal and where
     CHECK(run.output.find("is about to crash") != std::string::npos);  // its last words
     // The handler's stack, symbolized: in the log, error.json and the root cause.
     const bool through_null = how == "null" || how == "two_threads";
+    // A stack overflow: the handler read nothing from the overflowed stack
+    // that would fault again, and wrote its report.
+    const bool overflow = how == "overflow";
     const std::string place = through_null ? "in write_through_null(int volatile*) at "
                                              "test_plugin.cpp:"
+                              : overflow   ? "in overflow_stack(int) at test_plugin.cpp:"
                                            : "in crash(train::Config const&) at test_plugin.cpp:";
     CHECK(message.find(place) != std::string::npos);
     REQUIRE(error.contains("stack"));
@@ -109,6 +113,7 @@ TEST_CASE("a worker killed by a signal fails the run naming the signal and where
     const std::string logged{std::istreambuf_iterator<char>(log), {}};
     CHECK(logged.find("trainrun: fatal signal") != std::string::npos);
     CHECK(logged.find(through_null ? "#0 write_through_null(int volatile*) at "
+                      : overflow   ? "#0 overflow_stack(int) at "
                                    : " crash(train::Config const&) at ") != std::string::npos);
     // Two threads at once: the first one's report, and nothing of the second.
     size_t headers = 0;

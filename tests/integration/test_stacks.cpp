@@ -4,10 +4,16 @@
 
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <iterator>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "run_helpers.h"
 
@@ -94,4 +100,104 @@ TEST_CASE("trainrun stacks prints every thread of every rank of a live run") {
   auto after = box.run_in_root("stacks results/s");
   CHECK(after.exit_code == 2);
   CHECK(after.output == "trainrun: no run is live in results/s\n");
+}
+
+namespace {
+
+// Whether some thread of `pid` is stopped (state T or t in its stat line).
+bool any_thread_stopped(pid_t pid) {
+  const auto tasks = std::filesystem::path("/proc") / std::to_string(pid) / "task";
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+    const auto stat = read_text(task.path() / "stat");
+    const auto close = stat.rfind(')');  // the name may hold spaces and parentheses
+    if (close != std::string::npos && close + 2 < stat.size() &&
+        (stat[close + 2] == 'T' || stat[close + 2] == 't')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a stack-walking helper killed at any point leaves no thread of the worker stopped") {
+  // A stand-in for a worker: a process of a few threads that sleep.
+  const pid_t target = ::fork();
+  REQUIRE(target >= 0);
+  if (target == 0) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 3; ++i) {
+      threads.emplace_back([] {
+        for (int n = 0; n < 6000; ++n) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    ::_exit(0);
+  }
+  const auto helper_exe =
+      (std::filesystem::path(TRAINRUN_EXE).parent_path() / "trainrun-worker").string();
+  const auto target_pid = std::to_string(target);
+  // Runs the helper on the target; with `kill_after`, kills it then. Returns
+  // what it wrote.
+  auto walk = [&](std::optional<std::chrono::milliseconds> kill_after) {
+    int go[2], out[2];
+    REQUIRE(::pipe(go) == 0);
+    REQUIRE(::pipe(out) == 0);
+    const pid_t helper = ::fork();
+    REQUIRE(helper >= 0);
+    if (helper == 0) {
+      ::dup2(go[0], STDIN_FILENO);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::execl(helper_exe.c_str(), "trainrun-worker", "--walk-stacks", target_pid.c_str(), "5000",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(go[0]);
+    ::close(out[1]);
+    CHECK(::write(go[1], "g", 1) == 1);
+    if (kill_after) {
+      std::this_thread::sleep_for(*kill_after);
+      ::kill(helper, SIGKILL);
+    }
+    std::string text;
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(out[0], buffer, sizeof(buffer))) > 0;) text.append(buffer, n);
+    ::waitpid(helper, nullptr, 0);
+    ::close(go[1]);
+    ::close(out[0]);
+    return text;
+  };
+  // Left alone, it walks every thread: the target's four, each with frames.
+  while (std::distance(std::filesystem::directory_iterator("/proc/" + target_pid + "/task"),
+                       std::filesystem::directory_iterator{}) < 4) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto whole = walk(std::nullopt);
+  INFO(whole);
+  size_t threads = 0;
+  for (auto at = whole.find("T "); at != std::string::npos; at = whole.find("\nT ", at + 1)) {
+    ++threads;
+  }
+  CHECK(threads == 4);
+  CHECK(whole.find("\nF ") != std::string::npos);
+  CHECK_FALSE(any_thread_stopped(target));
+  // The worker's helper, killed with SIGKILL after 0 to 57 ms: before,
+  // during and after it stops the threads (a walk takes some 10-100 ms here).
+  int stopped_after = -1;
+  for (int delay_ms = 0; delay_ms < 60 && stopped_after < 0; delay_ms += 3) {
+    walk(std::chrono::milliseconds(delay_ms));
+    // A thread in a ptrace stop is let go as its tracer dies; one stopped for
+    // good stays so.
+    bool stopped = any_thread_stopped(target);
+    for (int i = 0; i < 100 && stopped; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      stopped = any_thread_stopped(target);
+    }
+    if (stopped) stopped_after = delay_ms;
+  }
+  CHECK_MESSAGE(stopped_after < 0, "the worker stayed stopped after its helper was killed at "
+                                       << stopped_after << " ms");
+  ::kill(target, SIGKILL);
+  ::waitpid(target, nullptr, 0);
 }

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -26,8 +27,9 @@ std::string line_with(const std::string& output, const std::string& start) {
 
 // Runs `config` whole and again with `failure` (a kill -9 of rank 1, with
 // --max-failures 1), and checks that the resumed run computed what the whole
-// one did: every step's loss and learning rate (StepLR), every epoch's mean
-// loss and validation loss. The model, optimizer, scheduler, the sampler's
+// one did, bit for bit: every step's loss and learning rate (StepLR), every
+// epoch's mean loss and validation loss, and the model's parameters and
+// buffers at the end. The model, optimizer, scheduler, the sampler's
 // position, dropout's generator and the epoch's partial sums all came back.
 // Returns both runs' reports.
 std::pair<std::vector<nlohmann::json>, std::vector<nlohmann::json>> check_resume_is_exact(
@@ -51,6 +53,9 @@ std::pair<std::vector<nlohmann::json>, std::vector<nlohmann::json>> check_resume
     CHECK(expected.size() >= 2);
     CHECK((by_step(b, metric) == expected));
   }
+  const auto bits = line_with(whole.output, "model bits [0-9a-f]+");
+  CHECK_FALSE(bits.empty());
+  CHECK(line_with(resumed.output, "model bits [0-9a-f]+") == bits);
   return {a, b};
 }
 
@@ -92,6 +97,34 @@ TEST_CASE("trainer: a checkpoint at an epoch's last batch resumes into that epoc
       box,
       "--config epochs=2 --config batches=8 --config report_steps=1 --config checkpoint_steps=4",
       "--config fail_in_validation=true", "epoch 0, batch 8 (step 8)");
+}
+
+TEST_CASE("trainer: a checkpoint that lacks a rank's own file is refused, not resumed from") {
+  Sandbox box;
+  const std::string config = "--config epochs=1 --config batches=8 --config checkpoint_steps=3";
+  auto first = box.run(trainer_run("t", config));
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  // The latest checkpoint without rank 1's rank-1.pt, its manifest agreeing:
+  // what a checkpoint kept without a lost rank's shard would be.
+  const auto dir = box.run_dir("t");
+  const auto latest = read_json(dir / "checkpoint_state.json")["latest"].get<std::string>();
+  std::filesystem::remove(dir / latest / "rank-1.pt");
+  auto manifest = read_json(dir / latest / "manifest.json");
+  auto& files = manifest["files"];
+  for (auto it = files.begin(); it != files.end(); ++it) {
+    if ((*it)["path"] == "rank-1.pt") {
+      files.erase(it);
+      break;
+    }
+  }
+  std::ofstream(dir / latest / "manifest.json") << manifest.dump();
+  auto again = box.run(trainer_run("t", config + " --config epochs=2"));
+  INFO(again.output);
+  CHECK(again.exit_code == 1);
+  CHECK(again.output.find("has no rank-1.pt, which rank 1 of the 2 that saved it writes") !=
+        std::string::npos);
+  CHECK(read_reports(dir / "result.jsonl").size() == 3);  // nothing trained on
 }
 
 TEST_CASE(

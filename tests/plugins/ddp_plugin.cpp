@@ -385,7 +385,8 @@ TRAIN_FUNC(recovery);
 // such report has a checkpoint (`upload_mode` sync or async, with a file of
 // 1 KiB per rank, `checkpoint_kb` KiB from the rank about to die), and with
 // `marker` the kill is at the end of step `kill_step`, after its report, once
-// per run (the marker file says it happened). Rank `stall_rank` sleeps
+// per run (the marker file says it happened). With `scaler`, each step goes
+// through a train::GradScaler (its agreement on inf is a collective too). Rank `stall_rank` sleeps
 // `stall_ms` before the backward pass of step `stall_step`. A rank that
 // finishes writes how many steps it applied and its parameters to
 // <out>/rank<r>.txt.
@@ -418,6 +419,8 @@ void survivors(const train::Config& config) {
   }
   if (!marker.empty() && std::filesystem::exists(marker)) kill_step = -1;
   torch::manual_seed(100 + ctx.world_rank() + 1000 * start);
+  std::optional<train::GradScaler> scaler;
+  if (config.get<bool>("scaler", false)) scaler.emplace();
   int applied = 0;
   for (int step = start; step < steps; ++step) {
     optimizer.zero_grad();
@@ -434,8 +437,14 @@ void survivors(const train::Config& config) {
         return grad;
       });
     }
-    loss.backward();
-    optimizer.step();
+    if (scaler) {
+      scaler->scale(loss).backward();
+      scaler->step(optimizer);
+      scaler->update();
+    } else {
+      loss.backward();
+      optimizer.step();
+    }
     ++applied;
     const double loss_value = loss.item<double>();
     if ((step + 1) % report_every == 0) {

@@ -94,9 +94,19 @@ void throws(const train::Config& config) {
 // names it.
 __attribute__((noinline)) void write_through_null(volatile int* where) { *where = 42; }
 
+// Recursion without end: the stack overflows into its guard page, and the
+// crash handler runs on its own stack.
+__attribute__((noinline)) int overflow_stack(int depth) {
+  volatile char frame[512];
+  frame[depth % sizeof(frame)] = static_cast<char>(depth);
+  if (depth < 0) return 0;  // never: keeps the compiler from seeing an endless loop
+  return overflow_stack(depth + 1) + frame[0];
+}
+
 // Rank `fail_rank` dies by a signal (`how` = abort, segv, null: a write
-// through a null pointer, call_null: a call through one, or two_threads: two
-// threads writing through a null pointer at once); the others wait. With at_start=true it
+// through a null pointer, call_null: a call through one, two_threads: two
+// threads writing through a null pointer at once, or overflow: a stack
+// overflow); the others wait. With at_start=true it
 // dies before the first report.
 void crash(const train::Config& config) {
   auto ctx = train::get_context();
@@ -106,6 +116,7 @@ void crash(const train::Config& config) {
     const auto how = config.get("how", "abort");
     if (how == std::string("segv")) std::raise(SIGSEGV);
     if (how == std::string("null")) write_through_null(nullptr);
+    if (how == std::string("overflow")) std::cerr << overflow_stack(1) << std::endl;
     if (how == std::string("two_threads")) {  // both at once: one report, one death
       std::atomic<int> ready{0};
       auto crash_when_both = [&ready] {

@@ -266,11 +266,27 @@ class StepHook : public train::Callback {
   int64_t calls_ = 0;
 };
 
-// Prints what the built-in callbacks hold at the end, for the tests to compare.
+// Every bit of a module's parameters and buffers as one number (FNV-1a of
+// their bytes, in order), for runs to compare.
+uint64_t state_bits(const torch::nn::Module& module) {
+  uint64_t hash = 14695981039346656037ull;
+  auto tensors = module.parameters();
+  for (const auto& buffer : module.buffers()) tensors.push_back(buffer);
+  for (const auto& t : tensors) {
+    const auto bytes = t.detach().cpu().contiguous();
+    const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
+    for (size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ data[i]) * 1099511628211ull;
+  }
+  return hash;
+}
+
+// Prints what the built-in callbacks hold at the end, and the model's bits,
+// for the tests to compare.
 class PrintState : public train::Callback {
  public:
-  void on_fit_end(train::Trainer& trainer, train::LightningModule&) override {
+  void on_fit_end(train::Trainer& trainer, train::LightningModule& module) override {
     if (train::get_context().world_rank() != 0) return;
+    std::cout << "model bits " << std::hex << state_bits(module) << std::dec << std::endl;
     for (const auto& callback : trainer.callbacks()) {
       if (auto* c = dynamic_cast<train::ModelCheckpoint*>(callback.get())) {
         std::cout << "best_k:";

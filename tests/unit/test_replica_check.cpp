@@ -209,18 +209,49 @@ TEST_CASE("the divergence check names the model and every rank that differs") {
   }
 }
 
-TEST_CASE("a bit checksum is exact for every dtype and changes with any one bit") {
+TEST_CASE("a bit hash is the same for equal tensors and changes with any bit or order") {
   for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kInt8}) {
     CAPTURE(dtype);
     auto t = (torch::arange(1000, torch::kFloat) / 7).sin().mul(100).to(dtype);
-    auto sum = train::detail::bit_checksum(t).item<int64_t>();
-    CHECK(train::detail::bit_checksum(t.clone()).item<int64_t>() == sum);
-    // The same values in another layout sum the same.
-    CHECK(train::detail::bit_checksum(t.reshape({25, 40}).t().contiguous().t()).item<int64_t>() ==
-          sum);
+    const auto hash = train::detail::bit_hash(t);
+    CHECK(train::detail::bit_hash(t.clone()) == hash);
+    // The same values in another layout hash the same.
+    CHECK(train::detail::bit_hash(t.reshape({25, 40}).t().contiguous().t()) == hash);
     auto changed = t.clone();
     changed[500] = changed[499];
-    CHECK(train::detail::bit_checksum(changed).item<int64_t>() != sum);
+    CHECK(train::detail::bit_hash(changed) != hash);
+    // Two elements swapped: what a sum of the elements' bits could not see.
+    auto swapped = t.clone();
+    swapped[10] = t[20];
+    swapped[20] = t[10];
+    CHECK(train::detail::bit_hash(swapped) != hash);
   }
-  CHECK(train::detail::bit_checksum(torch::tensor(1.5)).item<int64_t>() != 0);  // 0-d
+  // Changes that cancel in a sum of 32-bit words: one word up by 1, another down by 1.
+  auto ints = torch::arange(64, torch::kInt);
+  auto cancelled = ints.clone();
+  cancelled[3] += 1;
+  cancelled[40] -= 1;
+  CHECK(train::detail::bit_hash(cancelled) != train::detail::bit_hash(ints));
+  CHECK(train::detail::bit_hash(torch::tensor(1.5)) != train::detail::bit_hash(torch::tensor(2.5)));
+}
+
+TEST_CASE("two elements of a parameter swapped on one rank fail the divergence check") {
+  const int world = 2;
+  auto errors = errors_of(world, [&](int rank, Group group) {
+    auto model = make_mlp();
+    auto prepared = train::detail::replicate(model.ptr(), group, torch::kCPU, {});
+    if (rank == 1) {
+      torch::NoGradGuard no_grad;
+      auto weight = model[0]->as<torch::nn::Linear>()->weight;
+      auto first = weight[0][0].clone();
+      weight[0][0] = weight[0][1];
+      weight[0][1] = first;
+    }
+    train::detail::check_divergence({prepared}, *group, "train::report");
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(errors[rank].find("parameter '0.weight' of the prepared model holds other values on "
+                            "rank 1 than on rank 0") != std::string::npos);
+  }
 }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -321,4 +322,48 @@ TEST_CASE("resume() for an epoch that another set_epoch replaced skips nothing t
     CHECK(torch::equal(batch.data, expected[i++]));
   }
   CHECK(i == 5);
+}
+
+TEST_CASE(
+    "a sampler saved while loader threads read ahead holds what the train function was handed") {
+  // 64 samples on rank 1 of 2: 32 of its own, in batches of 4.
+  auto data = torch::arange(64).reshape({64, 1});
+  auto target = torch::arange(64);
+  for (size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    const auto options = train::LoaderOptions().batch_size(4).workers(workers).progress(false);
+    train::DistributedSampler sampler(64, rank_of(1, 2), true, true, 3);
+    train::DataLoader<train::TensorDataset> loader(train::TensorDataset(data, target), sampler,
+                                                   options, torch::kCPU);
+    loader.set_epoch(2);
+    std::vector<int64_t> handed;
+    std::stringstream bytes;
+    for (auto& batch : loader) {
+      for (int64_t i = 0; i < batch.data.size(0); ++i)
+        handed.push_back(batch.data[i][0].item<int64_t>());
+      if (handed.size() == 12) {  // 3 batches: save here, in the loop, as a checkpoint does
+        torch::serialize::OutputArchive out;
+        sampler.save(out);
+        out.save_to(bytes);
+      }
+    }
+    REQUIRE(handed.size() == 32);
+    torch::serialize::InputArchive in;
+    in.load_from(bytes);
+    torch::Tensor position;
+    in.read("sample_index_", position, /*is_buffer=*/true);
+    CHECK(position.item<int64_t>() == 12);
+    // Loaded into a fresh loader's sampler: the epoch goes on at the 4th batch.
+    train::DistributedSampler restored(64, rank_of(1, 2), true, true, 3);
+    restored.load(in);
+    train::DataLoader<train::TensorDataset> again(train::TensorDataset(data, target), restored,
+                                                  options, torch::kCPU);
+    again.set_epoch(2);
+    std::vector<int64_t> rest;
+    for (auto& batch : again) {
+      for (int64_t i = 0; i < batch.data.size(0); ++i)
+        rest.push_back(batch.data[i][0].item<int64_t>());
+    }
+    CHECK(rest == std::vector<int64_t>(handed.begin() + 12, handed.end()));
+  }
 }

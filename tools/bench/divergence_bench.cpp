@@ -2,8 +2,9 @@
 // same model measured in the same run. Ranks are threads over Gloo in one
 // process (as the reducer's tests run them); each prepares a 784-1024-256-10
 // MLP (1.07M parameters) with replicate(), then times SGD steps on a batch of
-// 64, the check alone, and a bare allreduce the size of the check's. Rank 0
-// prints medians and ratios. Intra-op parallelism is one thread, shared by
+// 64, the check alone, a bare allreduce the size of the check's, and the
+// check's hashes against the bit sums they replaced. Rank 0 prints medians
+// and ratios. Intra-op parallelism is one thread, shared by
 // the ranks' threads.
 //
 //   divergence_bench [--ranks 2] [--rounds 50]
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "ddp/reducer.h"
+#include "ddp/replica_check.h"
 
 namespace {
 
@@ -67,13 +69,28 @@ void run_rank(int rank, int world, int rounds, const c10::intrusive_ptr<c10d::St
   });
   auto check =
       time_each(rounds, [&] { train::detail::check_divergence({prepared}, *group, "bench"); });
-  // The check's collective alone: one int64 and its complement per parameter, plus a count.
-  const auto length = 2 * static_cast<int64_t>(model->parameters().size() + 1);
+  // The check's collective alone: one int64 and its complement per tensor, plus two counts.
+  const auto length = 2 * static_cast<int64_t>(model->parameters().size() + 2);
   auto allreduce = time_each(rounds, [&] {
     std::vector<torch::Tensor> t{torch::zeros({length}, torch::kLong)};
     c10d::AllreduceOptions max;
     max.reduceOp = c10d::ReduceOp::MAX;
     group->allreduce(t, max)->wait();
+  });
+
+  // The hashes alone, against the checksum they replaced in the same run: a
+  // sum of the elements' bit patterns (which missed swapped elements and
+  // changes that cancel).
+  const auto tensors = model->parameters();
+  int64_t sink = 0;
+  auto hashes = time_each(rounds, [&] {
+    for (const auto& p : tensors) sink ^= train::detail::bit_hash(p);
+  });
+  auto sums = time_each(rounds, [&] {
+    for (const auto& p : tensors) {
+      sink ^=
+          p.detach().contiguous().view({-1}).view(torch::kInt).sum(torch::kLong).item<int64_t>();
+    }
   });
 
   if (rank != 0) return;
@@ -87,6 +104,9 @@ void run_rank(int rank, int world, int rounds, const c10::intrusive_ptr<c10d::St
   std::printf("divergence check:         %.3f ms  (%.4f of a step)\n", check_ms,
               check_ms / step_ms);
   std::printf("  of which the allreduce: %.3f ms\n", allreduce_ms);
+  std::printf("the hashes alone:         %.3f ms  (%.2fx the former bit sums' %.3f ms)%s\n",
+              median_ms(hashes), median_ms(hashes) / median_ms(sums), median_ms(sums),
+              sink == 42 ? " " : "");
 }
 
 }  // namespace

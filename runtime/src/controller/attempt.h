@@ -51,7 +51,7 @@ struct Attempt {
     int64_t iteration = 0;  // ... as this iteration
     nlohmann::json metrics;
     Clock::time_point reported;
-    bool without_rank0 = false;  // reported while rank 0 was being replaced: not kept
+    std::vector<int> absent;  // the ranks lost in place, not yet replaced, when reported
   };
 
   /// Every rank's stacks being collected (STACKS, then STACKS_REPLY): at most
@@ -132,8 +132,8 @@ struct Attempt {
     bool ready = false;
     int64_t generation = 0;  // 0 until a decision announced its group
     std::vector<int> members;
-    // Rank 0's: the loss the group restarts for if it never joins (no other
-    // rank saves the checkpoints).
+    // A rank that needs one (rank 0, or one that writes into the
+    // checkpoints): the loss the group restarts for if it never joins.
     std::optional<RunError> loss;
     bool loop_left = false;  // ... and a member left its loop: it cannot join
   };

@@ -66,6 +66,8 @@ class CheckpointService {
   bool staging() const { return store_.staging(); }
   /// Whether some rank's upload has begun and not ended.
   bool uploading() const { return store_.uploading(); }
+  /// The ranks whose files are staged (or being uploaded).
+  std::vector<int> staged_ranks() const { return store_.staged_ranks(); }
   /// Commits what was staged for the report of `iteration`, if anything; the
   /// checkpoint's name or empty. Throws IoError; then nothing stays staged.
   std::string commit(int64_t iteration, const nlohmann::json& metrics);

@@ -194,6 +194,14 @@ std::filesystem::path CheckpointStore::begin_upload(
   return staging;
 }
 
+std::vector<int> CheckpointStore::staged_ranks() const {
+  std::vector<int> ranks;
+  for (const auto& [rank, upload] : uploads_) {
+    if (!upload.files.empty()) ranks.push_back(rank);  // an empty directory writes nothing
+  }
+  return ranks;
+}
+
 void CheckpointStore::write_chunk(int rank, uint32_t index, uint64_t offset, const void* data,
                                   size_t size) {
   auto found = uploads_.find(rank);

@@ -78,6 +78,8 @@ class CheckpointStore {
   bool staging() const { return !uploads_.empty(); }
   /// Whether a rank's upload has begun and not finished.
   bool uploading() const;
+  /// The ranks with files staged (or being uploaded), in order.
+  std::vector<int> staged_ranks() const;
 
   /// Commits the staged files as the next checkpoint, then deletes the
   /// checkpoints that retention no longer keeps. Throws IoError; then the

@@ -174,12 +174,27 @@ class Controller {
   /// boundary and catches up from a peer; a log line says why when none is.
   /// `loss` is what the group restarts for when rank 0's cannot start.
   void start_replacement(const WorkerSlot& lost, RunError loss);
-  /// Rank 0's replacement will not join (`why`): the attempt fails with the
-  /// loss of rank 0, and the group restarts from the latest checkpoint.
-  void restart_without_rank0(RunError loss, const std::string& why);
-  /// Whether rank 0 is out of the group, its replacement on its way: a
-  /// report's checkpoint then lacks its files and is not kept.
-  bool without_rank0() const;
+  /// The replacement of `rank`, which needs one (needs_replacement), will not
+  /// join (`why`): the attempt fails with the loss of that rank, and the group
+  /// restarts from the latest checkpoint.
+  void restart_without_writer(int rank, RunError loss, const std::string& why);
+  /// Whether `rank` writes files into checkpoints: it did into the last one
+  /// the whole group committed at this world size; none when there is none.
+  std::optional<bool> writes_checkpoints(int rank) const;
+  /// Whether the group goes on without `rank` only until its replacement
+  /// joins: rank 0 (a train function saves on rank 0) or a rank known to
+  /// write into the checkpoints, which none is kept without.
+  bool needs_replacement(int rank) const {
+    return rank == 0 || writes_checkpoints(rank).value_or(false);
+  }
+  /// The world ranks out of the group: lost in place and not replaced yet.
+  std::vector<int> absent_ranks() const;
+  /// Commits what was staged for the report of `iteration`, unless it lacks
+  /// the files of a rank in `absent` (those absent when it was reported)
+  /// that writes into checkpoints: then it is dropped, and a line says why.
+  /// Returns the checkpoint's name, or empty. Throws IoError.
+  std::string commit_unless_lacking(int64_t iteration, const nlohmann::json& metrics,
+                                    const std::vector<int>& absent);
   /// Why no replacement is started for `lost`; "" when one can be.
   std::string replacement_refusal(const WorkerSlot& lost) const;
   /// The replacement's HELLO: its ASSIGN.
@@ -346,8 +361,9 @@ class Controller {
   void commit_async_checkpoint();
   /// Commits and records the asynchronous checkpoint; false when the attempt fails.
   bool commit_async(const Attempt::AsyncCheckpoint& pending);
-  /// Drops the checkpoint of report `iteration`, made while rank 0 was out.
-  void drop_checkpoint(int64_t iteration);
+  /// Drops the checkpoint of report `iteration`, which lacks the files of the
+  /// lost ranks `lacking`.
+  void drop_checkpoint(int64_t iteration, const std::vector<int>& lacking);
   /// An elastic group grows at a committed checkpoint when node agents wait.
   void maybe_regroup(const std::string& checkpoint);
   void on_fetch_checkpoint(WorkerSlot& worker, const protocol::FetchCheckpoint& fetch);
@@ -427,6 +443,11 @@ class Controller {
   static constexpr int kProgressEnds = 50;
   Clock::time_point progress_passed_{};
   int64_t progress_end_steps_ = -1;  // the steps of the last epoch's end passed
+  // The ranks that wrote files into the last checkpoint the whole group
+  // committed in this run, and the world size then (0: none yet). Kept across
+  // attempts of the same size: which ranks write does not change.
+  std::vector<int> checkpoint_writers_;
+  int writers_world_ = 0;
   RateLimiter progress_ends_{kProgressEnds, std::chrono::seconds(1)};
   ChunkSource plugin_;
   LaunchOptions launch_;  // how local workers start

@@ -107,11 +107,7 @@ void Controller::commit_async_checkpoint() {
   }
   auto pending = std::move(*attempt.async_checkpoint);
   attempt.async_checkpoint.reset();
-  if (pending.without_rank0) {
-    drop_checkpoint(pending.iteration);
-  } else if (!commit_async(pending)) {
-    return;
-  }
+  if (!commit_async(pending)) return;
   // The reports with a checkpoint that waited for this commit.
   auto deferred = std::move(attempt.deferred_reports);
   attempt.deferred_reports.clear();
@@ -129,11 +125,12 @@ void Controller::commit_async_checkpoint() {
 bool Controller::commit_async(const Attempt::AsyncCheckpoint& pending) {
   std::string name;
   try {
-    name = checkpoints_.commit(pending.iteration, pending.metrics);
+    name = commit_unless_lacking(pending.iteration, pending.metrics, pending.absent);
   } catch (const IoError& e) {
     fail_storage(std::string("checkpoint commit failed: ") + e.what());
     return false;
   }
+  if (name.empty()) return true;  // dropped
   try {
     storage_.append_checkpoint(pending.iteration, name, unix_time());
   } catch (const IoError& e) {
@@ -147,20 +144,59 @@ bool Controller::commit_async(const Attempt::AsyncCheckpoint& pending) {
   return true;
 }
 
-bool Controller::without_rank0() const {
+std::vector<int> Controller::absent_ranks() const {
   const auto& members = attempt_->members;
-  return std::find(members.begin(), members.end(), 0) == members.end();
+  std::vector<int> absent;
+  for (int rank = 0; rank < world_size(); ++rank) {
+    if (std::find(members.begin(), members.end(), rank) == members.end()) absent.push_back(rank);
+  }
+  return absent;
 }
 
-// A train function saves its checkpoint on rank 0: one reported while rank 0
-// is being replaced lacks those files, and a restart from it would find none.
-void Controller::drop_checkpoint(int64_t iteration) {
+// A checkpoint is the files of every rank that passed one: a train function
+// saves on rank 0 alone, or a shard on each rank (train::Trainer's rank-<r>.pt).
+// One reported while a rank that writes is lost lacks that rank's files, and
+// a restart from it would resume without them. Which ranks write is what the
+// last checkpoint of the whole group shows; before one, any rank might.
+std::optional<bool> Controller::writes_checkpoints(int rank) const {
+  if (writers_world_ == 0 || writers_world_ != world_size()) return std::nullopt;
+  return std::find(checkpoint_writers_.begin(), checkpoint_writers_.end(), rank) !=
+         checkpoint_writers_.end();
+}
+
+std::string Controller::commit_unless_lacking(int64_t iteration, const nlohmann::json& metrics,
+                                              const std::vector<int>& absent) {
+  if (!checkpoints_.staging()) return "";
+  std::vector<int> lacking;
+  for (int rank : absent) {
+    if (writes_checkpoints(rank).value_or(true)) lacking.push_back(rank);
+  }
+  if (!lacking.empty()) {
+    drop_checkpoint(iteration, lacking);
+    return "";
+  }
+  auto staged = checkpoints_.staged_ranks();
+  auto name = checkpoints_.commit(iteration, metrics);
+  if (absent.empty()) {
+    checkpoint_writers_ = std::move(staged);
+    writers_world_ = world_size();
+  }
+  return name;
+}
+
+void Controller::drop_checkpoint(int64_t iteration, const std::vector<int>& lacking) {
   checkpoints_.abort();
   const auto latest = checkpoints_.latest_name();
+  std::string ranks;
+  for (int rank : lacking) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
   log_.warn(
-      "the checkpoint of report {} is not kept: rank 0, which saves them, is being "
-      "replaced (the latest is {})",
-      iteration, latest.empty() ? "none" : latest);
+      "the checkpoint of report {} is not kept: it lacks the files of {} {}, lost and not "
+      "replaced yet, {} (the latest is {})",
+      iteration, lacking.size() == 1 ? "rank" : "ranks", ranks,
+      writes_checkpoints(lacking.front()).has_value()
+          ? "which wrote into the last checkpoint of the whole group"
+          : "and no checkpoint of the whole group shows yet which ranks write",
+      latest.empty() ? "none" : latest);
 }
 
 // The worker waits for every answer here, so whatever goes wrong fails the run

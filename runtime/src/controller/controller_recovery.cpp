@@ -47,14 +47,16 @@ std::optional<std::string> Controller::in_place_refusal(const WorkerSlot& lost) 
            "'s train function took train::process_group() itself, and its own collectives "
            "cannot be done again in a new group";
   }
-  // A train function saves its checkpoint on rank 0 (`if (world_rank == 0)`):
-  // the others go on without it only until its replacement joins.
-  if (lost.rank == 0) {
+  // A train function saves its checkpoint on rank 0 (`if (world_rank == 0)`),
+  // or a shard on each rank: the others go on without a rank that writes
+  // only until its replacement joins (meanwhile no checkpoint is kept).
+  if (needs_replacement(lost.rank)) {
     auto why = replacement_refusal(lost);
     if (!why.empty()) {
-      return "it was rank 0, which saves the checkpoints, and no replacement can take its "
-             "place: " +
-             why;
+      return "it was rank " + std::to_string(lost.rank) + ", which " +
+             (lost.rank == 0 ? "saves the checkpoints"
+                             : "writes into the checkpoints (it wrote into the last one)") +
+             ", and no replacement can take its place: " + why;
     }
   }
   return "";
@@ -155,14 +157,14 @@ void Controller::start_replacement(const WorkerSlot& lost, RunError loss) {
     worker.replacing_since = now();
     attempt_->replacement =
         Attempt::Replacement{rank, worker.index, attempts_.back().recoveries.size() - 1, now()};
-    if (rank == 0) attempt_->replacement->loss = std::move(loss);
+    if (needs_replacement(rank)) attempt_->replacement->loss = std::move(loss);
     log_.info(
         "started a worker (pid {}) in place of rank {}: it joins the group at a step "
         "boundary, with the state of a peer",
         worker.process.pid, rank);
   } catch (const std::exception& e) {
-    if (rank == 0) {
-      restart_without_rank0(std::move(loss), std::string("could not start: ") + e.what());
+    if (needs_replacement(rank)) {
+      restart_without_writer(rank, std::move(loss), std::string("could not start: ") + e.what());
       return;
     }
     log_.warn("no replacement for rank {} ({}): the group goes on with {} ranks", rank, e.what(),
@@ -170,19 +172,18 @@ void Controller::start_replacement(const WorkerSlot& lost, RunError loss) {
   }
 }
 
-void Controller::restart_without_rank0(RunError loss, const std::string& why) {
+void Controller::restart_without_writer(int rank, RunError loss, const std::string& why) {
   // An attempt that fails already ends for its own failure, counted then.
   if (!records()) {
-    log_.warn("rank 0's replacement {}", why);
+    log_.warn("rank {}'s replacement {}", rank, why);
     return;
   }
   // The loss was counted when the others went on; the attempt's failure is
   // that loss, counted again as it ends.
   --failures_used_;
-  log_.warn(
-      "rank 0's replacement {}: no other rank saves the checkpoints, so the group restarts from "
-      "the latest",
-      why);
+  log_.warn("rank {}'s replacement {}: {}, so the group restarts from the latest", rank, why,
+            rank == 0 ? "no other rank saves the checkpoints"
+                      : "no checkpoint is whole without the files it writes");
   loss.message += " (the others went on in place, and its replacement " + why + ")";
   record_failure(std::move(loss));
 }
@@ -236,7 +237,7 @@ void Controller::drop_replacement(const std::string& why) {
     if (!worker->exited) ::kill(static_cast<pid_t>(worker->process.pid), SIGKILL);
   }
   if (replacement.loss) {
-    restart_without_rank0(std::move(*replacement.loss), why);
+    restart_without_writer(replacement.rank, std::move(*replacement.loss), why);
     return;
   }
   log_.warn("rank {}'s replacement {}: the group goes on with {} ranks", replacement.rank, why,
@@ -316,7 +317,14 @@ void Controller::on_step_vote(WorkerSlot& worker, const protocol::StepVote& vote
     throw ProtocolError("a second STEP_VOTE on one step");
   }
   votes.ranks.push_back(worker.rank);
-  if (votes.ranks.size() < attempt.members.size()) return;
+  // Applied once every member voted. A rank lost since (its agent's word can
+  // come in the same pass as a vote) keeps the step from being applied: its
+  // vote does not count, and announce_losses tells the voters to do the step
+  // again in the survivors' group.
+  if (!attempt.lost_unannounced.empty()) return;
+  for (int rank : attempt.members) {
+    if (std::find(votes.ranks.begin(), votes.ranks.end(), rank) == votes.ranks.end()) return;
+  }
   protocol::StepDecision decision{vote.step, true};
   decision.reports = attempt.reports.iteration() - 1;  // a replacement's count begins there
   auto& replacement = attempt.replacement;

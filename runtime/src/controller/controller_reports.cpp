@@ -68,8 +68,9 @@ void Controller::on_done(WorkerSlot& worker) {
   if (attempt_->reports.waiting(worker.rank)) throw ProtocolError("DONE while its report waits");
   worker.done = true;
   attempt_->reports.finished(worker.rank);
-  // Rank 0's replacement, which a group that returned can take no more: a run
-  // does not end without rank 0, whose files its last checkpoints lack.
+  // The replacement of rank 0, or of a rank that writes into the checkpoints,
+  // which a group that returned can take no more: a run does not end without
+  // a rank whose files its last checkpoints lack.
   auto& replacement = attempt_->replacement;
   if (replacement && replacement->loss && !pending_replacement(worker)) {
     drop_replacement(replacement->loop_left
@@ -129,12 +130,10 @@ void Controller::release_report() {
   auto record = attempt.reports.release();
   const bool async = attempt.async_checkpoint && !attempt.async_checkpoint->released;
   if (async) {
-    *attempt.async_checkpoint = {true, record.iteration, record.metrics, now(), without_rank0()};
-  } else if (!attempt.async_checkpoint && without_rank0() && checkpoints_.staging()) {
-    drop_checkpoint(record.iteration);
+    *attempt.async_checkpoint = {true, record.iteration, record.metrics, now(), absent_ranks()};
   } else if (!attempt.async_checkpoint) {
     try {
-      record.checkpoint = checkpoints_.commit(record.iteration, record.metrics);
+      record.checkpoint = commit_unless_lacking(record.iteration, record.metrics, absent_ranks());
     } catch (const IoError& e) {
       fail_storage(std::string("checkpoint commit failed: ") + e.what());
       return;

@@ -1,10 +1,13 @@
 // Every thread's stack on request (stacks.h): the worker starts its own
 // executable again as a helper (`trainrun-worker --walk-stacks PID MS`), a
 // fresh process that inherits no lock and runs no fork handler, which stops
-// each thread with ptrace (as gdb and eu-stack do), walks its frames with
-// elfutils' libdw, lets it go on, and only then symbolizes. A thread stops
-// for the walk alone; a few waits (epoll_wait, semop) may return EINTR after
-// such a stop, as after any SIGSTOP.
+// the threads with ptrace (as gdb and eu-stack do), walks their frames with
+// elfutils' libdw and lets them go on. The threads are seized and
+// interrupted (PTRACE_SEIZE, PTRACE_INTERRUPT), not attached: PTRACE_ATTACH
+// stops a thread with a SIGSTOP, which a helper killed before the thread
+// stopped would leave pending, stopping the whole worker for good; a seized
+// thread whose tracer dies simply goes on. A few waits (epoll_wait, semop)
+// may return EINTR after such a stop.
 
 #include <cxxabi.h>
 #include <dirent.h>
@@ -14,6 +17,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,14 +106,54 @@ int on_frame(Dwfl_Frame* frame, void* arg) {
   return more ? DWARF_CB_OK : DWARF_CB_ABORT;
 }
 
-int on_thread(Dwfl_Thread* thread, void* arg) {
-  auto& walk = *static_cast<Walk*>(arg);
-  std::printf("T %d\n", static_cast<int>(::dwfl_thread_tid(thread)));
+// One stopped thread's program counters, innermost first.
+std::vector<Dwarf_Addr> walk_thread(Walk& walk, int tid) {
   walk.pcs.clear();
-  // The thread is stopped for the walk alone; its frames are named after.
-  ::dwfl_thread_getframes(thread, &on_frame, arg);
-  for (auto pc : walk.pcs) std::printf("F %s\n", describe(walk.dwfl, pc).c_str());
-  return SteadyClock::now() < walk.deadline ? DWARF_CB_OK : DWARF_CB_ABORT;
+  ::dwfl_getthread_frames(walk.dwfl, tid, &on_frame, &walk);
+  return walk.pcs;
+}
+
+// A thread stopped for the walk, and the signal it stopped with, to be
+// delivered as it goes on (0: none; it stopped for the interrupt).
+struct Stopped {
+  int tid;
+  int signal;
+};
+
+// Seizes every thread of `pid` and stops it in a ptrace trap, waiting for
+// each until `deadline`. Returns the threads stopped (a thread that ended,
+// or did not stop in time, is not). No signal is sent: a thread whose tracer
+// dies at any point goes on as if nothing happened.
+std::vector<Stopped> stop_threads(int pid, SteadyClock::time_point deadline) {
+  std::vector<int> seized;
+  DIR* dir = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+  if (dir == nullptr) return {};
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.' || seized.size() == kMaxThreads) continue;
+    const int tid = std::atoi(entry->d_name);
+    if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) continue;
+    seized.push_back(tid);
+    ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
+  }
+  ::closedir(dir);
+  std::vector<Stopped> stopped;
+  for (int tid : seized) {
+    while (true) {
+      int status = 0;
+      const pid_t got = ::waitpid(tid, &status, __WALL | WNOHANG);
+      if (got == tid && WIFSTOPPED(status)) {
+        // A signal came first (a signal-delivery stop, no ptrace event):
+        // it is handed back when the thread is let go, or it would be lost.
+        const bool delivery = (status >> 16) == 0;
+        stopped.push_back({tid, delivery ? WSTOPSIG(status) : 0});
+        break;
+      }
+      if (got < 0 && errno != EINTR) break;  // it ended
+      if (got == tid || SteadyClock::now() >= deadline) break;
+      ::usleep(200);
+    }
+  }
+  return stopped;
 }
 
 // ---- In the worker.
@@ -165,16 +209,38 @@ int walk_threads_main(int pid, int bound_ms) {
   // before it writes the byte that lets it start.
   char go = 0;
   if (::read(STDIN_FILENO, &go, 1) != 1) return 1;
+  const auto deadline = SteadyClock::now() + std::chrono::milliseconds(bound_ms);
   static const Dwfl_Callbacks kCallbacks = {&::dwfl_linux_proc_find_elf,
                                             &::dwfl_standard_find_debuginfo, nullptr, nullptr};
   Dwfl* dwfl = ::dwfl_begin(&kCallbacks);
   if (dwfl == nullptr) return 1;
-  int failed = ::dwfl_linux_proc_report(dwfl, pid) != 0 ||
-               ::dwfl_report_end(dwfl, nullptr, nullptr) != 0 ||
-               ::dwfl_linux_proc_attach(dwfl, pid, false) != 0;
+  int failed =
+      ::dwfl_linux_proc_report(dwfl, pid) != 0 || ::dwfl_report_end(dwfl, nullptr, nullptr) != 0;
+  // Stopped here, for libdw to read (it attaches none itself); only those
+  // are walked (a thread started since, or not stopped in time, is not).
+  const auto stopped = stop_threads(pid, deadline);
+  failed = failed || stopped.empty() || ::dwfl_linux_proc_attach(dwfl, pid, true) != 0;
+  std::vector<std::pair<int, std::vector<Dwarf_Addr>>> walked;
   if (!failed) {
-    Walk walk{dwfl, SteadyClock::now() + std::chrono::milliseconds(bound_ms), {}};
-    failed = ::dwfl_getthreads(dwfl, &on_thread, &walk) != 0;
+    Walk walk{dwfl, deadline, {}};
+    for (const auto& thread : stopped) {
+      if (SteadyClock::now() >= deadline) break;
+      walked.emplace_back(thread.tid, walk_thread(walk, thread.tid));
+    }
+  }
+  // Let go, then named: the threads stop for the unwinding alone.
+  for (const auto& thread : stopped) {
+    ::ptrace(PTRACE_DETACH, thread.tid, nullptr,
+             reinterpret_cast<void*>(static_cast<intptr_t>(thread.signal)));
+  }
+  // Past the bound, addresses only: the worker waits a second or two more.
+  const auto naming_ends = deadline + std::chrono::seconds(1);
+  for (const auto& [tid, pcs] : walked) {
+    std::printf("T %d\n", tid);
+    for (auto pc : pcs) {
+      const auto frame = SteadyClock::now() < naming_ends ? describe(dwfl, pc) : hex(pc);
+      std::printf("F %s\n", frame.c_str());
+    }
   }
   ::dwfl_end(dwfl);
   std::fflush(stdout);
@@ -217,7 +283,8 @@ std::vector<ThreadStack> all_threads(std::chrono::milliseconds bound) {
   const auto text =
       read_until(from_helper.get(), SteadyClock::now() + bound + std::chrono::seconds(2));
   ::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
-  // Done by now; one that is not is given up on (its threads are let go as it dies).
+  // Done by now; one that is not is given up on (the threads it seized go on
+  // as it dies).
   ::kill(helper, SIGKILL);
   while (::waitpid(helper, nullptr, 0) < 0 && errno == EINTR) {
   }

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -103,6 +104,21 @@ size_t find(const Frame* frames, size_t count, Frame address) {
   return count;
 }
 
+// The word at `address`, or null where nothing can be read there: after a
+// stack overflow the stack pointer is in the guard page, and a plain read
+// would fault again inside the handler. process_vm_readv fails with EFAULT
+// instead, and is async-signal-safe (a system call).
+[[maybe_unused]] Frame read_word(const void* address) {
+  Frame word = nullptr;
+  iovec local{&word, sizeof(word)};
+  iovec remote{const_cast<void*>(address), sizeof(word)};
+  if (address == nullptr || ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) !=
+                                static_cast<ssize_t>(sizeof(word))) {
+    return nullptr;
+  }
+  return word;
+}
+
 // The stack a signal interrupted, from its instruction on: a handler's own
 // frames and the kernel's trampoline are not the thread's. When the unwinder
 // could not get past that instruction (a call through a null pointer, where
@@ -113,8 +129,7 @@ size_t interrupted_stack(Frame* frames, size_t count, void* context) {
   const auto& machine = static_cast<ucontext_t*>(context)->uc_mcontext;
 #if defined(__x86_64__)
   const auto pc = reinterpret_cast<Frame>(machine.gregs[REG_RIP]);
-  const auto* sp = reinterpret_cast<const Frame*>(machine.gregs[REG_RSP]);
-  const Frame caller = sp != nullptr ? *sp : nullptr;
+  const Frame caller = read_word(reinterpret_cast<const void*>(machine.gregs[REG_RSP]));
 #elif defined(__aarch64__)
   const auto pc = reinterpret_cast<Frame>(machine.pc);
   const auto caller = reinterpret_cast<Frame>(machine.regs[30]);

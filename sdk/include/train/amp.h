@@ -88,8 +88,10 @@ struct GradScalerOptions {
   /// path for float32 and float16 runs.
   TORCH_ARG(bool, enabled) = true;
   /// The ranks that agree whether a step is skipped: one small allreduce
-  /// (MAX) per step. None: the run's process group inside a train function of
-  /// more than one worker, no agreement otherwise.
+  /// (MAX) per step. None: the group the run's collectives use at each step
+  /// (with --recovery in-place, the survivors' after a rank is lost, the
+  /// allreduce done again there as train::all_reduce does), no agreement
+  /// outside a train function of more than one worker.
   TORCH_ARG(c10::intrusive_ptr<c10d::ProcessGroup>, process_group) = {};
 };
 
@@ -97,8 +99,8 @@ struct GradScalerOptions {
 /// gradients hold inf or NaN on any rank is skipped on every rank, and the
 /// scale backs off; a run of good steps grows it again. Its state (scale and
 /// growth tracker) goes into a checkpoint with save() and comes back with
-/// load(). Not thread-safe: one per training loop. It holds the run's process
-/// group: let it go with the train function.
+/// load(). Not thread-safe: one per training loop. A process group given in
+/// its options is held: let it go with the train function.
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});

@@ -136,8 +136,13 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   void reset(c10::optional<size_t> new_size = c10::nullopt) override;
   /// The next `batch_size` indices (fewer at the end), or none when done.
   c10::optional<std::vector<size_t>> next(size_t batch_size) override;
-  /// The epoch and how many indices were given, under the names of LibTorch's
-  /// DistributedRandomSampler, so that either loads the other's.
+  /// A loader handed `samples` more of this epoch's indices to the train
+  /// function (0: it began the epoch). From then until the next reset, save()
+  /// counts these, not the indices its threads asked for ahead.
+  void yielded(size_t samples);
+  /// The epoch and how many of its indices were used: those a loader handed
+  /// out (yielded), or without a loader, those next() gave. Under the names of
+  /// LibTorch's DistributedRandomSampler, so that either loads the other's.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -151,7 +156,9 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
     size_t size = 0;
     size_t epoch = 0;
     std::vector<size_t> indices;                      // this rank's, this epoch
+    size_t start = 0;                                 // where the epoch started (a resume's)
     size_t position = 0;                              // how many of them next() has given
+    c10::optional<size_t> yielded;                    // ... a loader handed out, counting
     c10::optional<std::pair<size_t, size_t>> resume;  // load's epoch and position
   };
   std::shared_ptr<State> state_ = std::make_shared<State>();
@@ -341,28 +348,34 @@ class DataLoader {
     /// `position`: the loader's, which operator++ moves on. `inner`: the
     /// loader `it` reads from, kept while the iterator is (a begin() that
     /// follows makes another).
+    /// `sampler`: told of each batch handed out, where it counts them (null: none).
     Iterator(std::shared_ptr<Inner> inner, InnerIterator it, c10::Device device, Position* position,
-             detail::LoaderProgress* progress = nullptr, c10::optional<size_t> limit = c10::nullopt)
+             detail::LoaderProgress* progress = nullptr, c10::optional<size_t> limit = c10::nullopt,
+             Sampler* sampler = nullptr)
         : inner_(std::move(inner)),
           it_(std::move(it)),
           device_(device),
           progress_(progress),
           left_(limit.value_or(0)),
           limited_(limit && *limit == 0),
-          position_(position) {}
+          position_(position),
+          sampler_(sampler) {}
     Batch& operator*() {
       if (!current_) {
         Batch& batch = *it_;
         current_ = device_.is_cpu() ? batch : detail::to_device(batch, device_);
+        if constexpr (has_yielded<Sampler>::value) {
+          if (sampler_ != nullptr) sampler_->yielded(samples_in(*current_));
+        }
       }
       return *current_;
     }
     Iterator& operator++() {
       detail::profile_point(/*batch_done=*/true);
-      if (progress_ != nullptr) {
-        const auto& data = current_ ? current_->data : (*it_).data;
-        progress_->batch_done(data.dim() > 0 ? data.size(0) : 1);
+      if constexpr (has_yielded<Sampler>::value) {  // passed over without a look: handed too
+        if (sampler_ != nullptr && !current_) sampler_->yielded(samples_in(*it_));
       }
+      if (progress_ != nullptr) progress_->batch_done(samples_in(current_ ? *current_ : *it_));
       if (++position_->next; position_->driving) {
         detail::epochs_loop_boundary(position_->epoch, position_->next);
       }
@@ -380,6 +393,10 @@ class DataLoader {
     }
 
    private:
+    static int64_t samples_in(const Batch& batch) {
+      return batch.data.dim() > 0 ? batch.data.size(0) : 1;
+    }
+
     std::shared_ptr<Inner> inner_;
     InnerIterator it_;
     c10::Device device_;
@@ -388,6 +405,7 @@ class DataLoader {
     size_t left_;   // batches still to yield under the limit; 0: no limit
     bool limited_;  // the limit was reached
     Position* position_;
+    Sampler* sampler_;
   };
 
   /// The epochs [first, end) of a training loop, each set with set_epoch
@@ -490,7 +508,9 @@ class DataLoader {
     position_.next = resumed;
     position_.driving = std::exchange(position_.armed, false);
     if (position_.driving) detail::epochs_loop_pass_begins();
-    return Iterator(inner_, inner_->begin(), device_, &position_, shown, limit);
+    auto first = inner_->begin();  // resets the sampler, and starts the threads ahead
+    if constexpr (has_yielded<Sampler>::value) sampler_.yielded(0);
+    return Iterator(inner_, std::move(first), device_, &position_, shown, limit, &sampler_);
   }
   Iterator end() { return Iterator(inner_, inner_->end(), device_, &position_); }
 
@@ -525,6 +545,11 @@ class DataLoader {
   struct has_resume : std::false_type {};
   template <typename S>
   struct has_resume<S, std::void_t<decltype(std::declval<S&>().resume(size_t{0}, size_t{0}))>>
+      : std::true_type {};
+  template <typename S, typename = void>
+  struct has_yielded : std::false_type {};
+  template <typename S>
+  struct has_yielded<S, std::void_t<decltype(std::declval<S&>().yielded(size_t{0}))>>
       : std::true_type {};
   template <typename D, typename = void>
   struct has_pin_memory : std::false_type {};

@@ -14,11 +14,11 @@
 ///
 /// LibTorch's C++ optimizers update one parameter at a time: about eight
 /// kernels per tensor, some 500 launches per ResNet-18 step, which on a GPU
-/// costs more than the step's arithmetic. These choose their path per step as
-/// PyTorch's torch/optim/adam.py chooses it, inside, never in the caller's loop:
-/// one fused ATen kernel per device and dtype where the LibTorch line has one
-/// for that device (`_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`), else the
-/// multi-tensor `_foreach_*` ops. Each is a torch::optim optimizer (it derives
+/// costs more than the step's arithmetic. These choose their path per step,
+/// inside, never in the caller's loop (see Kernels::kAuto): on a CUDA device
+/// one fused ATen kernel per dtype (`_fused_adam_`, `_fused_adamw_`,
+/// `_fused_sgd_`), elsewhere the multi-tensor `_foreach_*` ops, which compute
+/// on the CPU exactly what torch::optim computes. Each is a torch::optim optimizer (it derives
 /// from torch::optim::Adam, ...): LR schedulers, train::GradScaler,
 /// torch::save and torch::load take it as they take LibTorch's. Not
 /// thread-safe, like LibTorch's.
@@ -84,11 +84,15 @@ using AdamWOptions = torch::optim::AdamWOptions;
 using AdamWParamState = torch::optim::AdamWParamState;
 
 /// How an optimizer updates its parameters (PyTorch's `foreach` and `fused`
-/// arguments). kAuto, the default, takes the fused kernel where the LibTorch
-/// line has one for the parameters' device and dtype, else kForeach; the others
-/// force a path, for comparisons and for code that must match torch::optim bit
-/// for bit (kPerTensor).
+/// arguments); the others force a path, for comparisons.
 enum class Kernels {
+  /// The default. On a CUDA device the fused kernel (where the LibTorch line
+  /// has one for the dtype): one launch per step, and the only path a step
+  /// captured in a CUDA graph can take. Its values differ from torch::optim's
+  /// in the last bits, as PyTorch's `fused=True` does (PyTorch's own default
+  /// there is foreach). Elsewhere kForeach, which on the CPU is bit for bit
+  /// torch::optim's (LibTorch 2.4 and later have fused CPU kernels, faster
+  /// but not bit-equal: ask for kFused).
   kAuto,
   /// One parameter at a time, the ops of torch::optim, in its order.
   kPerTensor,

@@ -42,7 +42,6 @@ GradScaler::GradScaler(GradScalerOptions options)
         "train::GradScaler: needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
         "and growth_interval >= 1");
   }
-  if (!options_.process_group()) options_.process_group(detail::run_group_or_null());
 }
 
 void GradScaler::place(torch::Device device) {
@@ -98,10 +97,15 @@ void GradScaler::check_gradients(torch::optim::Optimizer& optimizer) const {
 void GradScaler::agree(torch::Tensor& found) const {
   // Every rank skips the step if one found inf or NaN: gradients outside the
   // reducer (or accumulated without synchronisation) may differ by rank.
-  if (const auto& group = options_.process_group(); group && group->getSize() > 1) {
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  const auto& group = options_.process_group();
+  if (!group) {
+    // The run's group as it is now: a rank lost in place leaves the
+    // survivors' (the group it was built in has ended).
+    detail::allreduce_surviving(found, max);
+  } else if (group->getSize() > 1) {
     std::vector<torch::Tensor> tensors{found};
-    c10d::AllreduceOptions max;
-    max.reduceOp = c10d::ReduceOp::MAX;
     group->allreduce(tensors, max)->wait();
   }
 }

@@ -86,14 +86,6 @@ std::vector<torch::optim::Optimizer*> known_optimizers() {
   return known();
 }
 
-std::string saved(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
 std::string rank_name() { return "rank " + std::to_string(get_context().world_rank()); }
 
 constexpr const char* kScalerReason =
@@ -179,12 +171,7 @@ Membership hand_over_to_replacement(const LoopPosition* position) {
       for (size_t i = 0; i < optimizers.size(); ++i) {
         write_int(state, "optimizer_states_" + std::to_string(i),
                   static_cast<int64_t>(optimizers[i]->state().size()));
-        const auto bytes = saved(*optimizers[i]);
-        state.write("optimizer_" + std::to_string(i),
-                    torch::from_blob(const_cast<char*>(bytes.data()),
-                                     {static_cast<int64_t>(bytes.size())}, torch::kUInt8)
-                        .clone(),
-                    /*is_buffer=*/true);
+        write_bytes(state, "optimizer_" + std::to_string(i), saved_optimizer(*optimizers[i]));
       }
     }
     std::ostringstream out;
@@ -211,11 +198,7 @@ Membership join_as_replacement() {
     received.position = LoopPosition{read_int(state, "epoch"), read_int(state, "batch")};
     const int64_t count = read_int(state, "optimizers");
     for (int64_t i = 0; i < count; ++i) {
-      torch::Tensor saved;
-      state.read("optimizer_" + std::to_string(i), saved, /*is_buffer=*/true);
-      saved = saved.contiguous();
-      received.optimizers.emplace_back(static_cast<const char*>(saved.data_ptr()),
-                                       static_cast<size_t>(saved.numel()));
+      received.optimizers.push_back(read_bytes(state, "optimizer_" + std::to_string(i)));
       received.optimizer_states.push_back(read_int(state, "optimizer_states_" + std::to_string(i)));
     }
   }
@@ -309,10 +292,7 @@ LoopStart begin_epochs_loop(bool resumable) {
         ": every rank must build the same optimizers before its loop");
   }
   for (size_t i = 0; i < optimizers.size(); ++i) {
-    std::istringstream in(received.optimizers[i]);
-    torch::serialize::InputArchive archive;
-    archive.load_from(in, get_context().device());
-    optimizers[i]->load(archive);
+    load_optimizer(*optimizers[i], received.optimizers[i], get_context().device());
     const auto states = static_cast<int64_t>(optimizers[i]->state().size());
     if (states != received.optimizer_states[i]) {
       throw std::runtime_error("train: " + rank_name() +
@@ -357,6 +337,36 @@ void end_epochs_loop() {
   g_top_of_epoch_serial = 0;
   g_synchronised.reset();
   declare_joinable(false);  // no step boundary follows
+}
+
+std::string saved_optimizer(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void write_bytes(torch::serialize::OutputArchive& archive, const std::string& key,
+                 const std::string& bytes) {
+  auto view = torch::from_blob(const_cast<char*>(bytes.data()),
+                               {static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  archive.write(key, view.clone(), /*is_buffer=*/true);
+}
+
+std::string read_bytes(torch::serialize::InputArchive& archive, const std::string& key) {
+  torch::Tensor bytes;
+  archive.read(key, bytes, /*is_buffer=*/true);
+  bytes = bytes.to(torch::kCPU).contiguous();
+  return {static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())};
+}
+
+void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                    torch::Device device) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in, device);
+  optimizer.load(archive);
 }
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 // where a survivor takes it. Used by prepare_model (the replacement joins
 // there), train::Trainer and loops over a loader's epochs().
 
+#include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
@@ -31,6 +32,18 @@ Membership hand_over_to_replacement(const LoopPosition* position);
 /// On the replacement, in its first prepare_model: joins the group and takes
 /// what hand_over_to_replacement sent; the models' parameters come next.
 Membership join_as_replacement();
+
+/// `optimizer`'s saved archive, as bytes, and the same into an archive under
+/// `key` (a uint8 buffer).
+std::string saved_optimizer(const torch::optim::Optimizer& optimizer);
+void write_bytes(torch::serialize::OutputArchive& archive, const std::string& key,
+                 const std::string& bytes);
+std::string read_bytes(torch::serialize::InputArchive& archive, const std::string& key);
+
+/// Loads saved_optimizer's bytes into `optimizer`, its state's tensors onto
+/// `device` (its parameters'), as torch::load(optimizer, file, device) does.
+void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                    torch::Device device);
 
 /// Whether this rank replaces a lost one and has not caught up yet: it has not
 /// joined, or joined and its loop over epochs() has not begun its first

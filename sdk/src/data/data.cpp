@@ -66,7 +66,15 @@ void DistributedSampler::reset(c10::optional<size_t> new_size) {
   if (state.resume && state.resume->first == state.epoch) {
     state.position = std::min(state.resume->second, state.indices.size());
   }
+  state.start = state.position;
   state.resume.reset();
+  state.yielded.reset();
+}
+
+void DistributedSampler::yielded(size_t samples) {
+  auto& state = *state_;
+  // Counted from where the epoch started: its first index, or a resumed position.
+  state.yielded = std::min(state.yielded.value_or(state.start) + samples, state.indices.size());
 }
 
 c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
@@ -80,7 +88,9 @@ c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
 }
 
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
-  archive.write("sample_index_", torch::tensor(static_cast<int64_t>(state_->position)), true);
+  // What the train function was handed: a loader's threads ask for more ahead.
+  const size_t used = state_->yielded.value_or(state_->position);
+  archive.write("sample_index_", torch::tensor(static_cast<int64_t>(used)), true);
   archive.write("epoch_", torch::tensor(static_cast<int64_t>(state_->epoch)), true);
 }
 
@@ -91,7 +101,7 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   archive.read("sample_index_", value, true);
   const auto position = static_cast<size_t>(value.item<int64_t>());
   reset();
-  state_->position = std::min(position, state_->indices.size());
+  state_->position = state_->start = std::min(position, state_->indices.size());
   // The loader resets the sampler as the epoch begins: the position holds then too.
   state_->resume = std::make_pair(state_->epoch, position);
 }
@@ -243,25 +253,32 @@ void check_same_dataset_size(size_t size, const char* caller) {
   if (catching_up()) return;
   auto group = current_membership().group;
   if (!group) return;
-  auto mine = torch::tensor({static_cast<int64_t>(size)}, torch::kLong).to(ctx.device());
-  std::vector<int64_t> sizes;
+  // Each rank's size and world rank: after a recovery in place the group's
+  // ranks are not the world's.
+  auto mine = torch::tensor({static_cast<int64_t>(size), static_cast<int64_t>(ctx.world_rank())},
+                            torch::kLong)
+                  .to(ctx.device());
+  std::vector<std::pair<int64_t, int64_t>> sizes;  // by group rank: size, world rank
   // A rank lost meanwhile: the survivors check again, in their group.
   run_surviving([&](c10d::ProcessGroup& survivors) {
     sizes.clear();
-    for (const auto& t : allgather(survivors, mine)) sizes.push_back(t.item<int64_t>());
+    for (const auto& t : allgather(survivors, mine)) {
+      sizes.emplace_back(t[0].item<int64_t>(), t[1].item<int64_t>());
+    }
   });
   std::string others;
-  int first = -1;
-  for (size_t r = 1; r < sizes.size(); ++r) {  // the group's ranks (fewer after a recovery)
-    if (sizes[r] == sizes[0]) continue;
-    if (first < 0) first = static_cast<int>(r);
-    others += (others.empty() ? "" : ", ") + std::to_string(r);
+  size_t first = 0;
+  for (size_t r = 1; r < sizes.size(); ++r) {
+    if (sizes[r].first == sizes[0].first) continue;
+    if (first == 0) first = r;
+    others += (others.empty() ? "" : ", ") + std::to_string(sizes[r].second);
   }
-  if (first < 0) return;
-  throw std::runtime_error(std::string(caller) + ": the dataset has " + std::to_string(sizes[0]) +
-                           " samples on rank 0 and " + std::to_string(sizes[first]) + " on rank " +
-                           std::to_string(first) +
-                           " (ranks whose size differs from rank 0's: " + others +
+  if (first == 0) return;
+  const auto rank = [&](size_t r) { return "rank " + std::to_string(sizes[r].second); };
+  throw std::runtime_error(std::string(caller) + ": the dataset has " +
+                           std::to_string(sizes[0].first) + " samples on " + rank(0) + " and " +
+                           std::to_string(sizes[first].first) + " on " + rank(first) +
+                           " (ranks whose size differs from " + rank(0) + "'s: " + others +
                            "). Every rank must pass the same dataset: the ranks split it by its "
                            "size, so different sizes skip or repeat samples");
 }

@@ -11,6 +11,10 @@
 
 #include "core/collectives.h"
 
+// Inlined: the SDK is linked into plugins, which then need no library of xxHash's.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace train::detail {
 namespace {
 
@@ -163,36 +167,48 @@ void verify_same_model(const torch::nn::Module& module, const ModelOptions& opti
                            "ModelOptions to prepare_model");
 }
 
-torch::Tensor bit_checksum(const torch::Tensor& tensor) {
-  auto flat = tensor.detach().contiguous().view({-1});
-  auto word = torch::kInt;  // 4-, 8- and 16-byte elements: as 32-bit words
-  if (flat.element_size() == 1) word = torch::kChar;
-  if (flat.element_size() == 2) word = torch::kShort;
-  // Integer sums are exact, so the order of summation (threads, devices) does
-  // not matter; one changed bit changes the sum.
-  return flat.view(word).sum(torch::kLong);
+int64_t bit_hash(const torch::Tensor& tensor) {
+  const auto bytes = tensor.detach().to(torch::kCPU).contiguous();
+  const uint64_t hash = XXH3_64bits(bytes.data_ptr(), bytes.nbytes());
+  int64_t word = 0;
+  std::memcpy(&word, &hash, sizeof(word));
+  return word;
 }
 
 void check_replicas_equal(const std::vector<ReplicaModel>& models, c10d::ProcessGroup& group,
                           torch::Device device, const std::string& caller) {
   if (models.empty()) return;
   // Laid out the same on every rank, whatever happened since prepare_model:
-  // per model, its parameter count now, then one checksum per parameter.
-  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
-  std::vector<torch::Tensor> parts;
+  // per model, its parameter count now, then one hash per parameter (zeros
+  // where the count changed).
+  std::vector<int64_t> words;
+  std::vector<torch::Tensor> on_host, elsewhere;  // hashed into words[at]
+  std::vector<size_t> host_at, elsewhere_at;
   for (const auto& model : models) {
     auto params = model.module ? model.module->parameters() : std::vector<torch::Tensor>{};
-    parts.push_back(torch::full({1}, static_cast<int64_t>(params.size()), longs));
-    if (params.size() == model.num_parameters) {
-      for (const auto& p : params) parts.push_back(bit_checksum(p).to(device).reshape({1}));
-    } else {
-      parts.push_back(torch::zeros({static_cast<int64_t>(model.num_parameters)}, longs));
+    words.push_back(static_cast<int64_t>(params.size()));
+    const bool same = params.size() == model.num_parameters;
+    for (size_t i = 0; i < model.num_parameters; ++i) {
+      if (same) {
+        (params[i].is_cpu() ? host_at : elsewhere_at).push_back(words.size());
+        (params[i].is_cpu() ? on_host : elsewhere).push_back(params[i]);
+      }
+      words.push_back(0);
     }
   }
-  auto sums = torch::cat(parts);
+  // On the intra-op threads, a parameter each; one on a device is copied to
+  // the host and hashed before the next is copied, so no more than one such
+  // copy is held at a time.
+  at::parallel_for(0, static_cast<int64_t>(on_host.size()), 1, [&](int64_t begin, int64_t end) {
+    for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
+      words[host_at[i]] = bit_hash(on_host[i]);
+    }
+  });
+  for (size_t i = 0; i < elsewhere.size(); ++i) words[elsewhere_at[i]] = bit_hash(elsewhere[i]);
+  auto sums = torch::tensor(words, torch::kLong).to(device);
   const int64_t length = sums.numel();
 
-  // MAX of the sums and of their complements: the largest and smallest value
+  // MAX of the hashes and of their complements: the largest and smallest value
   // of each in one collective. They match exactly when every rank agrees.
   std::vector<torch::Tensor> extremes{torch::cat({sums, sums.bitwise_not()})};
   c10d::AllreduceOptions max;
@@ -239,7 +255,7 @@ void check_replicas_equal(const std::vector<ReplicaModel>& models, c10d::Process
         "every rank (or before prepare_model), never on some ranks only. "
         "train::ModelOptions().check_divergence(false) turns this check off");
   }
-  throw std::logic_error(caller + ": a checksum beyond the prepared models differs");
+  throw std::logic_error(caller + ": a hash beyond the prepared models differs");
 }
 
 }  // namespace train::detail

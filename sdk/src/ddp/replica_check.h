@@ -57,17 +57,19 @@ struct ReplicaModel {
   size_t num_parameters = 0;                  // when it was prepared: the same on every rank
 };
 
-/// An exact, order-independent checksum of a tensor's bits: the sum of its
-/// elements' bit patterns read as integers. Equal tensors give equal sums on
-/// any device and with any number of threads. Returns a 0-d int64 tensor on
-/// the tensor's device.
-torch::Tensor bit_checksum(const torch::Tensor& tensor);
+/// A 64-bit hash (XXH3) of a tensor's bytes in the order of its elements
+/// (row-major, whatever its strides): equal tensors hash alike on any device;
+/// a changed bit, or the same values in another order, hashes otherwise but
+/// for a chance of 2^-64. A tensor on a device is copied to the host first.
+int64_t bit_hash(const torch::Tensor& tensor);
 
 /// Throws std::runtime_error on every rank, naming the first parameter that
 /// differs and the ranks that hold another value than rank 0, unless every
-/// rank's parameters of `models` are bitwise equal. `caller` opens the
-/// message. One allreduce of 16 bytes per parameter when they agree.
-/// Collective tensors live on `device`.
+/// rank's parameters of `models` hash alike: bit-identical but for a chance
+/// of 2^-64 per parameter. Buffers are not checked: they are broadcast from
+/// rank 0 after every synchronised backward (broadcast_buffers), or each
+/// rank's own by design. `caller` opens the message. One allreduce of 16
+/// bytes per parameter when they agree. Collective tensors live on `device`.
 void check_replicas_equal(const std::vector<ReplicaModel>& models, c10d::ProcessGroup& group,
                           torch::Device device, const std::string& caller);
 

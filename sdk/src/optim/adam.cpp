@@ -398,6 +398,9 @@ void AdamFamily<LibTorchAdam, Options, State, kDecoupled>::save(
 template <typename LibTorchAdam, typename Options, typename State, bool kDecoupled>
 void AdamFamily<LibTorchAdam, Options, State, kDecoupled>::load(
     torch::serialize::InputArchive& archive) {
+  // The device's counts into the state first: a parameter the archive has no
+  // state for keeps its own, which must be its real count.
+  sync_steps();
   LibTorchAdam::load(archive);
   device_steps_ = {};
 }

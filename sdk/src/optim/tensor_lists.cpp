@@ -85,7 +85,12 @@ Kernels path_for(Kernels asked, Fused fused, const TensorLists& lists) {
   if (asked == Kernels::kForeach) return asked;
   const bool floating = lists.dtype == torch::kFloat || lists.dtype == torch::kDouble ||
                         lists.dtype == torch::kHalf || lists.dtype == torch::kBFloat16;
-  if (floating && lists.alike && has_fused(fused, lists.device.type())) return Kernels::kFused;
+  // Automatically only on CUDA: elsewhere the fused kernels are not bit-equal
+  // to torch::optim, which a one-line swap of optimizers should keep.
+  const bool wanted = asked == Kernels::kFused || lists.device.is_cuda();
+  if (wanted && floating && lists.alike && has_fused(fused, lists.device.type())) {
+    return Kernels::kFused;
+  }
   return Kernels::kForeach;
 }
 

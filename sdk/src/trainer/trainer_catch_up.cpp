@@ -46,9 +46,8 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
   if (first) {
     torch::serialize::OutputArchive state;
     write_state(trainer, state);
-    torch::serialize::OutputArchive optimizer_state;
-    optimizer->save(optimizer_state);
-    state.write("optimizer", optimizer_state);
+    // As bytes, loaded apart onto the parameters' device (the rest onto the CPU).
+    detail::write_bytes(state, "optimizer", detail::saved_optimizer(*optimizer));
     write_int(state, "seed", static_cast<int64_t>(detail::generator_digest() >> 1));
     write_int(state, "rank", context.world_rank());
     write_int(state, "models", static_cast<int64_t>(detail::prepared_model_count()));
@@ -112,9 +111,7 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
   train_log.load(log);
   train_log.zero_sums();
   read_rest(trainer, state, "the state of rank " + std::to_string(from), [&] {
-    torch::serialize::InputArchive optimizer_state;
-    state.read("optimizer", optimizer_state);
-    optimizer->load(optimizer_state);
+    detail::load_optimizer(*optimizer, detail::read_bytes(state, "optimizer"), device);
   });
   // Its own generators, not a copy of the first rank's (dropout masks would
   // repeat its), derived from them and this rank.

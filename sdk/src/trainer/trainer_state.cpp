@@ -136,9 +136,18 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
   read_rest(trainer, state, "checkpoint " + checkpoint.path().string(), [&] {
     torch::load(*optimizer, required(checkpoint, kOptimizerFile).string(), device);
   });
-  // This rank's own file, when the checkpoint has one for it (a regroup to
-  // more workers leaves the new ranks' generators as they are).
+  // This rank's own file, which every rank of the world that saved it wrote
+  // (a regroup to more workers leaves the new ranks' generators as they are).
   auto own = checkpoint.path() / rank_file(context.world_rank());
+  if (!std::filesystem::exists(own) && context.world_rank() < saved_world) {
+    throw std::runtime_error(
+        "train::Trainer: checkpoint " + checkpoint.path().string() + " has no " +
+        rank_file(context.world_rank()) + ", which rank " + std::to_string(context.world_rank()) +
+        " of the " + std::to_string(saved_world) +
+        " that saved it writes (its random generators and the epoch's partial sums): it is "
+        "incomplete, and resuming from it would not go on as the run left off; resume from an "
+        "earlier checkpoint");
+  }
   if (std::filesystem::exists(own)) {
     torch::serialize::InputArchive mine;
     mine.load_from(own.string(), torch::Device(torch::kCPU));
