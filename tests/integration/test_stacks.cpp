@@ -3,7 +3,9 @@
 // with the crashes.
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,31 +121,65 @@ bool any_thread_stopped(pid_t pid) {
   return false;
 }
 
+// The pid tracing thread `tid` of `pid` (0: none).
+pid_t tracer_of(pid_t pid, pid_t tid) {
+  const auto status = read_text(std::filesystem::path("/proc") / std::to_string(pid) / "task" /
+                                std::to_string(tid) / "status");
+  const auto at = status.find("TracerPid:");
+  return at == std::string::npos ? 0 : std::atoi(status.c_str() + at + 10);
+}
+
+// A child that sleeps a while, and the wait for it in vfork(): a stop signal
+// sent to the waiting thread stays pending until the child ends.
+__attribute__((noinline)) void vfork_once() {
+  const pid_t child = ::vfork();
+  if (child == 0) {
+    const struct timespec pause { 0, 200'000'000 };
+    ::syscall(SYS_nanosleep, &pause, nullptr);
+    ::_exit(0);
+  }
+  if (child > 0) ::waitpid(child, nullptr, 0);
+}
+
 }  // namespace
 
-TEST_CASE("a stack-walking helper killed at any point leaves no thread of the worker stopped") {
-  // A stand-in for a worker: a process of a few threads that sleep.
+TEST_CASE("a stack-walking helper killed while it stops the threads leaves none of them stopped") {
+  // A stand-in for a worker: threads that sleep, and one that waits in
+  // vfork() most of the time, as a thread in a system call that a signal
+  // does not interrupt. PTRACE_ATTACH's SIGSTOP would wait there, and stop
+  // the whole process after the helper that sent it died.
+  int tid_pipe[2];
+  REQUIRE(::pipe(tid_pipe) == 0);
   const pid_t target = ::fork();
   REQUIRE(target >= 0);
   if (target == 0) {
     std::vector<std::thread> threads;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 2; ++i) {
       threads.emplace_back([] {
         for (int n = 0; n < 6000; ++n) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       });
     }
+    threads.emplace_back([&] {
+      const pid_t tid = static_cast<pid_t>(::syscall(SYS_gettid));
+      [[maybe_unused]] auto sent = ::write(tid_pipe[1], &tid, sizeof(tid));
+      for (int n = 0; n < 300; ++n) vfork_once();
+    });
     for (auto& thread : threads) thread.join();
     ::_exit(0);
   }
+  pid_t vforking = 0;
+  REQUIRE(::read(tid_pipe[0], &vforking, sizeof(vforking)) == sizeof(vforking));
+  ::close(tid_pipe[0]);
+  ::close(tid_pipe[1]);
   const auto helper_exe =
       (std::filesystem::path(TRAINRUN_EXE).parent_path() / "trainrun-worker").string();
   const auto target_pid = std::to_string(target);
-  // Runs the helper on the target; with `kill_after`, kills it then. Returns
-  // what it wrote.
-  auto walk = [&](std::optional<std::chrono::milliseconds> kill_after) {
+  // Runs the helper on the target; with `kill`, kills it once it traces the
+  // vforking thread. Returns what it wrote.
+  auto walk = [&](bool kill) {
     int go[2], out[2];
-    REQUIRE(::pipe(go) == 0);
-    REQUIRE(::pipe(out) == 0);
+    REQUIRE(::pipe2(go, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     const pid_t helper = ::fork();
     REQUIRE(helper >= 0);
     if (helper == 0) {
@@ -156,8 +192,11 @@ TEST_CASE("a stack-walking helper killed at any point leaves no thread of the wo
     ::close(go[0]);
     ::close(out[1]);
     CHECK(::write(go[1], "g", 1) == 1);
-    if (kill_after) {
-      std::this_thread::sleep_for(*kill_after);
+    if (kill) {
+      for (int i = 0; i < 5000 && tracer_of(target, vforking) != helper; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      CHECK(tracer_of(target, vforking) == helper);
       ::kill(helper, SIGKILL);
     }
     std::string text;
@@ -168,12 +207,12 @@ TEST_CASE("a stack-walking helper killed at any point leaves no thread of the wo
     ::close(out[0]);
     return text;
   };
-  // Left alone, it walks every thread: the target's four, each with frames.
   while (std::distance(std::filesystem::directory_iterator("/proc/" + target_pid + "/task"),
                        std::filesystem::directory_iterator{}) < 4) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const auto whole = walk(std::nullopt);
+  // Left alone, it walks every thread: the target's four, each with frames.
+  const auto whole = walk(false);
   INFO(whole);
   size_t threads = 0;
   for (auto at = whole.find("T "); at != std::string::npos; at = whole.find("\nT ", at + 1)) {
@@ -181,23 +220,20 @@ TEST_CASE("a stack-walking helper killed at any point leaves no thread of the wo
   }
   CHECK(threads == 4);
   CHECK(whole.find("\nF ") != std::string::npos);
-  CHECK_FALSE(any_thread_stopped(target));
-  // The worker's helper, killed with SIGKILL after 0 to 57 ms: before,
-  // during and after it stops the threads (a walk takes some 10-100 ms here).
-  int stopped_after = -1;
-  for (int delay_ms = 0; delay_ms < 60 && stopped_after < 0; delay_ms += 3) {
-    walk(std::chrono::milliseconds(delay_ms));
-    // A thread in a ptrace stop is let go as its tracer dies; one stopped for
-    // good stays so.
+  // Killed while it traces the vforking thread, a few times over: once the
+  // vfork has ended (200 ms), no thread of the target is stopped.
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    walk(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
     bool stopped = any_thread_stopped(target);
-    for (int i = 0; i < 100 && stopped; ++i) {
+    for (int i = 0; i < 100 && stopped; ++i) {  // a ptrace stop being let go
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       stopped = any_thread_stopped(target);
     }
-    if (stopped) stopped_after = delay_ms;
+    CHECK_FALSE(stopped);
+    if (stopped) break;
   }
-  CHECK_MESSAGE(stopped_after < 0, "the worker stayed stopped after its helper was killed at "
-                                       << stopped_after << " ms");
   ::kill(target, SIGKILL);
   ::waitpid(target, nullptr, 0);
 }
