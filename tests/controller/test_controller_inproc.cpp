@@ -288,6 +288,14 @@ TEST_CASE("in-process controller: a stop during the back-off ends the run at onc
 
 namespace {
 
+// Recovery in place, and no rank lost by a heartbeat while the clock runs.
+TrainerOptions in_place_options(int workers) {
+  auto opts = options(workers);
+  opts.failure.in_place = true;
+  opts.run.heartbeat_timeout = 600s;
+  return opts;
+}
+
 // Three workers of a node agent, started and in the group: by world rank.
 struct AgentGroup {
   AgentGroup(InprocRun& run) : agent(run.context(), run.endpoint()) {
@@ -355,10 +363,7 @@ TEST_CASE(
   for (const std::string writes : {"every rank", "rank 0", "not known"}) {
     CAPTURE(writes);
     TempDir tmp;
-    auto opts = options(3);
-    opts.failure.in_place = true;
-    opts.run.heartbeat_timeout = 600s;
-    InprocRun run(tmp.path, opts);
+    InprocRun run(tmp.path, in_place_options(3));
     AgentGroup group(run);
     const std::vector<int> writers =
         writes == "every rank" ? std::vector<int>{0, 1, 2} : std::vector<int>{0};
@@ -399,10 +404,7 @@ TEST_CASE(
     "in-process controller: a vote that arrives with a node agent's word of a lost rank does "
     "not apply the step") {
   TempDir tmp;
-  auto opts = options(3);
-  opts.failure.in_place = true;
-  opts.run.heartbeat_timeout = 600s;
-  InprocRun run(tmp.path, opts);
+  InprocRun run(tmp.path, in_place_options(3));
   AgentGroup group(run);
   auto& by_rank = group.by_rank;
   // Rank 2 completes step 1's collectives and votes, then dies. Its agent's
