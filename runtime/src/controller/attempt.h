@@ -138,6 +138,9 @@ struct Attempt {
     bool loop_left = false;  // ... and a member left its loop: it cannot join
   };
   std::optional<Replacement> replacement;
+  // Each rank lost in place, as its failure: what the attempt fails with if
+  // the group must restart without it after all.
+  std::map<int, RunError> losses;
   // A replacement that joined, until its group's first step is applied: the
   // recovery it completes, and when that rank was lost.
   std::optional<std::pair<size_t, Clock::time_point>> untimed_join;

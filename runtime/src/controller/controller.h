@@ -178,8 +178,8 @@ class Controller {
   /// join (`why`): the attempt fails with the loss of that rank, and the group
   /// restarts from the latest checkpoint.
   void restart_without_writer(int rank, RunError loss, const std::string& why);
-  /// Whether `rank` writes files into checkpoints: it did into the last one
-  /// the whole group committed at this world size; none when there is none.
+  /// Whether `rank` writes files into checkpoints: it did into one the whole
+  /// group committed at this world size; none when there is none.
   std::optional<bool> writes_checkpoints(int rank) const;
   /// Whether the group goes on without `rank` only until its replacement
   /// joins: rank 0 (a train function saves on rank 0) or a rank known to
@@ -443,9 +443,9 @@ class Controller {
   static constexpr int kProgressEnds = 50;
   Clock::time_point progress_passed_{};
   int64_t progress_end_steps_ = -1;  // the steps of the last epoch's end passed
-  // The ranks that wrote files into the last checkpoint the whole group
-  // committed in this run, and the world size then (0: none yet). Kept across
-  // attempts of the same size: which ranks write does not change.
+  // The ranks that wrote files into a checkpoint the whole group committed in
+  // this run at the world size `writers_world_` (0: none yet). Kept across
+  // attempts of that size: which ranks write does not change.
   std::vector<int> checkpoint_writers_;
   int writers_world_ = 0;
   RateLimiter progress_ends_{kProgressEnds, std::chrono::seconds(1)};

@@ -167,18 +167,41 @@ std::optional<bool> Controller::writes_checkpoints(int rank) const {
 std::string Controller::commit_unless_lacking(int64_t iteration, const nlohmann::json& metrics,
                                               const std::vector<int>& absent) {
   if (!checkpoints_.staging()) return "";
+  const auto staged = checkpoints_.staged_ranks();
+  // Before a checkpoint of the whole group shows which ranks write, this one
+  // tells the pattern: where a present rank other than rank 0 wrote files,
+  // every rank writes a shard; otherwise rank 0 alone saves.
+  const bool shards = std::any_of(staged.begin(), staged.end(), [](int rank) { return rank != 0; });
   std::vector<int> lacking;
   for (int rank : absent) {
-    if (writes_checkpoints(rank).value_or(true)) lacking.push_back(rank);
+    if (writes_checkpoints(rank).value_or(rank == 0 || shards)) lacking.push_back(rank);
   }
   if (!lacking.empty()) {
     drop_checkpoint(iteration, lacking);
+    // A rank whose replacement is not on its way leaves no checkpoint whole
+    // for the rest of the attempt: the group restarts from the latest.
+    auto& attempt = *attempt_;
+    for (int rank : lacking) {
+      const bool coming = attempt.replacement && attempt.replacement->rank == rank;
+      const auto loss = attempt.losses.find(rank);
+      if (!coming && loss != attempt.losses.end()) {
+        restart_without_writer(rank, loss->second, "could not come");
+        break;
+      }
+    }
     return "";
   }
-  auto staged = checkpoints_.staged_ranks();
   auto name = checkpoints_.commit(iteration, metrics);
   if (absent.empty()) {
-    checkpoint_writers_ = std::move(staged);
+    // Every rank that ever wrote, at this world size: one that writes every
+    // few checkpoints only still writes.
+    if (writers_world_ != world_size()) checkpoint_writers_.clear();
+    for (int rank : staged) {
+      if (std::find(checkpoint_writers_.begin(), checkpoint_writers_.end(), rank) ==
+          checkpoint_writers_.end()) {
+        checkpoint_writers_.push_back(rank);
+      }
+    }
     writers_world_ = world_size();
   }
   return name;
@@ -189,13 +212,15 @@ void Controller::drop_checkpoint(int64_t iteration, const std::vector<int>& lack
   const auto latest = checkpoints_.latest_name();
   std::string ranks;
   for (int rank : lacking) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+  const int first = lacking.front();
+  const char* why = writes_checkpoints(first).has_value()
+                        ? "which wrote into a checkpoint of the whole group"
+                    : first == 0 ? "which saves the checkpoints"
+                                 : "which, as the other ranks' files show, writes a shard too";
   log_.warn(
       "the checkpoint of report {} is not kept: it lacks the files of {} {}, lost and not "
       "replaced yet, {} (the latest is {})",
-      iteration, lacking.size() == 1 ? "rank" : "ranks", ranks,
-      writes_checkpoints(lacking.front()).has_value()
-          ? "which wrote into the last checkpoint of the whole group"
-          : "and no checkpoint of the whole group shows yet which ranks write",
+      iteration, lacking.size() == 1 ? "rank" : "ranks", ranks, why,
       latest.empty() ? "none" : latest);
 }
 

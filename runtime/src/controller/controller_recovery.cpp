@@ -121,7 +121,9 @@ bool Controller::recover_in_place(WorkerSlot& lost, FailureKind kind, const std:
   } else {
     check_stalled();
   }
-  start_replacement(lost, RunError{kind, cause, lost.display_rank(), lost.host, lost.process.pid});
+  RunError loss{kind, cause, lost.display_rank(), lost.host, lost.process.pid};
+  attempt.losses[lost.rank] = loss;
+  start_replacement(lost, std::move(loss));
   return true;
 }
 

@@ -1,13 +1,13 @@
 // Every thread's stack on request (stacks.h): the worker starts its own
 // executable again as a helper (`trainrun-worker --walk-stacks PID MS`), a
 // fresh process that inherits no lock and runs no fork handler, which stops
-// the threads with ptrace (as gdb and eu-stack do), walks their frames with
-// elfutils' libdw and lets them go on. The threads are seized and
-// interrupted (PTRACE_SEIZE, PTRACE_INTERRUPT), not attached: PTRACE_ATTACH
-// stops a thread with a SIGSTOP, which a helper killed before the thread
-// stopped would leave pending, stopping the whole worker for good; a seized
-// thread whose tracer dies simply goes on. A few waits (epoll_wait, semop)
-// may return EINTR after such a stop.
+// each thread in turn with ptrace (as gdb and eu-stack do), walks its frames
+// with elfutils' libdw, lets it go on, and names the frames at the end. The
+// threads are seized and interrupted (PTRACE_SEIZE, PTRACE_INTERRUPT), not
+// attached: PTRACE_ATTACH stops a thread with a SIGSTOP, which a helper
+// killed before the thread stopped would leave pending, stopping the whole
+// worker for good; a seized thread whose tracer dies simply goes on. A few
+// waits (epoll_wait, semop) may return EINTR after such a stop.
 
 #include <cxxabi.h>
 #include <dirent.h>
@@ -113,47 +113,47 @@ std::vector<Dwarf_Addr> walk_thread(Walk& walk, int tid) {
   return walk.pcs;
 }
 
-// A thread stopped for the walk, and the signal it stopped with, to be
-// delivered as it goes on (0: none; it stopped for the interrupt).
-struct Stopped {
-  int tid;
-  int signal;
-};
+// How long one thread may take to stop: one in an uninterruptible wait (a
+// vfork, disk I/O) does not stop until it returns, and is passed over.
+constexpr auto kThreadStopWait = std::chrono::milliseconds(100);
 
-// Seizes every thread of `pid` and stops it in a ptrace trap, waiting for
-// each until `deadline`. Returns the threads stopped (a thread that ended,
-// or did not stop in time, is not). No signal is sent: a thread whose tracer
-// dies at any point goes on as if nothing happened.
-std::vector<Stopped> stop_threads(int pid, SteadyClock::time_point deadline) {
+// Seizes every thread of `pid` (PTRACE_SEIZE: traced, not stopped, and sent
+// no signal, so a thread whose tracer dies at any point goes on as if nothing
+// happened). Returns them.
+std::vector<int> seize_threads(int pid) {
   std::vector<int> seized;
   DIR* dir = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
-  if (dir == nullptr) return {};
+  if (dir == nullptr) return seized;
   while (dirent* entry = ::readdir(dir)) {
     if (entry->d_name[0] == '.' || seized.size() == kMaxThreads) continue;
     const int tid = std::atoi(entry->d_name);
-    if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) continue;
-    seized.push_back(tid);
-    ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
+    if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) == 0) seized.push_back(tid);
   }
   ::closedir(dir);
-  std::vector<Stopped> stopped;
-  for (int tid : seized) {
-    while (true) {
-      int status = 0;
-      const pid_t got = ::waitpid(tid, &status, __WALL | WNOHANG);
-      if (got == tid && WIFSTOPPED(status)) {
-        // A signal came first (a signal-delivery stop, no ptrace event):
-        // it is handed back when the thread is let go, or it would be lost.
-        const bool delivery = (status >> 16) == 0;
-        stopped.push_back({tid, delivery ? WSTOPSIG(status) : 0});
-        break;
-      }
-      if (got < 0 && errno != EINTR) break;  // it ended
-      if (got == tid || SteadyClock::now() >= deadline) break;
-      ::usleep(200);
+  return seized;
+}
+
+// Stops seized thread `tid` in a ptrace trap, waiting until `until`. Returns
+// the signal to hand back when it is let go (0: none), or -1 when it did not
+// stop (it ended, or is still in an uninterruptible wait).
+int stop_thread(int tid, SteadyClock::time_point until) {
+  if (::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) return -1;
+  while (true) {
+    int status = 0;
+    const pid_t got = ::waitpid(tid, &status, __WALL | WNOHANG);
+    if (got == tid && WIFSTOPPED(status)) {
+      // A signal came first (a signal-delivery stop, no ptrace event): it is
+      // handed back when the thread is let go, or it would be lost.
+      return (status >> 16) == 0 ? WSTOPSIG(status) : 0;
     }
+    if (got < 0 && errno != EINTR) return -1;  // it ended
+    if (got == tid || SteadyClock::now() >= until) return -1;
+    ::usleep(200);
   }
-  return stopped;
+}
+
+void let_go(int tid, int signal) {
+  ::ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(signal)));
 }
 
 // ---- In the worker.
@@ -216,31 +216,39 @@ int walk_threads_main(int pid, int bound_ms) {
   if (dwfl == nullptr) return 1;
   int failed =
       ::dwfl_linux_proc_report(dwfl, pid) != 0 || ::dwfl_report_end(dwfl, nullptr, nullptr) != 0;
-  // Stopped here, for libdw to read (it attaches none itself); only those
-  // are walked (a thread started since, or not stopped in time, is not).
-  const auto stopped = stop_threads(pid, deadline);
-  failed = failed || stopped.empty() || ::dwfl_linux_proc_attach(dwfl, pid, true) != 0;
+  // Seized all at once, then stopped, walked and let go one at a time (as
+  // libdw's own attach does), each for its unwinding alone: the others,
+  // the worker's heartbeat among them, run meanwhile.
+  const auto seized = seize_threads(pid);
+  failed = failed || seized.empty() || ::dwfl_linux_proc_attach(dwfl, pid, true) != 0;
   std::vector<std::pair<int, std::vector<Dwarf_Addr>>> walked;
-  if (!failed) {
-    Walk walk{dwfl, deadline, {}};
-    for (const auto& thread : stopped) {
-      if (SteadyClock::now() >= deadline) break;
-      walked.emplace_back(thread.tid, walk_thread(walk, thread.tid));
+  std::vector<int> passed_over;
+  Walk walk{dwfl, deadline, {}};
+  for (int tid : seized) {
+    if (failed || SteadyClock::now() >= deadline) break;
+    const int signal = stop_thread(tid, std::min(deadline, SteadyClock::now() + kThreadStopWait));
+    if (signal < 0) {
+      passed_over.push_back(tid);
+      continue;
     }
+    walked.emplace_back(tid, walk_thread(walk, tid));
+    let_go(tid, signal);
   }
-  // Let go, then named: the threads stop for the unwinding alone.
-  for (const auto& thread : stopped) {
-    ::ptrace(PTRACE_DETACH, thread.tid, nullptr,
-             reinterpret_cast<void*>(static_cast<intptr_t>(thread.signal)));
+  // One that stopped since is let go now (the others as this process ends).
+  for (int tid : passed_over) {
+    const int signal = stop_thread(tid, SteadyClock::now());
+    if (signal >= 0) let_go(tid, signal);
   }
-  // Past the bound, addresses only: the worker waits a second or two more.
-  const auto naming_ends = deadline + std::chrono::seconds(1);
+  // Named once every thread goes on, each thread's lines out at once (the
+  // worker may end this process at any point); past the bound, addresses only.
+  const auto naming_ends = deadline + std::chrono::milliseconds(500);
   for (const auto& [tid, pcs] : walked) {
     std::printf("T %d\n", tid);
     for (auto pc : pcs) {
       const auto frame = SteadyClock::now() < naming_ends ? describe(dwfl, pc) : hex(pc);
       std::printf("F %s\n", frame.c_str());
     }
+    std::fflush(stdout);
   }
   ::dwfl_end(dwfl);
   std::fflush(stdout);
