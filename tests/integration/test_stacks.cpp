@@ -234,14 +234,15 @@ TEST_CASE("a stack-walking helper killed while it stops the threads leaves none 
                        std::filesystem::directory_iterator{}) < 4) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  // Left alone, it walks every thread: the target's four, each with frames.
+  // Left alone, it walks every thread it can stop: the three that sleep at
+  // least (the one in vfork() may be passed over after 100 ms), with frames.
   const auto whole = walk(false);
   INFO(whole);
   size_t threads = 0;
   for (auto at = whole.find("T "); at != std::string::npos; at = whole.find("\nT ", at + 1)) {
     ++threads;
   }
-  CHECK(threads == 4);
+  CHECK(threads >= 3);
   CHECK(whole.find("\nF ") != std::string::npos);
   // Killed while it traces the vforking thread, a few times over: once the
   // vfork has ended (200 ms), no thread of the target is stopped.
