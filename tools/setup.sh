@@ -3,7 +3,8 @@
 #   tools/setup.sh           to build trainrun and run jobs (the FashionMNIST one included)
 #   tools/setup.sh --tests   and to build and pass the tests (with tools/setup_s3.sh:
 #                            the S3 server and boto3 the object-storage tests use;
-#                            tools/setup_tensorboard.sh: TensorBoard's reader)
+#                            tools/setup_tensorboard.sh: TensorBoard's reader;
+#                            tools/setup_webdataset.sh: Python's webdataset)
 #   tools/setup.sh --bench   and what the benchmarks compare against
 # Uses sudo when not root.
 set -euo pipefail
@@ -69,4 +70,5 @@ fi
 if ((s3)); then
   PYTHON=/usr/bin/python3 "$(dirname "$0")/setup_s3.sh"
   PYTHON=/usr/bin/python3 "$(dirname "$0")/setup_tensorboard.sh"
+  PYTHON=/usr/bin/python3 "$(dirname "$0")/setup_webdataset.sh"
 fi

@@ -3,6 +3,8 @@
 //   trainrun inspect libx.so
 //   trainrun keygen FILE
 //   trainrun results RUN_DIR [--html FILE]
+//   trainrun pack DIR OUT/train-%06d.tar [--shard-size 256M]
+//   trainrun index SHARDS...
 //   trainrun worker --connect tcp://HOST:PORT   (runs trainrun-worker with these arguments)
 
 #include <train/version.h>
@@ -21,6 +23,7 @@
 #include <optional>
 
 #include "cli/config_args.h"
+#include "cli/shards_command.h"
 #include "cli/stacks_command.h"
 #include "cli/timeout_option.h"
 #include "common/constants.h"
@@ -266,6 +269,25 @@ int main(int argc, char** argv) {
   std::filesystem::path key_path;
   keygen->add_option("file", key_path, "where to write it (never replaced)")->required();
 
+  auto* pack = app.add_subcommand(
+      "pack",
+      "pack a directory of files (or one folder of files per class, as torchvision's "
+      "ImageFolder) into WebDataset tar shards, each with its index");
+  trainrun::PackOptions pack_options;
+  std::string shard_size = "256M";
+  pack->add_option("dir", pack_options.source, "the files")->required();
+  pack->add_option("pattern", pack_options.pattern,
+                   "where the shards go, with one integer conversion (out/train-%06d.tar)")
+      ->required();
+  pack->add_option("--shard-size", shard_size, "bytes per shard at most (K, M, G)")
+      ->capture_default_str();
+  pack->add_option("--shard-samples", pack_options.shard_samples,
+                   "samples per shard at most (0: no limit)");
+  auto* index = app.add_subcommand(
+      "index", "index tar shards written elsewhere (Python's webdataset): <shard>.idx beside each");
+  std::vector<std::string> index_specs;
+  index->add_option("shards", index_specs, "shard paths, globs or brace ranges")->required();
+
   auto* inspect = app.add_subcommand("inspect", "print a plugin's entries and versions");
   std::filesystem::path inspect_path;
   inspect->add_option("plugin", inspect_path, "the plugin (.so)")->required();
@@ -297,6 +319,15 @@ int main(int argc, char** argv) {
       trainrun::write_run_key(key_path);
       std::cout << "wrote a run key to " << key_path.string()
                 << "; give it to the controller and every node with --auth-key\n";
+      return kExitOk;
+    }
+    if (*pack) {
+      pack_options.shard_bytes = trainrun::parse_bytes(shard_size);
+      trainrun::pack_directory(pack_options, std::cout);
+      return kExitOk;
+    }
+    if (*index) {
+      trainrun::index_shards(index_specs, std::cout);
       return kExitOk;
     }
     if (*inspect) {

@@ -5,11 +5,13 @@
 
 #include <torch/arg.h>
 #include <torch/data.h>
+#include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -149,6 +151,10 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   /// Samples this rank gets in an epoch, computed without touching the
   /// sampler's state, which copies share.
   size_t local_size() const;
+  /// The epoch set (or loaded), and the index a loaded or resumed position
+  /// starts that epoch at (0: its first).
+  size_t epoch() const { return state_->epoch; }
+  size_t resume_position() const;
 
  private:
   // Shared by copies: the loader starts each epoch on a copy.
@@ -171,6 +177,15 @@ namespace detail {
 /// Throws std::runtime_error on every rank, naming the sizes, unless every
 /// rank passes the same `size`. A collective: one allgather of 8 bytes per rank.
 void check_same_dataset_size(size_t size, const char* caller);
+
+/// Whether a sampler's saved position is the whole of where a loader is, so
+/// that the Trainer saves it (a ShardSampler's: it holds the world sizes an
+/// epoch ran under), rather than the batch it is at.
+template <typename S, typename = void>
+struct saves_position : std::false_type {};
+template <typename S>
+struct saves_position<S, std::void_t<decltype(S::kSavesPosition)>>
+    : std::bool_constant<S::kSavesPosition> {};
 }  // namespace detail
 
 /// Whether a dataset's batches are stacked already: it was mapped with
@@ -258,6 +273,7 @@ template <typename Dataset, typename Sampler = DistributedSampler>
 class DataLoader {
  public:
   using Batch = torch::data::Example<>;
+  using SamplerType = Sampler;
   /// The dataset as the loader reads it: stacked by the loader, unless it is already.
   using Stacked = std::conditional_t<
       is_stacked_v<Dataset>, Dataset,
@@ -316,6 +332,37 @@ class DataLoader {
     } else {
       return false;
     }
+  }
+
+  /// Saves where the loader is: the epoch and the samples this rank was handed
+  /// in it (not those its threads read ahead), for a checkpoint. Any rank's is
+  /// the group's: save it with the model from one rank.
+  void save(torch::serialize::OutputArchive& archive) const { sampler_.save(archive); }
+  void save(const std::string& file) const {
+    torch::serialize::OutputArchive archive;
+    save(archive);
+    archive.save_to(file);
+  }
+  /// Takes a saved position: the next epoch begun, when it is the saved one,
+  /// starts where it was, reading nothing before (with a ShardSampler, also
+  /// under another world size: it then reads what no rank was handed). Returns
+  /// that epoch, to start a loop of epochs at. Throws what the sampler's load
+  /// throws for a position it cannot take.
+  size_t load(torch::serialize::InputArchive& archive) {
+    sampler_.load(archive);
+    epoch_ = static_cast<int64_t>(sampler_.epoch());
+    const size_t position = sampler_.resume_position();
+    resumed_.reset();
+    if (position > 0) {
+      resumed_ = std::make_pair(sampler_.epoch(), position / options_.batch_size());
+    }
+    batches_ = -1;  // what is left of the epoch may be another count
+    return sampler_.epoch();
+  }
+  size_t load(const std::string& file) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(file);
+    return load(archive);
   }
 
   /// Batches on this rank in one epoch, at most max_batches. With the
@@ -495,7 +542,10 @@ class DataLoader {
     if (shown != nullptr) {
       // Counted once, and only where a sampler can be counted without running it.
       if constexpr (has_local_size<Sampler>::value) {
-        if (batches_ < 0) batches_ = static_cast<int64_t>(size());
+        // A sampler that saves its position may leave part of an epoch.
+        if (batches_ < 0 || detail::saves_position<Sampler>::value) {
+          batches_ = static_cast<int64_t>(size());
+        }
       }
       shown->begin_epoch(epoch_, std::max<int64_t>(batches_, 0), static_cast<int64_t>(resumed));
     }

@@ -24,5 +24,6 @@
 #include <train/optim.h>
 #include <train/plugin.h>
 #include <train/report.h>
+#include <train/shards.h>
 #include <train/trainer.h>
 #include <train/version.h>

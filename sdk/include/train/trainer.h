@@ -207,6 +207,12 @@ class BatchStream {
   virtual Batch* next() = 0;
   /// Batches per epoch on this rank.
   virtual int64_t size() const = 0;
+  /// Whether the loader's saved position is where it is (a sharded
+  /// dataset's), rather than the batch the trainer counts; then save and load
+  /// carry it.
+  virtual bool saves_position() const { return false; }
+  virtual void save(torch::serialize::OutputArchive& /*archive*/) const {}
+  virtual void load(torch::serialize::InputArchive& /*archive*/) {}
 };
 
 template <typename Loader>
@@ -231,6 +237,11 @@ class LoaderStream final : public BatchStream {
     return &**it_;
   }
   int64_t size() const override { return static_cast<int64_t>(loader_.size()); }
+  bool saves_position() const override {
+    return detail::saves_position<typename Loader::SamplerType>::value;
+  }
+  void save(torch::serialize::OutputArchive& archive) const override { loader_.save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { loader_.load(archive); }
 
  private:
   Loader loader_;

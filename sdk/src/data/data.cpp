@@ -71,6 +71,11 @@ void DistributedSampler::reset(c10::optional<size_t> new_size) {
   state.yielded.reset();
 }
 
+size_t DistributedSampler::resume_position() const {
+  const auto& resume = state_->resume;
+  return resume && resume->first == state_->epoch ? resume->second : 0;
+}
+
 void DistributedSampler::yielded(size_t samples) {
   auto& state = *state_;
   // Counted from where the epoch started: its first index, or a resumed position.

@@ -133,6 +133,14 @@ void Trainer::Fit::load_state(Trainer& trainer, const Checkpoint& checkpoint) {
         trainer.options_.train_loader().shuffle() ? batch * saved_world / context.world_size() : 0;
     batch -= batch % trainer.options_.accumulate_grad_batches();  // a whole window
   }
+  // A loader that saves where it is (a sharded dataset's) takes its
+  // position: under another world size its epoch goes on with what no rank
+  // was handed, from that part's first batch.
+  torch::serialize::InputArchive loader;
+  if (train->saves_position() && state.try_read("train_loader", loader)) {
+    train->load(loader);
+    if (!same_world) batch = 0;
+  }
   read_rest(trainer, state, "checkpoint " + checkpoint.path().string(), [&] {
     torch::load(*optimizer, required(checkpoint, kOptimizerFile).string(), device);
   });
@@ -179,6 +187,11 @@ void Trainer::Fit::write_state(Trainer& trainer, torch::serialize::OutputArchive
   write_int(state, "stopping", stopping ? 1 : 0);
   write_int(state, "validation_ran", validation_ran ? 1 : 0);
   write_int(state, "validated_epoch", validated_epoch && !epoch_done ? 1 : 0);
+  if (train->saves_position()) {
+    torch::serialize::OutputArchive loader;
+    train->save(loader);
+    state.write("train_loader", loader);
+  }
   if (scaler) {
     torch::serialize::OutputArchive nested;
     scaler->save(nested);

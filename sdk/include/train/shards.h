@@ -1,0 +1,154 @@
+#pragma once
+
+// Sharded datasets: WebDataset tar shards read by index, each rank its own
+// part of every epoch, resumed exactly (docs/data.md).
+//
+//   auto shards = train::ShardDataset("data/train-{000000..000059}.tar",
+//       [](const train::Sample& s) {
+//         return torch::data::Example<>(train::npy_tensor(s.at("npy")),
+//                                       torch::tensor(train::class_label(s.at("cls"))));
+//       });
+//   auto loader = train::prepare_data_loader(std::move(shards), options);
+//
+// The per-sample function runs on the loader's threads (LoaderOptions::workers)
+// and may be called from several at once.
+
+#include <train/context.h>
+#include <train/data.h>
+#include <train/shard_files.h>
+
+#include <torch/arg.h>
+#include <torch/data.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace train {
+
+namespace shards {
+class EpochPlan;
+struct Segment;
+}  // namespace shards
+
+/// How a sharded dataset is read (beside LoaderOptions' batch size, shuffle,
+/// seed and padding).
+struct ShardOptions {
+  /// Consecutive samples of a shard read together; the epoch's order is a
+  /// permutation of these chunks, so a chunk is one read (docs/data.md).
+  TORCH_ARG(uint64_t, chunk_samples) = 64;
+  /// Samples each rank mixes together: it reads its part in blocks of this
+  /// many, each block in an order of its own.
+  TORCH_ARG(uint64_t, shuffle_buffer) = 8192;
+  /// A sample that cannot be read or parsed, or whose per-sample function
+  /// throws, is left out of its batch and counted (skipped(), and one line on
+  /// the worker's log for the first ones), rather than ending the run.
+  TORCH_ARG(bool, skip_bad_samples) = false;
+};
+
+/// A tensor from a field holding a NumPy .npy file (as numpy.save writes it:
+/// little-endian bool, integer or floating point, C order). Throws ShardError
+/// for anything else, naming what it found.
+torch::Tensor npy_tensor(const std::string& bytes);
+/// A tensor from a field holding torch.save's bytes of one tensor (WebDataset's
+/// "pt"). Throws ShardError when they hold no tensor.
+torch::Tensor pt_tensor(const std::string& bytes);
+/// The integer of a "cls" field (decimal text, as WebDataset writes it).
+/// Throws ShardError for anything else.
+int64_t class_label(const std::string& bytes);
+
+/// The samples of local shards (expand_shards' spec), each turned into a
+/// torch::data::Example<> by a function of yours. Copies share the shards.
+class ShardDataset
+    : public torch::data::datasets::Dataset<ShardDataset, torch::data::Example<>> {
+ public:
+  using Transform = std::function<torch::data::Example<>(const Sample&)>;
+
+  /// Opens the shards (indexing those without an index). Throws ShardError
+  /// for a shard that is missing, corrupt or whose index is stale, and
+  /// std::invalid_argument for an empty transform.
+  ShardDataset(const std::string& spec, Transform transform, ShardOptions options = {});
+
+  /// Sample `index` (shard after shard), transformed. Throws what reading or
+  /// the transform throws, as ShardError naming the shard and the sample.
+  torch::data::Example<> get(size_t index) override;
+  /// The samples at `indices`; with skip_bad_samples, without those that fail.
+  std::vector<torch::data::Example<>> get_batch(c10::ArrayRef<size_t> indices) override;
+  c10::optional<size_t> size() const override { return static_cast<size_t>(reader_->size()); }
+
+  const ShardReader& reader() const { return *reader_; }
+  const ShardOptions& options() const { return options_; }
+  /// Samples skipped so far (skip_bad_samples), by every copy.
+  uint64_t skipped() const { return skipped_->load(); }
+
+ private:
+  std::shared_ptr<const ShardReader> reader_;
+  Transform transform_;
+  ShardOptions options_;
+  std::shared_ptr<std::atomic<uint64_t>> skipped_ = std::make_shared<std::atomic<uint64_t>>(0);
+};
+
+/// This rank's samples of a sharded dataset in each epoch (docs/data.md, "The
+/// assignment"): a pure function of the shards' sample counts, the seed, the
+/// epoch, the world size and the rank, and of the world sizes the epoch ran
+/// under before, so that a group that comes back with another size reads
+/// exactly what no rank consumed yet. Copies share their state, as
+/// DistributedSampler's do.
+class ShardSampler : public torch::data::samplers::Sampler<> {
+ public:
+  /// Its saved position is where a loader is (the Trainer saves it).
+  static constexpr bool kSavesPosition = true;
+
+  /// `counts`: samples per shard. Throws std::invalid_argument for a chunk or
+  /// buffer of 0.
+  ShardSampler(std::vector<uint64_t> counts, const Context& ctx, bool shuffle,
+               bool allow_duplicates, uint64_t seed, const ShardOptions& options);
+  ~ShardSampler() override;
+  ShardSampler(const ShardSampler&) = default;
+  ShardSampler& operator=(const ShardSampler&) = default;
+
+  /// The epoch the next reset starts. An epoch other than the one whose
+  /// position was loaded starts from its beginning.
+  void set_epoch(size_t epoch);
+  /// The next reset that starts `epoch` starts at this rank's item `position`
+  /// of the world size it runs under (a resume or a replacement).
+  void resume(size_t epoch, size_t position);
+  void reset(c10::optional<size_t> new_size = c10::nullopt) override;
+  c10::optional<std::vector<size_t>> next(size_t batch_size) override;
+  /// A loader handed the train function its next batch (the count is not
+  /// used: a batch may hold fewer samples, some skipped, and still be the
+  /// batch it was).
+  void yielded(size_t samples);
+  /// The position: the epoch, the world sizes it ran under and what each
+  /// consumed, and the items this rank's world consumed of the current one
+  /// (handed out, not read ahead), with the shards' sample counts.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Takes a saved position; a world of another size goes on with what no
+  /// rank consumed. Throws std::runtime_error when it was saved for shards of
+  /// other sample counts.
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Items this rank gets in the epoch (what is left of it, once resumed under
+  /// another world size).
+  size_t local_size() const;
+  /// The epoch set, and the item a loaded or resumed position starts at.
+  size_t epoch() const;
+  size_t resume_position() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+/// prepare_data_loader for a sharded dataset: each rank reads its part
+/// through a ShardSampler. Every rank must call it with the same shards: it
+/// checks their sample counts (one small collective) and throws
+/// std::runtime_error on every rank, naming them, when they differ.
+DataLoader<ShardDataset, ShardSampler> prepare_data_loader(ShardDataset dataset,
+                                                           const LoaderOptions& options = {});
+
+}  // namespace train

@@ -1,0 +1,119 @@
+// Fields WebDataset writes, as tensors: .npy, torch.save's .pt, .cls text.
+
+#include <train/shards.h>
+
+#include <torch/serialize.h>
+
+#include <cctype>
+#include <cstring>
+#include <regex>
+
+namespace train {
+namespace {
+
+struct NpyType {
+  const char* descr;
+  torch::ScalarType type;
+};
+// Little-endian ('<'), or a single byte ('|').
+constexpr NpyType kNpyTypes[] = {
+    {"|b1", torch::kBool},   {"|u1", torch::kUInt8},  {"|i1", torch::kInt8},
+    {"<i2", torch::kInt16},  {"<i4", torch::kInt32},  {"<i8", torch::kInt64},
+    {"<f2", torch::kHalf},   {"<f4", torch::kFloat},  {"<f8", torch::kDouble},
+    {"<u1", torch::kUInt8},  {"<b1", torch::kBool},   {"<i1", torch::kInt8},
+};
+
+}  // namespace
+
+torch::Tensor npy_tensor(const std::string& bytes) {
+  // "\x93NUMPY", major, minor, the header's length (2 bytes in 1.0, 4 after),
+  // a Python dict literal, then the data.
+  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) {
+    throw ShardError("an npy field does not start with numpy's magic");
+  }
+  const auto major = static_cast<unsigned char>(bytes[6]);
+  if (major < 1 || major > 3) {
+    throw ShardError("an npy field has format version " + std::to_string(major) +
+                     " (1 to 3 are read)");
+  }
+  const size_t width = major == 1 ? 2 : 4;
+  if (bytes.size() < 8 + width) throw ShardError("an npy field is cut short in its header");
+  uint64_t header_length = 0;
+  for (size_t i = width; i-- > 0;) {
+    header_length = header_length << 8 | static_cast<unsigned char>(bytes[8 + i]);
+  }
+  const size_t data_start = 8 + width + header_length;
+  if (data_start > bytes.size()) throw ShardError("an npy field is cut short in its header");
+  const std::string header = bytes.substr(8 + width, header_length);
+  std::smatch match;
+  if (!std::regex_search(header, match, std::regex(R"('descr'\s*:\s*'([^']*)')"))) {
+    throw ShardError("an npy field's header has no descr");
+  }
+  const std::string descr = match[1];
+  if (std::regex_search(header, std::regex(R"('fortran_order'\s*:\s*True)"))) {
+    throw ShardError("an npy field is in Fortran order (write it with C order)");
+  }
+  if (!std::regex_search(header, match, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) {
+    throw ShardError("an npy field's header has no shape");
+  }
+  std::vector<int64_t> shape;
+  const std::string dims = match[1];
+  const std::regex number(R"(\s*(\d+)\s*,?)");
+  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), number);
+       it != std::sregex_iterator(); ++it) {
+    if ((*it)[1].length() > 12) throw ShardError("an npy field's shape is too large");
+    shape.push_back(std::stoll((*it)[1]));
+  }
+  const NpyType* type = nullptr;
+  for (const auto& candidate : kNpyTypes) {
+    if (descr == candidate.descr) type = &candidate;
+  }
+  if (type == nullptr) {
+    throw ShardError("an npy field holds dtype '" + descr +
+                     "' (little-endian bool, integers and floats are read)");
+  }
+  uint64_t elements = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && elements > (uint64_t{1} << 40) / static_cast<uint64_t>(d)) {
+      throw ShardError("an npy field's shape is too large");
+    }
+    elements *= static_cast<uint64_t>(d);
+  }
+  const uint64_t needed = elements * c10::elementSize(type->type);
+  if (bytes.size() - data_start != needed) {
+    throw ShardError("an npy field of shape (" + dims + ") and dtype " + descr + " needs " +
+                     std::to_string(needed) + " bytes of data, not " +
+                     std::to_string(bytes.size() - data_start));
+  }
+  auto tensor = torch::empty(shape, torch::TensorOptions().dtype(type->type));
+  if (needed > 0) std::memcpy(tensor.data_ptr(), bytes.data() + data_start, needed);
+  return tensor;
+}
+
+torch::Tensor pt_tensor(const std::string& bytes) {
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& error) {
+    throw ShardError(std::string("a pt field is not torch.save's bytes: ") + error.what());
+  }
+  if (!value.isTensor()) throw ShardError("a pt field holds " + value.tagKind() + ", not a tensor");
+  return value.toTensor();
+}
+
+int64_t class_label(const std::string& bytes) {
+  size_t begin = 0, end = bytes.size();
+  while (begin < end && std::isspace(static_cast<unsigned char>(bytes[begin]))) ++begin;
+  while (end > begin && std::isspace(static_cast<unsigned char>(bytes[end - 1]))) --end;
+  const std::string text = bytes.substr(begin, end - begin);
+  const bool negative = !text.empty() && text[0] == '-';
+  const std::string digits = negative ? text.substr(1) : text;
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    throw ShardError("a cls field holds '" + text.substr(0, 40) + "', not an integer");
+  }
+  const int64_t value = std::stoll(digits);
+  return negative ? -value : value;
+}
+
+}  // namespace train

@@ -1,0 +1,107 @@
+// Sharded data in real runs (tests/plugins/shards_plugin.cpp): the model
+// counts how many times each sample was trained, so a run's final model says
+// whether every sample was trained exactly once per epoch, through a kill -9
+// and a restart from a checkpoint, also under another world size.
+
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <regex>
+
+#include "run_helpers.h"
+
+namespace {
+
+constexpr int kSamples = 600;  // 2 and 3 ranks, batches of 10: no padding
+
+// Packs kSamples samples (an "id" field; classes of 60 consecutive ids, so
+// the shards are sorted by label) into shards of 50 with `trainrun pack`.
+// Returns the shard spec.
+std::string pack_samples(const Sandbox& box) {
+  const auto source = box.root() / "samples";
+  for (int i = 0; i < kSamples; ++i) {
+    const auto dir = source / ("c" + std::to_string(i / 60));
+    std::filesystem::create_directories(dir);
+    char name[16];
+    std::snprintf(name, sizeof(name), "%04d.id", i);
+    std::ofstream(dir / name) << i;
+  }
+  std::filesystem::create_directories(box.root() / "shards");
+  auto packed = box.run_in_root("pack samples shards/train-%04d.tar --shard-samples 50");
+  INFO(packed.output);
+  REQUIRE(packed.exit_code == 0);
+  return (box.root() / "shards" / "train-{0000..0011}.tar").string();
+}
+
+std::string shards_run(const std::string& spec, const std::string& entry, const std::string& name,
+                       const std::string& more) {
+  return std::string("--plugin '") + SHARDS_PLUGIN + "' --entry " + entry + " --name " + name +
+         " --config shards='" + spec + "' --config samples=" + std::to_string(kSamples) + " " +
+         more;
+}
+
+// The "trained min=A max=B sum=C" line rank 0 prints at the end.
+std::string trained(const std::string& output) {
+  std::smatch match;
+  std::regex_search(output, match, std::regex("trained min=[0-9.]+ max=[0-9.]+ sum=[0-9.]+"));
+  return match.str();
+}
+
+// Every one of the samples trained `epochs` times, no more.
+std::string each_trained(int epochs) {
+  return "trained min=" + std::to_string(epochs) + " max=" + std::to_string(epochs) +
+         " sum=" + std::to_string(epochs * kSamples);
+}
+
+}  // namespace
+
+TEST_CASE("sharded data: 2 ranks train every sample exactly once per epoch, Trainer and own loop") {
+  Sandbox box;
+  const auto spec = pack_samples(box);
+  for (const char* entry : {"fit", "loop"}) {
+    CAPTURE(entry);
+    auto run = box.run(shards_run(spec, entry, entry, "-n 2 --config epochs=2"));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(trained(run.output) == each_trained(2));
+  }
+}
+
+TEST_CASE("sharded data: a kill -9 mid-epoch and a restart train exactly the samples of a whole run") {
+  Sandbox box;
+  const auto spec = pack_samples(box);
+  for (const char* entry : {"fit", "loop"}) {
+    CAPTURE(entry);
+    // A checkpoint every 6 steps; rank 1 dies after step 14 of 30 in epoch
+    // 0: the group restarts from step 12, the steps after it undone.
+    const auto marker = (box.root() / (std::string(entry) + "-failed")).string();
+    auto run = box.run(shards_run(spec, entry, std::string("kill-") + entry,
+                                  "-n 2 --max-failures 1 --config epochs=2 --config fail_step=14"
+                                  " --config marker=" + marker));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("was killed by SIGKILL") != std::string::npos);
+    CHECK(trained(run.output) == each_trained(2));
+  }
+}
+
+TEST_CASE("sharded data: a run killed on 2 ranks and run again on 3 trains what the 2 had not") {
+  Sandbox box;
+  const auto spec = pack_samples(box);
+  for (const char* entry : {"fit", "loop"}) {
+    CAPTURE(entry);
+    const std::string name = std::string("regroup-") + entry;
+    // Without --max-failures the kill ends the run; its latest checkpoint is
+    // step 12 of epoch 0: 240 samples consumed, 360 left, 120 for each of 3.
+    const auto marker = (box.root() / (name + "-failed")).string();
+    auto first = box.run(shards_run(spec, entry, name,
+                                    "-n 2 --config epochs=2 --config fail_step=14 --config marker=" +
+                                        marker));
+    INFO(first.output);
+    REQUIRE(first.exit_code != 0);
+    auto again = box.run(shards_run(spec, entry, name, "-n 3 --config epochs=2"));
+    INFO(again.output);
+    REQUIRE(again.exit_code == 0);
+    CHECK(trained(again.output) == each_trained(2));
+  }
+}
