@@ -1,5 +1,7 @@
 #include "run_helpers.h"
 
+#include <doctest/doctest.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <sstream>
 
 Sandbox::Sandbox() {
@@ -213,4 +216,33 @@ std::map<int64_t, double> by_step(const std::vector<nlohmann::json>& reports,
     if (m.contains(metric)) values[m["step"].get<int64_t>()] = m[metric].get<double>();
   }
   return values;
+}
+
+std::string pack_id_samples(const Sandbox& box, int samples) {
+  const auto source = box.root() / "samples";
+  for (int i = 0; i < samples; ++i) {
+    const auto dir = source / ("c" + std::to_string(i / 60));
+    std::filesystem::create_directories(dir);
+    char name[16];
+    std::snprintf(name, sizeof(name), "%04d.id", i);
+    std::ofstream(dir / name) << i;
+  }
+  std::filesystem::create_directories(box.root() / "shards");
+  auto packed = box.run_in_root("pack samples shards/train-%04d.tar --shard-samples 50");
+  INFO(packed.output);
+  REQUIRE(packed.exit_code == 0);
+  char last[16];
+  std::snprintf(last, sizeof(last), "%04d", (samples + 49) / 50 - 1);
+  return (box.root() / "shards" / ("train-{0000.." + std::string(last) + "}.tar")).string();
+}
+
+std::string trained_line(const std::string& output) {
+  std::smatch match;
+  std::regex_search(output, match, std::regex("trained min=[0-9.]+ max=[0-9.]+ sum=[0-9.]+"));
+  return match.str();
+}
+
+std::string each_trained(int epochs, int samples) {
+  return "trained min=" + std::to_string(epochs) + " max=" + std::to_string(epochs) +
+         " sum=" + std::to_string(epochs * samples);
 }

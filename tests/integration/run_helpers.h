@@ -77,3 +77,13 @@ std::map<int64_t, double> by_step(const std::vector<nlohmann::json>& reports,
 /// result.jsonl's reports, oldest first, each with the checkpoint it
 /// committed: an asynchronous upload's commit line folded into its report.
 std::vector<nlohmann::json> read_reports(const std::filesystem::path& results);
+
+/// Sharded data for tests/plugins/shards_plugin.cpp: `samples` samples, each
+/// an "id" field, in classes of 60 consecutive ids (so that the shards are
+/// sorted by label), packed by `trainrun pack` into <root>/shards/train-NNNN.tar,
+/// 50 samples each. Returns the spec of the shards.
+std::string pack_id_samples(const Sandbox& box, int samples);
+/// The "trained min=A max=B sum=C" line the shards plugin's rank 0 prints,
+/// and that line when each of `samples` samples was trained `epochs` times.
+std::string trained_line(const std::string& output);
+std::string each_trained(int epochs, int samples);

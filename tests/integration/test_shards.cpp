@@ -14,24 +14,7 @@ namespace {
 
 constexpr int kSamples = 600;  // 2 and 3 ranks, batches of 10: no padding
 
-// Packs kSamples samples (an "id" field; classes of 60 consecutive ids, so
-// the shards are sorted by label) into shards of 50 with `trainrun pack`.
-// Returns the shard spec.
-std::string pack_samples(const Sandbox& box) {
-  const auto source = box.root() / "samples";
-  for (int i = 0; i < kSamples; ++i) {
-    const auto dir = source / ("c" + std::to_string(i / 60));
-    std::filesystem::create_directories(dir);
-    char name[16];
-    std::snprintf(name, sizeof(name), "%04d.id", i);
-    std::ofstream(dir / name) << i;
-  }
-  std::filesystem::create_directories(box.root() / "shards");
-  auto packed = box.run_in_root("pack samples shards/train-%04d.tar --shard-samples 50");
-  INFO(packed.output);
-  REQUIRE(packed.exit_code == 0);
-  return (box.root() / "shards" / "train-{0000..0011}.tar").string();
-}
+std::string pack_samples(const Sandbox& box) { return pack_id_samples(box, kSamples); }
 
 std::string shards_run(const std::string& spec, const std::string& entry, const std::string& name,
                        const std::string& more) {
@@ -40,18 +23,8 @@ std::string shards_run(const std::string& spec, const std::string& entry, const 
          more;
 }
 
-// The "trained min=A max=B sum=C" line rank 0 prints at the end.
-std::string trained(const std::string& output) {
-  std::smatch match;
-  std::regex_search(output, match, std::regex("trained min=[0-9.]+ max=[0-9.]+ sum=[0-9.]+"));
-  return match.str();
-}
-
-// Every one of the samples trained `epochs` times, no more.
-std::string each_trained(int epochs) {
-  return "trained min=" + std::to_string(epochs) + " max=" + std::to_string(epochs) +
-         " sum=" + std::to_string(epochs * kSamples);
-}
+std::string trained(const std::string& output) { return trained_line(output); }
+std::string each_trained(int epochs) { return ::each_trained(epochs, kSamples); }
 
 }  // namespace
 

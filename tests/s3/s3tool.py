@@ -11,6 +11,7 @@
     s3tool.py get BUCKET KEY       the object's bytes on stdout
     s3tool.py mb BUCKET            make a bucket
     s3tool.py put BUCKET KEY FILE  upload a file (boto3's upload_file)
+    s3tool.py rm BUCKET KEY        delete an object
 
 The client commands take the endpoint and credentials from the AWS_* variables,
 as trainrun does. Every wait is bounded.
@@ -158,6 +159,8 @@ def main():
         client().create_bucket(Bucket=args[0])
     elif command == "put":
         client().upload_file(args[2], args[0], args[1])
+    elif command == "rm":
+        client().delete_object(Bucket=args[0], Key=args[1])
     else:
         sys.exit("s3tool: unknown command " + command)
 

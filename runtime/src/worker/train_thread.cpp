@@ -33,6 +33,7 @@
 #include "worker/checkpoint_uploader.h"
 #include "worker/controller_store.h"
 #include "worker/object_checkpoint.h"
+#include "worker/object_reads.h"
 #include "worker/plugin_library.h"
 #include "worker/stacks.h"
 
@@ -74,6 +75,7 @@ struct HostState {
   std::vector<c10d::ProcessGroup*> formed;  // released, newest last
   std::atomic<bool> group_taken{false};     // to tell the controller (GROUP_TAKEN)
   bool group_taken_told = false;
+  ObjectReads objects;  // the train function's data in object storage
 
   // GROUP_TAKEN goes out on the train thread's connection, from that thread.
   void tell_group_taken() {
@@ -379,6 +381,43 @@ void host_progress(void* handle, int64_t epoch, int64_t batch, int64_t batches, 
   }
 }
 
+// The host's object reads: 0, 2 for no such object, 1 with a message.
+template <typename Read>
+int object_call(Read read, char* error, size_t error_size) {
+  try {
+    return read() ? 0 : 2;
+  } catch (const s3::S3Error& e) {
+    copy_message(e.what(), error, error_size);
+    return e.status() == 404 || e.status() == 416 ? 2 : 1;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), error, error_size);
+    return 1;
+  }
+}
+
+int host_object_size(void* handle, const char* url, uint64_t* size, char* error,
+                     size_t error_size) {
+  auto& state = *static_cast<HostState*>(handle);
+  return object_call(
+      [&] {
+        const auto found = state.objects.size(url);
+        if (found) *size = *found;
+        return found.has_value();
+      },
+      error, error_size);
+}
+
+int host_read_object(void* handle, const char* url, uint64_t offset, uint64_t length, void* out,
+                     char* error, size_t error_size) {
+  auto& state = *static_cast<HostState*>(handle);
+  return object_call(
+      [&] {
+        state.objects.read(url, offset, length, out);
+        return true;
+      },
+      error, error_size);
+}
+
 int host_get_checkpoint(void* handle, char* path, size_t path_size, char* error,
                         size_t error_size) {
   auto& state = *static_cast<HostState*>(handle);
@@ -595,6 +634,8 @@ void run_train_thread(zmq::context_t& context, const WorkerOptions& options,
     host.group_taken = &host_group_taken;
     host.joining = assign.joining ? 1 : 0;
     host.joinable = &host_joinable;
+    host.object_size = &host_object_size;
+    host.read_object = &host_read_object;
 
     failed_kind = FailureKind::kException;
     protocol::send(controller, protocol::Started{assign.world_rank, sees_storage});

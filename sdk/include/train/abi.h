@@ -138,6 +138,19 @@ typedef struct train_host_v1_s {
    * blocks. */
   int32_t joining;
   void (*joinable)(void* handle, int32_t state);
+
+  /* Data in object storage (docs/data.md), read with the run's S3 settings
+   * (the endpoint, region and credentials an s3:// storage path uses).
+   * object_size writes the size of the object at `url` (s3://BUCKET/KEY);
+   * read_object reads `length` bytes of it from `offset` into `out`. A
+   * transient error (a 5xx, a reset, a stall) is retried with back-off, and
+   * every wait is bounded. Each returns 0; 2 when there is no such object (or
+   * it ends before the range); 1 with a message otherwise. Callable from any
+   * thread, several at once. */
+  int (*object_size)(void* handle, const char* url, uint64_t* size, char* error,
+                     size_t error_size);
+  int (*read_object)(void* handle, const char* url, uint64_t offset, uint64_t length, void* out,
+                     char* error, size_t error_size);
 } train_host_v1_t;
 
 /* report_checkpoint's upload_mode. */

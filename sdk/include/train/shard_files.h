@@ -9,6 +9,7 @@
 // say so; ShardReader's reads are.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -116,14 +117,33 @@ class ShardWriter {
   std::vector<std::string> written_;
 };
 
-/// Reads samples of local shards by their index (pread: reads from any thread
-/// at once). A shard without an index is indexed when opened, and the index
-/// written beside it where the directory allows.
+/// A shard's bytes by range: a local file, or an object read through the
+/// run's storage. Reads may come from several threads at once.
+class ShardSource {
+ public:
+  virtual ~ShardSource() = default;
+  virtual uint64_t size() const = 0;
+  /// `length` bytes at `offset`. Throws ShardError when they cannot all be
+  /// read (the shard shrank or is gone, a read failed), naming the shard.
+  virtual std::string read(uint64_t offset, uint64_t length) const = 0;
+  /// Whether reads go over a network (and are worth gathering into chunks).
+  virtual bool remote() const { return false; }
+};
+
+/// Opens a shard that is not a local path (s3://): its source, or nullptr
+/// when there is no such object. Throws ShardError when it cannot tell.
+using ShardOpener = std::function<std::unique_ptr<ShardSource>(const std::string& url)>;
+
+/// Reads samples of shards by their index (reads from any thread at once).
+/// A local shard without an index is indexed when opened, and the index
+/// written beside it where the directory allows; one in object storage needs
+/// its index object ("<shard>.idx") beside it.
 class ShardReader {
  public:
-  /// Opens every shard of `spec` (expand_shards). Throws ShardError for a
-  /// missing shard, a corrupt one, or an index that does not match it.
-  explicit ShardReader(const std::string& spec);
+  /// Opens every shard of `spec` (expand_shards); `opener` opens those that
+  /// are not local paths (none given: they are refused). Throws ShardError
+  /// for a missing shard, a corrupt one, or an index that does not match it.
+  explicit ShardReader(const std::string& spec, ShardOpener opener = nullptr);
   ~ShardReader();
   ShardReader(ShardReader&&) noexcept;
   ShardReader& operator=(ShardReader&&) noexcept;
@@ -139,9 +159,14 @@ class ShardReader {
   Sample read(uint64_t index) const;
   /// Its shard and its index in that shard.
   std::pair<size_t, uint64_t> locate(uint64_t index) const;
+  /// Where sample `local` of shard `shard` lies: its offset and bytes.
+  std::pair<uint64_t, uint64_t> extent(size_t shard, uint64_t local) const;
+  /// The source of shard `shard`.
+  const ShardSource& source(size_t shard) const;
+
+  struct Shard;  // a source and its index
 
  private:
-  struct Shard;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::vector<std::string> paths_;
   std::vector<uint64_t> counts_;

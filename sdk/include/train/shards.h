@@ -31,6 +31,7 @@
 namespace train {
 
 namespace shards {
+class ChunkCache;
 class EpochPlan;
 struct Segment;
 }  // namespace shards
@@ -44,6 +45,10 @@ struct ShardOptions {
   /// Samples each rank mixes together: it reads its part in blocks of this
   /// many, each block in an order of its own.
   TORCH_ARG(uint64_t, shuffle_buffer) = 8192;
+  /// Bytes of chunks of object-storage (s3://) shards held in memory per
+  /// rank: a chunk is read in one ranged request when one of its samples is
+  /// first wanted, and serves its other samples from here.
+  TORCH_ARG(uint64_t, cache_bytes) = uint64_t{256} << 20;
   /// A sample that cannot be read or parsed, or whose per-sample function
   /// throws, is left out of its batch and counted (skipped(), and one line on
   /// the worker's log for the first ones), rather than ending the run.
@@ -61,7 +66,8 @@ torch::Tensor pt_tensor(const std::string& bytes);
 /// Throws ShardError for anything else.
 int64_t class_label(const std::string& bytes);
 
-/// The samples of local shards (expand_shards' spec), each turned into a
+/// The samples of shards (expand_shards' spec: local paths, or s3:// objects
+/// read with the run's S3 settings), each turned into a
 /// torch::data::Example<> by a function of yours. Copies share the shards.
 class ShardDataset
     : public torch::data::datasets::Dataset<ShardDataset, torch::data::Example<>> {
@@ -86,7 +92,12 @@ class ShardDataset
   uint64_t skipped() const { return skipped_->load(); }
 
  private:
+  // The sample's bytes: read alone from a local shard, cut from its chunk
+  // (cached) from a remote one.
+  Sample read(size_t index) const;
+
   std::shared_ptr<const ShardReader> reader_;
+  std::shared_ptr<shards::ChunkCache> cache_;
   Transform transform_;
   ShardOptions options_;
   std::shared_ptr<std::atomic<uint64_t>> skipped_ = std::make_shared<std::atomic<uint64_t>>(0);

@@ -3,6 +3,9 @@
 
 #include <train/shards.h>
 
+#include "data/shards/chunk_cache.h"
+#include "data/sources/object.h"
+
 #include <iostream>
 
 namespace train {
@@ -19,11 +22,36 @@ ShardDataset::ShardDataset(const std::string& spec, Transform transform, ShardOp
     throw std::invalid_argument(
         "train::ShardDataset: chunk_samples and shuffle_buffer must be at least 1");
   }
-  reader_ = std::make_shared<const ShardReader>(spec);
+  reader_ = std::make_shared<const ShardReader>(spec, &sources::Object::open);
+  cache_ = std::make_shared<shards::ChunkCache>(options_.cache_bytes());
+}
+
+Sample ShardDataset::read(size_t index) const {
+  const auto [shard, local] = reader_->locate(index);
+  const auto& source = reader_->source(shard);
+  if (!source.remote()) return reader_->read(index);
+  // The chunk the assignment reads it with: its samples in one request.
+  const uint64_t chunk = local / options_.chunk_samples();
+  const uint64_t first = chunk * options_.chunk_samples();
+  const uint64_t last = std::min(first + options_.chunk_samples(), reader_->counts()[shard]) - 1;
+  const uint64_t begin = reader_->extent(shard, first).first;
+  const auto [end_offset, end_bytes] = reader_->extent(shard, last);
+  const uint64_t key = static_cast<uint64_t>(shard) << 40 | chunk;
+  const std::string where =
+      "shard " + reader_->shards()[shard] + ", sample " + std::to_string(local);
+  auto bytes = cache_->get(key, [&] {
+    try {
+      return source.read(begin, end_offset + end_bytes - begin);
+    } catch (const ShardError& error) {
+      throw ShardError(where + ": " + error.what());
+    }
+  });
+  const auto [offset, length] = reader_->extent(shard, local);
+  return parse_sample(std::string_view(*bytes).substr(offset - begin, length), where);
 }
 
 torch::data::Example<> ShardDataset::get(size_t index) {
-  Sample sample = reader_->read(index);
+  Sample sample = read(index);
   try {
     return transform_(sample);
   } catch (const std::exception& error) {

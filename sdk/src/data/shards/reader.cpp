@@ -39,12 +39,60 @@ void try_write_index(const std::string& path, const std::string& bytes) {
 }  // namespace
 
 struct ShardReader::Shard {
-  explicit Shard(const std::string& path) : file(path) {}
-  sources::LocalFile file;
+  std::unique_ptr<ShardSource> source;
   ShardIndex index;
 };
 
-ShardReader::ShardReader(const std::string& spec) {
+namespace {
+
+// A local shard, indexed when it has no index yet.
+std::unique_ptr<ShardReader::Shard> open_local(const std::string& path) {
+  auto file = std::make_unique<sources::LocalFile>(path);
+  ShardIndex index;
+  const auto index_file = index_path(path);
+  if (auto bytes = read_index_file(index_file)) {
+    index = ShardIndex::parse(*bytes, index_file);
+  } else {
+    const auto mapping = file->map();
+    index = index_shard(mapping.bytes(), "shard " + path);
+    try_write_index(index_file, index.serialize());
+  }
+  auto shard = std::make_unique<ShardReader::Shard>();
+  shard->source = std::move(file);
+  shard->index = std::move(index);
+  return shard;
+}
+
+// A shard in object storage, with its index object.
+std::unique_ptr<ShardReader::Shard> open_remote(const std::string& url, const ShardOpener& opener) {
+  if (!opener) {
+    throw ShardError("shard " + url +
+                     ": object storage is read inside a train function that trainrun started");
+  }
+  auto source = opener(url);
+  if (!source) throw ShardError("shard " + url + ": no such object");
+  const auto index_url = index_path(url);
+  auto index_source = opener(index_url);
+  if (!index_source) {
+    throw ShardError("shard " + url + " has no index object " + index_url +
+                     " (index the shards where they were written, with trainrun index, and "
+                     "upload each .idx beside its shard)");
+  }
+  auto shard = std::make_unique<ShardReader::Shard>();
+  std::string index_bytes;
+  try {
+    index_bytes = index_source->read(0, index_source->size());
+  } catch (const ShardError& error) {
+    throw ShardError("shard index " + index_url + ": " + error.what());
+  }
+  shard->index = ShardIndex::parse(index_bytes, index_url);
+  shard->source = std::move(source);
+  return shard;
+}
+
+}  // namespace
+
+ShardReader::ShardReader(const std::string& spec, ShardOpener opener) {
   std::vector<std::string> paths;
   try {
     paths = expand_shards(spec);
@@ -52,24 +100,12 @@ ShardReader::ShardReader(const std::string& spec) {
     throw ShardError(error.what());
   }
   for (auto& path : paths) {
-    if (path.rfind("s3://", 0) == 0) {
-      throw ShardError("shard " + path + ": s3:// shards are read through the run's storage, "
-                       "which this reader does not reach (give local paths)");
-    }
-    auto shard = std::make_unique<Shard>(path);
-    const auto index_file = index_path(path);
-    if (auto bytes = read_index_file(index_file)) {
-      shard->index = ShardIndex::parse(*bytes, index_file);
-      if (shard->index.shard_bytes != shard->file.size()) {
-        throw ShardError("shard index " + index_file + " describes a shard of " +
-                         std::to_string(shard->index.shard_bytes) + " bytes, but " + path +
-                         " has " + std::to_string(shard->file.size()) +
-                         ": it is stale (index the shard again: trainrun index " + path + ")");
-      }
-    } else {
-      const auto mapping = shard->file.map();
-      shard->index = index_shard(mapping.bytes(), "shard " + path);
-      try_write_index(index_file, shard->index.serialize());
+    auto shard = path.rfind("s3://", 0) == 0 ? open_remote(path, opener) : open_local(path);
+    if (shard->index.shard_bytes != shard->source->size()) {
+      throw ShardError("the index of shard " + path + " describes a shard of " +
+                       std::to_string(shard->index.shard_bytes) + " bytes, but it has " +
+                       std::to_string(shard->source->size()) +
+                       ": it is stale (index the shard again: trainrun index " + path + ")");
     }
     starts_.push_back(size_);
     counts_.push_back(shard->index.samples.size());
@@ -96,13 +132,19 @@ std::pair<size_t, uint64_t> ShardReader::locate(uint64_t index) const {
   return {shard, index - starts_[shard]};
 }
 
+std::pair<uint64_t, uint64_t> ShardReader::extent(size_t shard, uint64_t local) const {
+  return shards_.at(shard)->index.samples.at(local);
+}
+
+const ShardSource& ShardReader::source(size_t shard) const { return *shards_.at(shard)->source; }
+
 Sample ShardReader::read(uint64_t index) const {
   const auto [shard, local] = locate(index);
   const auto& [offset, length] = shards_[shard]->index.samples[local];
   const std::string where = "shard " + paths_[shard] + ", sample " + std::to_string(local);
   std::string bytes;
   try {
-    bytes = shards_[shard]->file.read(offset, length);
+    bytes = shards_[shard]->source->read(offset, length);
   } catch (const ShardError& error) {
     throw ShardError(where + ": " + error.what());
   }

@@ -3,25 +3,27 @@
 // A local file read by ranges (pread): any number of threads read at once.
 // Owns its descriptor.
 
+#include <train/shard_files.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace train::sources {
 
-class LocalFile {
+class LocalFile : public ShardSource {
  public:
   /// Opens `path` for reading; throws train::ShardError naming it.
   explicit LocalFile(std::string path);
-  ~LocalFile();
+  ~LocalFile() override;
   LocalFile(const LocalFile&) = delete;
   LocalFile& operator=(const LocalFile&) = delete;
 
   const std::string& path() const { return path_; }
-  uint64_t size() const { return size_; }
+  uint64_t size() const override { return size_; }
   /// `length` bytes at `offset`; throws train::ShardError when the file
   /// ends before them (it shrank) or a read fails.
-  std::string read(uint64_t offset, uint64_t length) const;
+  std::string read(uint64_t offset, uint64_t length) const override;
   /// The whole file mapped, for a scan; empty for an empty file.
   class Mapping {
    public:
