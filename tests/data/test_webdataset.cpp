@@ -49,7 +49,7 @@ std::pair<int, std::string> run(const std::string& command) {
 
 std::string tool() { return wds_python().string() + " " + TEST_SOURCE_DIR "/data/wds_tool.py"; }
 
-std::string hex(const std::string& bytes) {
+std::string hex(std::string_view bytes) {
   static const char* digits = "0123456789abcdef";
   std::string out;
   for (unsigned char c : bytes) {
@@ -85,12 +85,16 @@ TEST_CASE("webdataset reads trainrun's shards: every sample, its fields byte for
   train::ShardWriter writer((dir.path / "ours-%06d.tar").string(), options);
   std::vector<nlohmann::json> expected;
   for (int i = 0; i < 20; ++i) {
+    const std::string key =
+        (i % 2 ? "a/" : "b/") + std::string(i == 3 ? 120 : 3, 'k') + std::to_string(i);
+    const std::vector<std::pair<std::string, std::string>> fields{
+        {"cls", std::to_string(i % 4)},
+        {"txt", "sample " + std::to_string(i)},
+        {"bin", std::string(static_cast<size_t>(i * 97), static_cast<char>(i))}};
+    writer.write(key, fields);
     train::Sample sample;
-    sample.key = (i % 2 ? "a/" : "b/") + std::string(i == 3 ? 120 : 3, 'k') + std::to_string(i);
-    sample.fields = {{"cls", std::to_string(i % 4)},
-                     {"txt", "sample " + std::to_string(i)},
-                     {"bin", std::string(static_cast<size_t>(i * 97), static_cast<char>(i))}};
-    writer.write(sample.key, sample.fields);
+    sample.key = key;
+    for (const auto& [name, bytes] : fields) sample.fields.emplace_back(name, bytes);
     expected.push_back(describe(sample));
   }
   REQUIRE(writer.close().size() == 3);

@@ -28,16 +28,18 @@ class ShardError : public std::runtime_error {
 };
 
 /// One sample: its key and its fields, each the bytes of one tar member, in
-/// the order the shard holds them.
+/// the order the shard holds them. The fields view `data` (read once, not
+/// copied per field), which the sample keeps alive: copies share it.
 struct Sample {
   std::string key;
-  std::vector<std::pair<std::string, std::string>> fields;
+  std::vector<std::pair<std::string, std::string_view>> fields;
+  std::shared_ptr<const void> data;
 
   /// The field named `name` ("jpg", "cls", "seg.png"), or nullptr.
-  const std::string* find(std::string_view name) const;
+  const std::string_view* find(std::string_view name) const;
   /// The same; throws ShardError naming the key and the fields it has when it
   /// has none of that name.
-  const std::string& at(std::string_view name) const;
+  std::string_view at(std::string_view name) const;
 };
 
 /// Where each sample of a shard lies: its first header's offset and its
@@ -62,10 +64,12 @@ ShardIndex index_shard(std::string_view bytes, const std::string& where);
 /// The path of `shard`'s index: `shard` + ".idx".
 std::string index_path(const std::string& shard);
 
-/// The sample whose bytes (a range that index_shard recorded) are `bytes`.
-/// Throws ShardError naming `where` when they are not one sample's members
-/// (a stale index, a corrupt shard).
-Sample parse_sample(std::string_view bytes, const std::string& where);
+/// The sample whose members (a range that index_shard recorded) are `bytes`,
+/// which `owner` keeps alive; its fields view them. Throws ShardError naming
+/// `where` when they are not one sample's members (a stale index, a corrupt
+/// shard).
+Sample parse_sample(std::string_view bytes, std::shared_ptr<const void> owner,
+                    const std::string& where);
 
 /// Local shard paths named by `spec`: one path, brace ranges and lists
 /// ("train-{000000..000146}.tar", "{a,b}.tar"), glob patterns in the last
@@ -123,11 +127,20 @@ class ShardSource {
  public:
   virtual ~ShardSource() = default;
   virtual uint64_t size() const = 0;
-  /// `length` bytes at `offset`. Throws ShardError when they cannot all be
-  /// read (the shard shrank or is gone, a read failed), naming the shard.
-  virtual std::string read(uint64_t offset, uint64_t length) const = 0;
+  /// `length` bytes at `offset` into `out`. Throws ShardError when they
+  /// cannot all be read (the shard shrank or is gone, a read failed).
+  virtual void read(uint64_t offset, uint64_t length, char* out) const = 0;
+  /// The same, as a string.
+  std::string read(uint64_t offset, uint64_t length) const {
+    std::string bytes(length, '\0');
+    read(offset, length, bytes.data());
+    return bytes;
+  }
   /// Whether reads go over a network (and are worth gathering into chunks).
   virtual bool remote() const { return false; }
+  /// Says that the `length` bytes at `offset` will be read soon: a local file
+  /// starts reading them from the disk, in one sequential read, at once.
+  virtual void will_need(uint64_t /*offset*/, uint64_t /*length*/) const {}
 };
 
 /// Opens a shard that is not a local path (s3://): its source, or nullptr

@@ -32,6 +32,8 @@ namespace train {
 
 namespace shards {
 class ChunkCache;
+class Prefetcher;
+class RecentChunks;
 class EpochPlan;
 struct Segment;
 }  // namespace shards
@@ -46,9 +48,16 @@ struct ShardOptions {
   /// many, each block in an order of its own.
   TORCH_ARG(uint64_t, shuffle_buffer) = 8192;
   /// Bytes of chunks of object-storage (s3://) shards held in memory per
-  /// rank: a chunk is read in one ranged request when one of its samples is
-  /// first wanted, and serves its other samples from here.
+  /// rank: a chunk is read in one ranged request, ahead of the loader or when
+  /// one of its samples is first wanted, and serves its other samples from here.
   TORCH_ARG(uint64_t, cache_bytes) = uint64_t{256} << 20;
+  /// Bytes of the next chunks read ahead per rank as the loader enters each
+  /// block of the shuffle: local chunks from the disk into the page cache (one
+  /// sequential read each), remote ones into the cache above (at most half
+  /// of it), on read_threads threads.
+  TORCH_ARG(uint64_t, read_ahead_bytes) = uint64_t{128} << 20;
+  /// Threads that read chunks ahead (for remote shards, ranged requests at once).
+  TORCH_ARG(size_t, read_threads) = 8;
   /// A sample that cannot be read or parsed, or whose per-sample function
   /// throws, is left out of its batch and counted (skipped(), and one line on
   /// the worker's log for the first ones), rather than ending the run.
@@ -58,13 +67,13 @@ struct ShardOptions {
 /// A tensor from a field holding a NumPy .npy file (as numpy.save writes it:
 /// little-endian bool, integer or floating point, C order). Throws ShardError
 /// for anything else, naming what it found.
-torch::Tensor npy_tensor(const std::string& bytes);
+torch::Tensor npy_tensor(std::string_view bytes);
 /// A tensor from a field holding torch.save's bytes of one tensor (WebDataset's
 /// "pt"). Throws ShardError when they hold no tensor.
-torch::Tensor pt_tensor(const std::string& bytes);
+torch::Tensor pt_tensor(std::string_view bytes);
 /// The integer of a "cls" field (decimal text, as WebDataset writes it).
 /// Throws ShardError for anything else.
-int64_t class_label(const std::string& bytes);
+int64_t class_label(std::string_view bytes);
 
 /// The samples of shards (expand_shards' spec: local paths, or s3:// objects
 /// read with the run's S3 settings), each turned into a
@@ -82,6 +91,13 @@ class ShardDataset
   /// Sample `index` (shard after shard), transformed. Throws what reading or
   /// the transform throws, as ShardError naming the shard and the sample.
   torch::data::Example<> get(size_t index) override;
+  /// Sample `index` as the shard holds it, without the transform. Throws
+  /// ShardError naming the shard and the sample when it cannot be read.
+  Sample sample(size_t index) const;
+  /// Starts reading the chunks of `samples` ahead, in their order, up to
+  /// read_ahead_bytes; returns at once. The loader's sampler calls it as each
+  /// block of the shuffle begins (prepare_data_loader connects them).
+  void read_ahead(const std::vector<size_t>& samples) const;
   /// The samples at `indices`; with skip_bad_samples, without those that fail.
   std::vector<torch::data::Example<>> get_batch(c10::ArrayRef<size_t> indices) override;
   c10::optional<size_t> size() const override { return static_cast<size_t>(reader_->size()); }
@@ -92,12 +108,17 @@ class ShardDataset
   uint64_t skipped() const { return skipped_->load(); }
 
  private:
-  // The sample's bytes: read alone from a local shard, cut from its chunk
-  // (cached) from a remote one.
-  Sample read(size_t index) const;
+  // The chunk `index` is read with: its first sample's offset, its bytes,
+  // and a key for it.
+  struct Chunk {
+    uint64_t begin, bytes, key;
+  };
+  Chunk chunk_of(size_t shard, uint64_t local) const;
 
   std::shared_ptr<const ShardReader> reader_;
-  std::shared_ptr<shards::ChunkCache> cache_;
+  std::shared_ptr<shards::ChunkCache> cache_;          // remote chunks' bytes
+  std::shared_ptr<shards::RecentChunks> read_ahead_;  // local chunks read ahead
+  std::shared_ptr<shards::Prefetcher> prefetcher_;    // reads ahead
   Transform transform_;
   ShardOptions options_;
   std::shared_ptr<std::atomic<uint64_t>> skipped_ = std::make_shared<std::atomic<uint64_t>>(0);
@@ -142,6 +163,10 @@ class ShardSampler : public torch::data::samplers::Sampler<> {
   /// rank consumed. Throws std::runtime_error when it was saved for shards of
   /// other sample counts.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// Calls `hook` with the samples of each block of this rank's order as
+  /// next() enters it (prepare_data_loader's: the dataset reads them ahead).
+  void on_block(std::function<void(const std::vector<size_t>&)> hook);
 
   /// Items this rank gets in the epoch (what is left of it, once resumed under
   /// another world size).

@@ -53,4 +53,14 @@ uint64_t ChunkCache::bytes() const {
   return used_;
 }
 
+bool RecentChunks::add(uint64_t key) {
+  std::lock_guard lock(mutex_);
+  if (held_.count(key) > 0) return false;
+  if (ring_[next_] != UINT64_MAX) held_.erase(ring_[next_]);
+  ring_[next_] = key;
+  held_.insert(key);
+  next_ = (next_ + 1) % ring_.size();
+  return true;
+}
+
 }  // namespace train::shards

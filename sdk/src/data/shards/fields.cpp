@@ -25,7 +25,7 @@ constexpr NpyType kNpyTypes[] = {
 
 }  // namespace
 
-torch::Tensor npy_tensor(const std::string& bytes) {
+torch::Tensor npy_tensor(std::string_view bytes) {
   // "\x93NUMPY", major, minor, the header's length (2 bytes in 1.0, 4 after),
   // a Python dict literal, then the data.
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) {
@@ -44,7 +44,7 @@ torch::Tensor npy_tensor(const std::string& bytes) {
   }
   const size_t data_start = 8 + width + header_length;
   if (data_start > bytes.size()) throw ShardError("an npy field is cut short in its header");
-  const std::string header = bytes.substr(8 + width, header_length);
+  const std::string header(bytes.substr(8 + width, header_length));
   std::smatch match;
   if (!std::regex_search(header, match, std::regex(R"('descr'\s*:\s*'([^']*)')"))) {
     throw ShardError("an npy field's header has no descr");
@@ -90,7 +90,7 @@ torch::Tensor npy_tensor(const std::string& bytes) {
   return tensor;
 }
 
-torch::Tensor pt_tensor(const std::string& bytes) {
+torch::Tensor pt_tensor(std::string_view bytes) {
   c10::IValue value;
   try {
     value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
@@ -101,11 +101,11 @@ torch::Tensor pt_tensor(const std::string& bytes) {
   return value.toTensor();
 }
 
-int64_t class_label(const std::string& bytes) {
+int64_t class_label(std::string_view bytes) {
   size_t begin = 0, end = bytes.size();
   while (begin < end && std::isspace(static_cast<unsigned char>(bytes[begin]))) ++begin;
   while (end > begin && std::isspace(static_cast<unsigned char>(bytes[end - 1]))) --end;
-  const std::string text = bytes.substr(begin, end - begin);
+  const std::string text(bytes.substr(begin, end - begin));
   const bool negative = !text.empty() && text[0] == '-';
   const std::string digits = negative ? text.substr(1) : text;
   if (digits.empty() || digits.size() > 18 ||

@@ -94,14 +94,14 @@ bool is_file(char kind) { return kind == '0' || kind == '7'; }
 
 }  // namespace
 
-const std::string* Sample::find(std::string_view name) const {
+const std::string_view* Sample::find(std::string_view name) const {
   for (const auto& [field, bytes] : fields) {
     if (field == name) return &bytes;
   }
   return nullptr;
 }
 
-const std::string& Sample::at(std::string_view name) const {
+std::string_view Sample::at(std::string_view name) const {
   if (const auto* bytes = find(name)) return *bytes;
   std::string have;
   for (const auto& field : fields) have += (have.empty() ? "" : ", ") + field.first;
@@ -175,7 +175,8 @@ ShardIndex index_shard(std::string_view bytes, const std::string& where) {
 
 std::string index_path(const std::string& shard) { return shard + ".idx"; }
 
-Sample parse_sample(std::string_view bytes, const std::string& where) {
+Sample parse_sample(std::string_view bytes, std::shared_ptr<const void> owner,
+                    const std::string& where) {
   Sample sample;
   uint64_t at = 0;
   while (auto member = next_member(bytes, at, where)) {
@@ -193,13 +194,13 @@ Sample parse_sample(std::string_view bytes, const std::string& where) {
       throw ShardError(where + ": sample " + sample.key + " has field '" + split->second +
                        "' twice");
     }
-    sample.fields.emplace_back(std::move(split->second),
-                               std::string(bytes.substr(member->data, member->size)));
+    sample.fields.emplace_back(std::move(split->second), bytes.substr(member->data, member->size));
   }
   if (sample.fields.empty()) {
     throw ShardError(where + ": no sample where the index points (a stale index: run "
                      "`trainrun index` on the shard)");
   }
+  sample.data = std::move(owner);
   return sample;
 }
 

@@ -142,13 +142,15 @@ Sample ShardReader::read(uint64_t index) const {
   const auto [shard, local] = locate(index);
   const auto& [offset, length] = shards_[shard]->index.samples[local];
   const std::string where = "shard " + paths_[shard] + ", sample " + std::to_string(local);
-  std::string bytes;
+  // Uninitialised: the read fills it, and nothing copies it after.
+  std::shared_ptr<char[]> bytes(new char[length]);
   try {
-    bytes = shards_[shard]->source->read(offset, length);
+    shards_[shard]->source->read(offset, length, bytes.get());
   } catch (const ShardError& error) {
     throw ShardError(where + ": " + error.what());
   }
-  return parse_sample(bytes, where);
+  const std::string_view view(bytes.get(), length);
+  return parse_sample(view, std::move(bytes), where);
 }
 
 }  // namespace train

@@ -54,6 +54,8 @@ struct ShardSampler::State {
   size_t start = 0;                 // where the epoch started (a resume's)
   std::deque<size_t> issued;        // batches next() gave, not yet handed out
   std::optional<size_t> yielded;    // items handed out, counting
+  std::function<void(const std::vector<size_t>&)> on_block;
+  std::optional<uint64_t> hinted;   // the block on_block was called for last
 
   std::vector<shards::Segment> history_of(size_t of) const {
     return history_epoch == of ? history : std::vector<shards::Segment>{};
@@ -105,6 +107,11 @@ void ShardSampler::reset(c10::optional<size_t> /*new_size*/) {
   state.start = state.position;
   state.issued.clear();
   state.yielded.reset();
+  state.hinted.reset();
+}
+
+void ShardSampler::on_block(std::function<void(const std::vector<size_t>&)> hook) {
+  state_->on_block = std::move(hook);
 }
 
 c10::optional<std::vector<size_t>> ShardSampler::next(size_t batch_size) {
@@ -114,7 +121,19 @@ c10::optional<std::vector<size_t>> ShardSampler::next(size_t batch_size) {
   const size_t end = std::min<size_t>(plan.size(), state.position + batch_size);
   std::vector<size_t> batch;
   batch.reserve(end - state.position);
-  for (size_t k = state.position; k < end; ++k) batch.push_back(plan.sample(k));
+  for (size_t k = state.position; k < end; ++k) {
+    const uint64_t block = k / state.options.buffer;
+    if (state.on_block && state.hinted != block) {
+      // The whole block, from here on: what the next batches read.
+      state.hinted = block;
+      std::vector<size_t> ahead;
+      const size_t block_end = std::min<size_t>(plan.size(), (block + 1) * state.options.buffer);
+      ahead.reserve(block_end - k);
+      for (size_t i = k; i < block_end; ++i) ahead.push_back(plan.sample(i));
+      state.on_block(ahead);
+    }
+    batch.push_back(plan.sample(k));
+  }
   state.issued.push_back(end - state.position);
   state.position = end;
   return batch;
@@ -204,6 +223,9 @@ DataLoader<ShardDataset, ShardSampler> prepare_data_loader(ShardDataset dataset,
   if (ctx.world_size() > 1) detail::check_same_dataset_size(size, "prepare_data_loader");
   ShardSampler sampler(dataset.reader().counts(), ctx, options.shuffle(),
                        options.allow_duplicates(), options.seed(), dataset.options());
+  sampler.on_block([reader = dataset](const std::vector<size_t>& samples) {
+    reader.read_ahead(samples);
+  });
   return DataLoader<ShardDataset, ShardSampler>(std::move(dataset), std::move(sampler), options,
                                                 ctx.device());
 }

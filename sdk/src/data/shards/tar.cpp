@@ -81,22 +81,27 @@ std::string header_block(const std::string& name, uint64_t size, char kind) {
 TarHeader parse_header(std::string_view block) {
   if (block.size() != kTarBlock) throw TarError("a tar header is cut short");
   TarHeader header;
-  if (std::all_of(block.begin(), block.end(), [](char c) { return c == '\0'; })) {
-    header.end = true;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(block.data());
+  // The sum of the block with the checksum field as spaces, in loops the
+  // compiler vectorises: this runs for every member read.
+  uint64_t unsigned_sum = 8 * ' ';
+  for (size_t i = 0; i < 148; ++i) unsigned_sum += bytes[i];
+  for (size_t i = 156; i < kTarBlock; ++i) unsigned_sum += bytes[i];
+  if (unsigned_sum == 8 * ' ' &&
+      std::all_of(block.begin() + 148, block.begin() + 156, [](char c) { return c == '\0'; })) {
+    header.end = true;  // a zero block
     return header;
   }
   const uint64_t recorded = parse_number(block.substr(148, 8), "checksum");
-  // The sum of the block with the checksum field as spaces; old writers summed
-  // signed chars.
-  uint64_t unsigned_sum = 0;
-  int64_t signed_sum = 0;
-  for (size_t i = 0; i < kTarBlock; ++i) {
-    const char c = i >= 148 && i < 156 ? ' ' : block[i];
-    unsigned_sum += static_cast<unsigned char>(c);
-    signed_sum += static_cast<signed char>(c);
-  }
-  if (recorded != unsigned_sum && static_cast<int64_t>(recorded) != signed_sum) {
-    throw TarError("a tar header's checksum does not match (not a tar file, or not at a header)");
+  if (recorded != unsigned_sum) {
+    // Old writers summed signed chars.
+    int64_t signed_sum = 8 * ' ';
+    for (size_t i = 0; i < kTarBlock; ++i) {
+      if (i < 148 || i >= 156) signed_sum += static_cast<signed char>(bytes[i]);
+    }
+    if (static_cast<int64_t>(recorded) != signed_sum) {
+      throw TarError("a tar header's checksum does not match (not a tar file, or not at a header)");
+    }
   }
   header.size = parse_number(block.substr(124, 12), "size");
   header.kind = block[156] == '\0' ? '0' : block[156];

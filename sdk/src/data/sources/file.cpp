@@ -31,16 +31,15 @@ LocalFile::~LocalFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string LocalFile::read(uint64_t offset, uint64_t length) const {
+void LocalFile::read(uint64_t offset, uint64_t length, char* out) const {
   if (offset > size_ || length > size_ - offset) {
     throw ShardError("shard " + path_ + " has " + std::to_string(size_) + " bytes, not the " +
                      std::to_string(offset + length) + " its index needs (a stale index: run "
                      "`trainrun index` on it)");
   }
-  std::string bytes(length, '\0');
   uint64_t done = 0;
   while (done < length) {
-    const ssize_t n = ::pread(fd_, bytes.data() + done, length - done,
+    const ssize_t n = ::pread(fd_, out + done, length - done,
                               static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw ShardError("cannot read shard " + path_ + ": " + std::strerror(errno));
@@ -51,7 +50,11 @@ std::string LocalFile::read(uint64_t offset, uint64_t length) const {
     }
     done += static_cast<uint64_t>(n);
   }
-  return bytes;
+}
+
+void LocalFile::will_need(uint64_t offset, uint64_t length) const {
+  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+                        POSIX_FADV_WILLNEED);
 }
 
 LocalFile::Mapping::~Mapping() {

@@ -23,7 +23,10 @@ class LocalFile : public ShardSource {
   uint64_t size() const override { return size_; }
   /// `length` bytes at `offset`; throws train::ShardError when the file
   /// ends before them (it shrank) or a read fails.
-  std::string read(uint64_t offset, uint64_t length) const override;
+  void read(uint64_t offset, uint64_t length, char* out) const override;
+  using ShardSource::read;
+  /// posix_fadvise(WILLNEED): the kernel reads the range ahead, in the background.
+  void will_need(uint64_t offset, uint64_t length) const override;
   /// The whole file mapped, for a scan; empty for an empty file.
   class Mapping {
    public:

@@ -17,7 +17,8 @@ std::unique_ptr<ShardSource> Object::open(const std::string& url) {
     throw ShardError("shard " + url +
                      ": object storage is read inside a train function that trainrun started");
   }
-  if (!TRAIN_HOST_HAS(host, read_object)) {
+  if (!TRAIN_HOST_HAS(host, read_object) || host->read_object == nullptr ||
+      host->object_size == nullptr) {
     throw ShardError("shard " + url +
                      ": this worker's trainrun reads no object storage for data (update it)");
   }
@@ -29,17 +30,15 @@ std::unique_ptr<ShardSource> Object::open(const std::string& url) {
   return std::unique_ptr<ShardSource>(new Object(host, url, size));
 }
 
-std::string Object::read(uint64_t offset, uint64_t length) const {
-  std::string bytes(length, '\0');
+void Object::read(uint64_t offset, uint64_t length, char* out) const {
   std::vector<char> error(kErrorBytes, '\0');
-  const int rc = host_->read_object(host_->handle, url_.c_str(), offset, length, bytes.data(),
+  const int rc = host_->read_object(host_->handle, url_.c_str(), offset, length, out,
                                     error.data(), error.size());
   if (rc == 2) {
     throw ShardError("the object is gone, or ends before byte " +
                      std::to_string(offset + length) + " (" + error.data() + ")");
   }
   if (rc != 0) throw ShardError(error.data());
-  return bytes;
 }
 
 }  // namespace train::sources

@@ -22,7 +22,8 @@ class Object : public ShardSource {
 
   uint64_t size() const override { return size_; }
   /// Throws ShardError saying what failed; the caller names the shard.
-  std::string read(uint64_t offset, uint64_t length) const override;
+  void read(uint64_t offset, uint64_t length, char* out) const override;
+  using ShardSource::read;
   bool remote() const override { return true; }
 
  private:
