@@ -155,7 +155,9 @@ using Loader = train::DataLoader<train::ShardDataset, train::ShardSampler>;
 Loader loader(const Setup& setup, size_t workers) {
   auto data = dataset(setup);
   const train::Context ctx(0, 0, 0, 1, 1, torch::kCPU, "bench", "/nonexistent");
-  train::ShardSampler sampler(data.reader().counts(), ctx, true, true, 0, shard_options(setup));
+  train::ShardSampler sampler(data.reader().counts(), ctx, true, true, 0,
+                              shard_options(setup).shuffle_buffer(data.shuffle_buffer()));
+  sampler.on_block([reader = data](const std::vector<size_t>& samples) { reader.read_ahead(samples); });
   return Loader(std::move(data), std::move(sampler),
                 train::LoaderOptions().batch_size(setup.batch).workers(workers).progress(false),
                 torch::kCPU);
@@ -166,13 +168,13 @@ uint64_t read_epoch(const train::ShardDataset& data, const Setup& setup) {
   const auto& reader = data.reader();
   train::shards::PlanOptions options;
   options.chunk = setup.chunk;
-  options.buffer = setup.buffer;
+  options.buffer = data.shuffle_buffer();
   train::shards::EpochPlan plan(reader.counts(), options, 0, {}, 1, 0);
   uint64_t bytes = 0;
   for (uint64_t k = 0; k < plan.size(); ++k) {
-    if (k % setup.buffer == 0) {  // as the loader's sampler does at each block
+    if (k % options.buffer == 0) {  // as the loader's sampler does at each block
       std::vector<size_t> block;
-      for (uint64_t i = k; i < std::min(plan.size(), k + setup.buffer); ++i) {
+      for (uint64_t i = k; i < std::min(plan.size(), k + options.buffer); ++i) {
         block.push_back(plan.sample(i));
       }
       data.read_ahead(block);
@@ -253,7 +255,7 @@ int read_shards(const Setup& setup, int rounds) {
       const double seconds = seconds_since(start);
       print({{"measure", "loader"}, {"round", round}, {"cold", setup.cold},
              {"samples_per_s", seen.size() / seconds}, {"mib_per_s", bytes / seconds / (1 << 20)},
-             {"peak_rss_growth_mib", peak - before}, {"shuffle_buffer", setup.buffer},
+             {"peak_rss_growth_mib", peak - before}, {"shuffle_buffer", data.shuffle_buffer()},
              {"chunk_samples", setup.chunk},
              {"read_ahead_mib", shard_options(setup).read_ahead_bytes() >> 20},
              {"cache_mib", remote ? shard_options(setup).cache_bytes() >> 20 : 0}});

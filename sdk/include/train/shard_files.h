@@ -164,8 +164,11 @@ class ShardReader {
   /// The shards' paths, and how many samples each holds.
   const std::vector<std::string>& shards() const;
   const std::vector<uint64_t>& counts() const;
-  /// All samples.
+  /// All samples, and their bytes (tar headers included).
   uint64_t size() const { return size_; }
+  uint64_t bytes() const { return bytes_; }
+  /// Whether some shard is read over a network.
+  bool remote() const { return remote_; }
   /// Sample `index` of the dataset (the shards' samples one after the other).
   /// Throws std::out_of_range past the end, ShardError for a sample that cannot
   /// be read, naming the shard and the sample.
@@ -185,6 +188,8 @@ class ShardReader {
   std::vector<uint64_t> counts_;
   std::vector<uint64_t> starts_;  // each shard's first sample
   uint64_t size_ = 0;
+  uint64_t bytes_ = 0;
+  bool remote_ = false;
 };
 
 }  // namespace train

@@ -45,7 +45,9 @@ struct ShardOptions {
   /// permutation of these chunks, so a chunk is one read (docs/data.md).
   TORCH_ARG(uint64_t, chunk_samples) = 64;
   /// Samples each rank mixes together: it reads its part in blocks of this
-  /// many, each block in an order of its own.
+  /// many, each block in an order of its own. For shards in object storage it
+  /// is cut to what half of cache_bytes holds (the shards' mean sample size
+  /// from their indexes), so that a block's chunks are read once.
   TORCH_ARG(uint64_t, shuffle_buffer) = 8192;
   /// Bytes of chunks of object-storage (s3://) shards held in memory per
   /// rank: a chunk is read in one ranged request, ahead of the loader or when
@@ -104,6 +106,10 @@ class ShardDataset
 
   const ShardReader& reader() const { return *reader_; }
   const ShardOptions& options() const { return options_; }
+  /// The shuffle buffer in use: shuffle_buffer, or for shards in object
+  /// storage what half the chunk cache holds, if less (a multiple of
+  /// chunk_samples, at least one chunk).
+  uint64_t shuffle_buffer() const;
   /// Samples skipped so far (skip_bad_samples), by every copy.
   uint64_t skipped() const { return skipped_->load(); }
 

@@ -33,6 +33,15 @@ ShardDataset::ShardDataset(const std::string& spec, Transform transform, ShardOp
   prefetcher_ = std::make_shared<shards::Prefetcher>(std::max<size_t>(options_.read_threads(), 1));
 }
 
+uint64_t ShardDataset::shuffle_buffer() const {
+  const uint64_t wanted = options_.shuffle_buffer();
+  if (!reader_->remote() || reader_->size() == 0) return wanted;
+  const uint64_t mean = std::max<uint64_t>(reader_->bytes() / reader_->size(), 1);
+  const uint64_t chunk = options_.chunk_samples();
+  const uint64_t fits = std::max<uint64_t>(options_.cache_bytes() / 2 / mean / chunk, 1) * chunk;
+  return std::min(wanted, fits);
+}
+
 ShardDataset::Chunk ShardDataset::chunk_of(size_t shard, uint64_t local) const {
   // The chunk the assignment reads the sample with.
   const uint64_t chunk = local / options_.chunk_samples();

@@ -107,6 +107,8 @@ ShardReader::ShardReader(const std::string& spec, ShardOpener opener) {
                        std::to_string(shard->source->size()) +
                        ": it is stale (index the shard again: trainrun index " + path + ")");
     }
+    for (const auto& sample : shard->index.samples) bytes_ += sample.second;
+    remote_ = remote_ || shard->source->remote();
     starts_.push_back(size_);
     counts_.push_back(shard->index.samples.size());
     size_ += shard->index.samples.size();

@@ -222,7 +222,8 @@ DataLoader<ShardDataset, ShardSampler> prepare_data_loader(ShardDataset dataset,
   const size_t size = dataset.size().value();
   if (ctx.world_size() > 1) detail::check_same_dataset_size(size, "prepare_data_loader");
   ShardSampler sampler(dataset.reader().counts(), ctx, options.shuffle(),
-                       options.allow_duplicates(), options.seed(), dataset.options());
+                       options.allow_duplicates(), options.seed(),
+                       ShardOptions(dataset.options()).shuffle_buffer(dataset.shuffle_buffer()));
   sampler.on_block([reader = dataset](const std::vector<size_t>& samples) {
     reader.read_ahead(samples);
   });
