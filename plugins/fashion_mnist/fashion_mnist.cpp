@@ -16,7 +16,9 @@
 // as a CUDA graph and replayed, train::CapturedStep, with drop_last), count_ops (false; true: the
 // ATen operators of the step after the warm-up, by phase, in the first epoch's report: ops_data,
 // ops_forward_backward (with the reducer's), ops_optimizer; train::OpCounter, the CPU's stand-in
-// for launches).
+// for launches), shards (a shard spec, local or s3://: the training images from
+// WebDataset shards that fashion_mnist_pack wrote, read with train::ShardDataset;
+// test_shards: the test images too, else from data_dir), loader_threads (2: with shards).
 
 #include <train/train.h>
 
@@ -117,6 +119,7 @@ struct Run {
   train::CheckpointUploadMode upload_mode;
   fashion_mnist::ResNet18 model;
   train::optim::Adam& optimizer;
+  c10::optional<size_t> loader_threads;  // none: the loader's default
 };
 
 // The epochs from run.first_epoch on, with a report and checkpoint after each.
@@ -132,6 +135,7 @@ void train_epochs(Run& run, TrainSet train_set, const TestSet& test_set) {
                                 .batch_size(batch_size)
                                 .shuffle(true)
                                 .drop_last(run.capture)
+                                .workers(run.loader_threads)
                                 .max_batches(static_cast<size_t>(std::max(run.max_steps, 0))));
   const size_t steps_per_epoch = loader.size();
   if (ctx.world_rank() == 0) {
@@ -273,9 +277,26 @@ void fashion_mnist_train(const train::Config& config) {
           config.get<bool>("capture", false),
           upload_mode_of(config.get("checkpoint_upload", "sync")),
           model,
-          optimizer};
+          optimizer,
+          c10::nullopt};
   // The training set first, so that a missing folder names its files.
-  if (data == "tensors") {
+  if (const auto spec = config.get("shards", ""); !spec.empty()) {
+    // Each sample an .npy of 28x28 pixels and a .cls, made into what get()
+    // makes of the idx files, on the loader's threads.
+    auto image_of = [](const train::Sample& sample) {
+      auto pixels = train::npy_tensor(sample.at("npy")).to(torch::kFloat32).div_(255);
+      return torch::data::Example<>(
+          pixels.sub_(fashion_mnist::kMean).div_(fashion_mnist::kStd).unsqueeze(0),
+          torch::tensor(train::class_label(sample.at("cls"))));
+    };
+    run.loader_threads = static_cast<size_t>(config.get<int>("loader_threads", 2));
+    train::ShardDataset train_set(spec, image_of);
+    if (const auto test_spec = config.get("test_shards", ""); !test_spec.empty()) {
+      train_epochs(run, std::move(train_set), train::ShardDataset(test_spec, image_of));
+    } else {
+      train_epochs(run, std::move(train_set), tensors(fashion_mnist::Split::kTest));
+    }
+  } else if (data == "tensors") {
     auto train_set = tensors(fashion_mnist::Split::kTrain);
     train_epochs(run, std::move(train_set), tensors(fashion_mnist::Split::kTest));
   } else {

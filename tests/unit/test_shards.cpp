@@ -383,6 +383,14 @@ TEST_CASE("shard fields: npy arrays, torch.save tensors and class labels") {
   CHECK_THROWS_WITH_AS(train::npy_tensor(npy.substr(0, npy.size() - 1)),
                        doctest::Contains("needs 6 bytes of data, not 5"), train::ShardError);
   CHECK_THROWS_AS(train::npy_tensor("not numpy"), train::ShardError);
+  // Written as numpy.save writes it, and read back.
+  CHECK(train::npy_bytes(torch::arange(6, torch::kUInt8).reshape({2, 3})) == npy);
+  for (const auto& t : {torch::arange(5, torch::kFloat), torch::ones({2, 1, 3}, torch::kInt64),
+                        torch::tensor(true), torch::arange(6, torch::kDouble).reshape({3, 2}).t()}) {
+    const auto back = train::npy_tensor(train::npy_bytes(t));
+    CHECK(back.sizes().vec() == t.sizes().vec());
+    CHECK(torch::equal(back, t.contiguous()));
+  }
   auto pickled = torch::pickle_save(torch::arange(4, torch::kFloat));
   CHECK(torch::equal(train::pt_tensor(std::string(pickled.begin(), pickled.end())),
                      torch::arange(4, torch::kFloat)));
@@ -391,4 +399,50 @@ TEST_CASE("shard fields: npy arrays, torch.save tensors and class labels") {
   CHECK(train::class_label("-3") == -3);
   CHECK_THROWS_WITH_AS(train::class_label("cat"), doctest::Contains("'cat', not an integer"),
                        train::ShardError);
+}
+
+TEST_CASE("shard dataset: a bad sample ends the read naming it, or is skipped and counted") {
+  TempDir dir;
+  const auto paths = write_samples(dir.path, 12, 12);
+  // Sample 5's first header corrupted.
+  auto bytes = read_file(paths[0]);
+  const auto index = train::ShardIndex::parse(read_file(train::index_path(paths[0])), "index");
+  bytes[index.samples[5].first + 10] ^= 0x40;
+  write_file(paths[0], bytes);
+  auto transform = [](const train::Sample& sample) {
+    if (sample.key == "s7") throw std::runtime_error("cannot decode");
+    return torch::data::Example<>(torch::tensor(train::class_label(sample.at("cls"))),
+                                  torch::tensor(0));
+  };
+  const std::vector<size_t> all{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  train::ShardDataset strict(paths[0], transform);
+  CHECK_THROWS_WITH_AS(strict.get_batch(all),
+                       doctest::Contains(("shard " + paths[0] + ", sample 5: corrupt").c_str()),
+                       train::ShardError);
+  CHECK_THROWS_WITH_AS(strict.get(7),
+                       doctest::Contains(("shard " + paths[0] + ", sample 7 (s7): cannot decode")
+                                             .c_str()),
+                       train::ShardError);
+  train::ShardDataset lenient(paths[0], transform, train::ShardOptions().skip_bad_samples(true));
+  CHECK(lenient.get_batch(all).size() == 10);
+  CHECK(lenient.skipped() == 2);
+  // Through the loader: the batch with the bad samples is shorter, and the
+  // position still counts it whole.
+  train::ShardSampler sampler(lenient.reader().counts(), rank_of(0, 1), false, false, 0,
+                              lenient.options());
+  train::DataLoader<train::ShardDataset, train::ShardSampler> loader(
+      lenient, sampler, train::LoaderOptions().batch_size(4).progress(false), torch::kCPU);
+  std::vector<int64_t> sizes;
+  for (auto& batch : loader) sizes.push_back(batch.data.size(0));
+  CHECK(sizes == std::vector<int64_t>{4, 2, 4});
+  torch::serialize::OutputArchive archive;
+  loader.save(archive);
+  std::ostringstream saved;
+  archive.save_to(saved);
+  std::istringstream in(saved.str());
+  torch::serialize::InputArchive loaded;
+  loaded.load_from(in);
+  torch::Tensor consumed;
+  loaded.read("shards.consumed", consumed, true);
+  CHECK(consumed.item<int64_t>() == 12);
 }

@@ -70,6 +70,10 @@ struct ShardOptions {
 /// little-endian bool, integer or floating point, C order). Throws ShardError
 /// for anything else, naming what it found.
 torch::Tensor npy_tensor(std::string_view bytes);
+/// The bytes of numpy.save for a tensor (bool, integer or floating point, on
+/// the CPU, made contiguous): an "npy" field that Python's numpy reads.
+/// Throws ShardError for another dtype.
+std::string npy_bytes(const torch::Tensor& tensor);
 /// A tensor from a field holding torch.save's bytes of one tensor (WebDataset's
 /// "pt"). Throws ShardError when they hold no tensor.
 torch::Tensor pt_tensor(std::string_view bytes);

@@ -97,6 +97,10 @@ void Trainer::Fit::exchange_state(Trainer& trainer, bool replacement) {
         "prepared before fit");
   }
   read_position(state);
+  // The loader's position, which write_state put in: the epoch's segments
+  // under other world sizes come with it.
+  torch::serialize::InputArchive loader;
+  if (train->saves_position() && state.try_read("train_loader", loader)) train->load(loader);
   c10::IValue names;
   state.read("metric_names", names);
   torch::Tensor values;

@@ -90,6 +90,39 @@ torch::Tensor npy_tensor(std::string_view bytes) {
   return tensor;
 }
 
+std::string npy_bytes(const torch::Tensor& tensor) {
+  const NpyType* type = nullptr;
+  for (const auto& candidate : kNpyTypes) {
+    if (candidate.type == tensor.scalar_type()) {
+      type = &candidate;
+      break;
+    }
+  }
+  if (type == nullptr) {
+    throw ShardError(std::string("npy_bytes: a tensor of ") + c10::toString(tensor.scalar_type()) +
+                     " (bool, integers and floats are written)");
+  }
+  std::string shape;  // "2, 3"; "5," for one dimension, as Python writes a tuple
+  for (int64_t i = 0; i < tensor.dim(); ++i) {
+    shape += (i > 0 ? ", " : "") + std::to_string(tensor.size(i));
+  }
+  if (tensor.dim() == 1) shape += ",";
+  std::string header = "{'descr': '" + std::string(type->descr) +
+                       "', 'fortran_order': False, 'shape': (" + shape + "), }";
+  // Padded with spaces and a newline to a multiple of 64 bytes, as numpy does.
+  const size_t total = (10 + header.size() + 1 + 63) / 64 * 64;
+  header.resize(total - 10 - 1, ' ');
+  header += '\n';
+  const auto contiguous = tensor.cpu().contiguous();
+  const size_t data = static_cast<size_t>(contiguous.numel()) * contiguous.element_size();
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  out += header;
+  out.append(static_cast<const char*>(contiguous.data_ptr()), data);
+  return out;
+}
+
 torch::Tensor pt_tensor(std::string_view bytes) {
   c10::IValue value;
   try {
