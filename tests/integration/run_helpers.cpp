@@ -14,6 +14,7 @@
 #include <limits>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 Sandbox::Sandbox() {
   char pattern[] = "/tmp/trainrun-it-XXXXXX";
@@ -245,4 +246,53 @@ std::string trained_line(const std::string& output) {
 std::string each_trained(int epochs, int samples) {
   return "trained min=" + std::to_string(epochs) + " max=" + std::to_string(epochs) +
          " sum=" + std::to_string(epochs * samples);
+}
+
+pid_t add_agent(const Sandbox& box, const AgentRun& run, int nproc, const std::string& log) {
+  return box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "' --nproc " +
+                              std::to_string(nproc),
+                          log);
+}
+
+AgentRun start_agents(const Sandbox& box, const std::string& args, int workers, int agents,
+                      int nproc, const std::string& num_workers) {
+  if (nproc == 0) nproc = workers / agents;
+  auto key = (box.root() / "run.key").string();
+  REQUIRE(box.run("keygen '" + key + "'").exit_code == 0);
+  AgentRun run;
+  const bool timeout_given = args.find("--startup-timeout") != std::string::npos;
+  run.controller = box.start(
+      args + " -n " + (num_workers.empty() ? std::to_string(workers) : num_workers) +
+      " --listen tcp://127.0.0.1:0" + (timeout_given ? "" : " --startup-timeout 60") +
+      " --auth-key '" + key + "'");
+  std::regex listening("remote workers connect to (tcp://[0-9.]+:[0-9]+)");
+  std::string endpoint;
+  for (int i = 0; i < 400 && endpoint.empty(); ++i) {
+    auto out = box.output_so_far();
+    std::smatch match;  // points into `out`: read before the next pass
+    if (std::regex_search(out, match, listening)) {
+      endpoint = match[1];
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  }
+  REQUIRE_FALSE(endpoint.empty());
+  run.endpoint = endpoint;
+  run.key = key;
+  for (int i = 0; i < agents; ++i) {
+    run.agents.push_back(add_agent(box, run, nproc, "agent-" + std::to_string(i) + ".txt"));
+  }
+  return run;
+}
+
+bool wait_for_lines(const Sandbox& box, const std::string& pattern, size_t count) {
+  std::regex line(pattern);
+  for (int i = 0; i < 1200; ++i) {
+    auto out = box.output_so_far();
+    auto found =
+        std::distance(std::sregex_iterator(out.begin(), out.end(), line), std::sregex_iterator());
+    if (static_cast<size_t>(found) >= count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
 }

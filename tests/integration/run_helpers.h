@@ -87,3 +87,23 @@ std::string pack_id_samples(const Sandbox& box, int samples);
 /// and that line when each of `samples` samples was trained `epochs` times.
 std::string trained_line(const std::string& output);
 std::string each_trained(int epochs, int samples);
+
+/// A run started with node agents: the controller, the agents, where the
+/// controller listens and the run key's file.
+struct AgentRun {
+  pid_t controller = -1;
+  std::vector<pid_t> agents;
+  std::string endpoint;
+  std::string key;
+};
+/// One more node agent of `nproc` workers for a started run, output to <root>/<log>.
+pid_t add_agent(const Sandbox& box, const AgentRun& run, int nproc, const std::string& log);
+/// Starts `trainrun ARGS` (its plugin among them) for `workers` workers on
+/// loopback with a new run key, and `agents` node agents of `nproc` workers
+/// each (default: workers / agents). `num_workers` is what -n says (default:
+/// workers); the startup timeout is 60 s unless ARGS give one.
+AgentRun start_agents(const Sandbox& box, const std::string& args, int workers, int agents,
+                      int nproc = 0, const std::string& num_workers = "");
+/// Waits (at most 60 s) until the controller's output holds `count` lines
+/// matching `pattern`.
+bool wait_for_lines(const Sandbox& box, const std::string& pattern, size_t count);

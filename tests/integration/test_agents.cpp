@@ -15,63 +15,12 @@ namespace {
 
 const std::string kTestPlugin = std::string("--plugin '") + TEST_PLUGIN + "'";
 
-struct AgentRun {
-  pid_t controller = -1;
-  std::vector<pid_t> agents;
-  std::string endpoint;  // where the controller listens
-  std::string key;       // the run key's file
-};
-
-// One more node agent of `nproc` workers for a started run, output to <root>/<log>.
-pid_t add_agent(const Sandbox& box, const AgentRun& run, int nproc, const std::string& log) {
-  return box.start_worker("--connect " + run.endpoint + " --auth-key '" + run.key + "' --nproc " +
-                              std::to_string(nproc),
-                          log);
-}
-
-// A run of `workers` workers on loopback with the run key, and `agents` node
-// agents of `nproc` workers each (default: workers / agents). `num_workers`
-// is what -n says (default: workers).
+// A run of `workers` workers of the test plugin on loopback with the run key,
+// and `agents` node agents of `nproc` workers each (default: workers / agents).
+// `num_workers` is what -n says (default: workers).
 AgentRun start_agent_run(const Sandbox& box, const std::string& args, int workers, int agents,
                          int nproc = 0, const std::string& num_workers = "") {
-  if (nproc == 0) nproc = workers / agents;
-  auto key = (box.root() / "run.key").string();
-  REQUIRE(box.run("keygen '" + key + "'").exit_code == 0);
-  AgentRun run;
-  run.controller = box.start(
-      kTestPlugin + " -n " + (num_workers.empty() ? std::to_string(workers) : num_workers) +
-      " --listen tcp://127.0.0.1:0 --startup-timeout 60 --auth-key '" + key + "' " + args);
-  std::regex listening("remote workers connect to (tcp://[0-9.]+:[0-9]+)");
-  std::string endpoint;
-  for (int i = 0; i < 400 && endpoint.empty(); ++i) {
-    auto out = box.output_so_far();
-    std::smatch match;  // points into `out`: read before the next pass
-    if (std::regex_search(out, match, listening)) {
-      endpoint = match[1];
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-  }
-  REQUIRE_FALSE(endpoint.empty());
-  run.endpoint = endpoint;
-  run.key = key;
-  for (int i = 0; i < agents; ++i) {
-    run.agents.push_back(add_agent(box, run, nproc, "agent-" + std::to_string(i) + ".txt"));
-  }
-  return run;
-}
-
-// Waits until the controller's output holds `count` lines matching `pattern`.
-bool wait_for_lines(const Sandbox& box, const std::string& pattern, size_t count) {
-  std::regex line(pattern);
-  for (int i = 0; i < 1200; ++i) {
-    auto out = box.output_so_far();
-    auto found =
-        std::distance(std::sregex_iterator(out.begin(), out.end(), line), std::sregex_iterator());
-    if (static_cast<size_t>(found) >= count) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
+  return start_agents(box, kTestPlugin + " " + args, workers, agents, nproc, num_workers);
 }
 
 // The processes the train functions started ("child <pid>" lines), once each

@@ -112,3 +112,26 @@ TEST_CASE("sharded data: with --recovery in-place a replacement reads the lost r
   }
   CHECK(gap_samples > 0);  // "the 2 left applied step N": a step without rank 1
 }
+
+TEST_CASE("sharded data: an elastic group that grows from 2 to 3 mid-run trains what the 2 had not") {
+  Sandbox box;
+  const auto spec = pack_samples(box);
+  // -n 2:3 with one agent of 2 workers: it starts with 2; an agent of 1 joins
+  // after the first checkpoint, and the group grows to 3 at a later one. Any
+  // checkpoint (every 6 steps of 2 x 10) leaves a multiple of 3 x 10 samples
+  // of the epoch: no padding, each sample exactly once per epoch.
+  auto run = start_agents(box,
+                          shards_run(spec, "fit", "elastic",
+                                     "--startup-timeout 3 --config epochs=2"
+                                     " --config step_sleep_ms=100"),
+                          3, 1, 2, "2:3");
+  REQUIRE(wait_for_lines(box, "-> checkpoint_000000", 1));
+  const pid_t joining = add_agent(box, run, 1, "agent-late.txt");
+  CHECK(Sandbox::wait(run.controller) == 0);
+  CHECK(Sandbox::wait(run.agents[0]) == 0);
+  CHECK(Sandbox::wait(joining) == 0);
+  const auto output = box.output_so_far();
+  INFO(output);
+  CHECK(output.find("the group grows from 2") != std::string::npos);
+  CHECK(trained(output) == each_trained(2));
+}

@@ -12,7 +12,9 @@
 // batch (10 per rank), checkpoint_steps (6), workers (2 loader threads),
 // shuffle_buffer (50), chunk (8), fail_step and marker (rank fail_rank, 1,
 // kills itself with SIGKILL after that step, once: the marker says it did),
-// step_sleep_ms (0). Rank 0 prints "trained min=A max=B sum=C" at the end.
+// step_sleep_ms (0), cache_kb (the chunk cache, 262144), cache_dir (none). Rank 0 prints
+// "trained min=A max=B sum=C" at the end, and per epoch how many samples were
+// trained 0, 1 and 1.5 times.
 
 #include <train/train.h>
 
@@ -35,7 +37,9 @@ train::ShardDataset shards(const train::Config& config) {
       },
       train::ShardOptions()
           .chunk_samples(static_cast<uint64_t>(config.get<int>("chunk", 8)))
-          .shuffle_buffer(static_cast<uint64_t>(config.get<int>("shuffle_buffer", 50))));
+          .shuffle_buffer(static_cast<uint64_t>(config.get<int>("shuffle_buffer", 50)))
+          .cache_bytes(static_cast<uint64_t>(config.get<int>("cache_kb", 262144)) << 10)
+          .cache_dir(config.get("cache_dir", "")));
 }
 
 train::LoaderOptions loader_options(const train::Config& config) {

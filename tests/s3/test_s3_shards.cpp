@@ -87,3 +87,32 @@ TEST_CASE("an s3:// shard deleted mid-epoch ends the run naming it, the checkpoi
                                              "byte [0-9]+ \\(GET s3://data/shards/train-")));
   CHECK(std::filesystem::exists(box.run_dir("gone") / "checkpoint_000000"));
 }
+
+TEST_CASE("with a cache directory, the later epochs of s3:// shards train with the store gone") {
+  Sandbox box;
+  S3Server server(box.root() / "s3");
+  const auto spec = upload_shards(box, server);
+  // A chunk cache of 64 KiB in memory holds a few chunks: epoch 1 reads its
+  // chunks from the cache directory, where epoch 0 left them.
+  const auto cache = box.root() / "cache";
+  const pid_t run = box.start(shards_run(spec, "cached",
+                                         "--config epochs=2 --config step_sleep_ms=100"
+                                         " --config cache_kb=64 --config cache_dir=" +
+                                             cache.string()));
+  bool epoch_done = false;
+  for (int i = 0; i < 1200 && !epoch_done; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    epoch_done = box.output_so_far().find("step=30") != std::string::npos;
+  }
+  REQUIRE(epoch_done);
+  server.stop();
+  CHECK(Sandbox::wait(run) == 0);
+  const auto output = box.output_so_far();
+  INFO(output);
+  CHECK(trained_line(output) == each_trained(2, kSamples));
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(cache)) {
+    files += entry.path().extension() == ".chunk" ? 1 : 0;
+  }
+  CHECK(files == 84);  // 12 shards of 50 samples: 6 chunks of 8 and one of 2 each
+}

@@ -446,3 +446,84 @@ TEST_CASE("shard dataset: a bad sample ends the read naming it, or is skipped an
   loaded.read("shards.consumed", consumed, true);
   CHECK(consumed.item<int64_t>() == 12);
 }
+
+TEST_CASE("shard sampler: a position keeps the plan it was made with, and an epoch set is new") {
+  const std::vector<uint64_t> counts{100, 100};
+  auto save = [](const train::ShardSampler& sampler) {
+    torch::serialize::OutputArchive archive;
+    sampler.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  };
+  auto load = [](train::ShardSampler& sampler, const std::string& bytes) {
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    sampler.load(archive);
+  };
+  auto drain = [](train::ShardSampler& sampler) {
+    std::vector<size_t> out;
+    while (auto next = sampler.next(5)) {
+      sampler.yielded(next->size());
+      out.insert(out.end(), next->begin(), next->end());
+    }
+    return out;
+  };
+  const auto small = train::ShardOptions().chunk_samples(4).shuffle_buffer(40);
+  train::ShardSampler first(counts, rank_of(0, 1), true, true, 2, small);
+  first.set_epoch(3);
+  first.reset();
+  const auto whole = drain(first);
+  train::ShardSampler saver(counts, rank_of(0, 1), true, true, 2, small);
+  saver.set_epoch(3);
+  saver.reset();
+  saver.yielded(0);
+  for (int i = 0; i < 6; ++i) saver.yielded(saver.next(5)->size());
+  const auto saved = save(saver);
+  // Loaded where the shuffle block is another size (s3:// shards copied to a
+  // disk, a smaller cache): the epoch goes on in the order it began with.
+  train::ShardSampler other(counts, rank_of(0, 1), true, true, 2,
+                            train::ShardOptions().chunk_samples(4).shuffle_buffer(80));
+  load(other, saved);
+  other.reset();
+  CHECK(drain(other) == std::vector<size_t>(whole.begin() + 30, whole.end()));
+  // The next epoch takes the new options; and set at the top of a loop,
+  // before its first batch, it is saved as begun at nothing.
+  other.set_epoch(4);
+  train::ShardSampler fresh(counts, rank_of(0, 1), true, true, 2,
+                            train::ShardOptions().chunk_samples(4).shuffle_buffer(80));
+  load(fresh, save(other));
+  CHECK(fresh.epoch() == 4);
+  CHECK(fresh.resume_position() == 0);
+  fresh.reset();
+  CHECK(drain(fresh).size() == 200);
+}
+
+TEST_CASE("shards: an empty file, a shard without its end blocks, and bad npy headers are refused") {
+  TempDir dir;
+  write_file(dir.path / "empty.tar", "");
+  CHECK_THROWS_WITH_AS(train::ShardReader{(dir.path / "empty.tar").string()},
+                       doctest::Contains("empty (0 bytes)"), train::ShardError);
+  const auto paths = write_samples(dir.path, 4, 4);
+  const auto bytes = read_file(paths[0]);
+  std::filesystem::remove(train::index_path(paths[0]));
+  write_file(paths[0], bytes.substr(0, bytes.size() - 1024));  // cut at a header boundary
+  CHECK_THROWS_WITH_AS(train::ShardReader{paths[0]},
+                       doctest::Contains("without tar's end-of-archive blocks"), train::ShardError);
+  train::ShardWriter writer((dir.path / "dup-%d.tar").string());
+  writer.write("a", {{"txt", "1"}});
+  CHECK_THROWS_WITH_AS(writer.write("a", {{"cls", "1"}}),
+                       doctest::Contains("follows a sample of the same key"), std::invalid_argument);
+  auto npy_with = [](std::string header) {
+    header.resize(((10 + header.size() + 1 + 63) / 64) * 64 - 11, ' ');
+    header += '\n';
+    return std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size() & 0xff) +
+           static_cast<char>(header.size() >> 8) + header;
+  };
+  CHECK_THROWS_WITH_AS(train::npy_tensor(npy_with("{'descr': '|u1', 'fortran_order': False, "
+                                                  "'shape': (2, -3), }")),
+                       doctest::Contains("no shape of whole numbers"), train::ShardError);
+  CHECK_THROWS_WITH_AS(train::npy_tensor(npy_with(std::string(20000, ' '))),
+                       doctest::Contains("at most 10000 are read"), train::ShardError);
+}

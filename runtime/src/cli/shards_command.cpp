@@ -119,7 +119,7 @@ void index_shards(const std::vector<std::string>& specs, std::ostream& out) {
         throw UsageError("index: " + path + ": index s3:// shards where they were written, "
                          "then upload the .idx files beside them");
       }
-      const auto index = train::index_shard(read_whole(path), "shard " + path);
+      const auto index = train::index_local_shard(path);
       const auto target = train::index_path(path);
       const auto temporary = target + ".partial";
       {

@@ -177,6 +177,9 @@ namespace detail {
 /// Throws std::runtime_error on every rank, naming the sizes, unless every
 /// rank passes the same `size`. A collective: one allgather of 8 bytes per rank.
 void check_same_dataset_size(size_t size, const char* caller);
+/// Throws std::runtime_error on every rank, saying `what` and naming the
+/// ranks, unless every rank passes the same `value`. A collective, as above.
+void check_same_on_every_rank(int64_t value, const char* caller, const std::string& what);
 
 /// Whether a sampler's saved position is the whole of where a loader is, so
 /// that the Trainer saves it (a ShardSampler's: it holds the world sizes an

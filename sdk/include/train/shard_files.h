@@ -61,6 +61,10 @@ struct ShardIndex {
 /// ShardError for a truncated or corrupt tar, or a field twice in one sample.
 ShardIndex index_shard(std::string_view bytes, const std::string& where);
 
+/// Indexes the local shard at `path`, reading its headers (mapped), not its
+/// data. Throws ShardError as index_shard does, or when it cannot be opened.
+ShardIndex index_local_shard(const std::string& path);
+
 /// The path of `shard`'s index: `shard` + ".idx".
 std::string index_path(const std::string& shard);
 

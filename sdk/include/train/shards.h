@@ -32,8 +32,8 @@ namespace train {
 
 namespace shards {
 class ChunkCache;
+class DiskCache;
 class Prefetcher;
-class RecentChunks;
 class EpochPlan;
 struct Segment;
 }  // namespace shards
@@ -53,6 +53,11 @@ struct ShardOptions {
   /// rank: a chunk is read in one ranged request, ahead of the loader or when
   /// one of its samples is first wanted, and serves its other samples from here.
   TORCH_ARG(uint64_t, cache_bytes) = uint64_t{256} << 20;
+  /// A local directory that keeps chunks of object-storage shards for the
+  /// next epochs (empty: none), shared by the ranks of a host, at most
+  /// cache_dir_bytes (the files used least recently go first).
+  TORCH_ARG(std::string, cache_dir) = "";
+  TORCH_ARG(uint64_t, cache_dir_bytes) = uint64_t{16} << 30;
   /// Bytes of the next chunks read ahead per rank as the loader enters each
   /// block of the shuffle: local chunks from the disk into the page cache (one
   /// sequential read each), remote ones into the cache above (at most half
@@ -124,11 +129,15 @@ class ShardDataset
     uint64_t begin, bytes, key;
   };
   Chunk chunk_of(size_t shard, uint64_t local) const;
+  // A remote chunk's bytes: from the cache directory, else from the store
+  // (and then kept there).
+  static std::string fetch(const ShardReader& reader, shards::DiskCache* disk, size_t shard,
+                           const Chunk& chunk);
 
   std::shared_ptr<const ShardReader> reader_;
   std::shared_ptr<shards::ChunkCache> cache_;          // remote chunks' bytes
-  std::shared_ptr<shards::RecentChunks> read_ahead_;  // local chunks read ahead
   std::shared_ptr<shards::Prefetcher> prefetcher_;    // reads ahead
+  std::shared_ptr<shards::DiskCache> disk_;           // cache_dir's, or none
   Transform transform_;
   ShardOptions options_;
   std::shared_ptr<std::atomic<uint64_t>> skipped_ = std::make_shared<std::atomic<uint64_t>>(0);

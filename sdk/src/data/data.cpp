@@ -251,33 +251,48 @@ torch::data::Example<> to_device(const torch::data::Example<>& batch, c10::Devic
   return moved;
 }
 
-void check_same_dataset_size(size_t size, const char* caller) {
+namespace {
+
+// Every rank's `value` and world rank, by group rank (after a recovery in
+// place the group's ranks are not the world's); none without a group or on a
+// replacement before it caught up (the others checked theirs, and are in
+// their loop). A collective: one allgather of 16 bytes per rank.
+std::vector<std::pair<int64_t, int64_t>> gather_values(int64_t value) {
   auto ctx = get_context();
-  // A replacement before it caught up: the others checked theirs, and are in
-  // their loop.
-  if (catching_up()) return;
+  if (catching_up()) return {};
   auto group = current_membership().group;
-  if (!group) return;
-  // Each rank's size and world rank: after a recovery in place the group's
-  // ranks are not the world's.
-  auto mine = torch::tensor({static_cast<int64_t>(size), static_cast<int64_t>(ctx.world_rank())},
-                            torch::kLong)
+  if (!group) return {};
+  auto mine = torch::tensor({value, static_cast<int64_t>(ctx.world_rank())}, torch::kLong)
                   .to(ctx.device());
-  std::vector<std::pair<int64_t, int64_t>> sizes;  // by group rank: size, world rank
+  std::vector<std::pair<int64_t, int64_t>> values;
   // A rank lost meanwhile: the survivors check again, in their group.
   run_surviving([&](c10d::ProcessGroup& survivors) {
-    sizes.clear();
+    values.clear();
     for (const auto& t : allgather(survivors, mine)) {
-      sizes.emplace_back(t[0].item<int64_t>(), t[1].item<int64_t>());
+      values.emplace_back(t[0].item<int64_t>(), t[1].item<int64_t>());
     }
   });
+  return values;
+}
+
+// The first group rank whose value differs from the first's (0: none), and
+// the world ranks of all that differ.
+std::pair<size_t, std::string> differing(const std::vector<std::pair<int64_t, int64_t>>& values) {
   std::string others;
   size_t first = 0;
-  for (size_t r = 1; r < sizes.size(); ++r) {
-    if (sizes[r].first == sizes[0].first) continue;
+  for (size_t r = 1; r < values.size(); ++r) {
+    if (values[r].first == values[0].first) continue;
     if (first == 0) first = r;
-    others += (others.empty() ? "" : ", ") + std::to_string(sizes[r].second);
+    others += (others.empty() ? "" : ", ") + std::to_string(values[r].second);
   }
+  return {first, others};
+}
+
+}  // namespace
+
+void check_same_dataset_size(size_t size, const char* caller) {
+  const auto sizes = gather_values(static_cast<int64_t>(size));
+  const auto [first, others] = differing(sizes);
   if (first == 0) return;
   const auto rank = [&](size_t r) { return "rank " + std::to_string(sizes[r].second); };
   throw std::runtime_error(std::string(caller) + ": the dataset has " +
@@ -286,6 +301,14 @@ void check_same_dataset_size(size_t size, const char* caller) {
                            " (ranks whose size differs from " + rank(0) + "'s: " + others +
                            "). Every rank must pass the same dataset: the ranks split it by its "
                            "size, so different sizes skip or repeat samples");
+}
+
+void check_same_on_every_rank(int64_t value, const char* caller, const std::string& what) {
+  const auto values = gather_values(value);
+  const auto [first, others] = differing(values);
+  if (first == 0) return;
+  throw std::runtime_error(std::string(caller) + ": " + what + " (rank " +
+                           std::to_string(values[0].second) + " and ranks " + others + ")");
 }
 
 }  // namespace detail

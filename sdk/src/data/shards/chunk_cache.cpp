@@ -11,16 +11,22 @@ ChunkCache::Bytes ChunkCache::get(uint64_t key, const std::function<std::string(
     return data.get();
   }
   std::promise<Bytes> promise;
+  const uint64_t generation = ++generations_;
   recent_.push_front(key);
-  entries_.emplace(key, Entry{promise.get_future().share(), 0, recent_.begin()});
+  entries_.emplace(key, Entry{promise.get_future().share(), 0, generation, recent_.begin()});
   lock.unlock();
+  // This fetch's entry, unless it was evicted (and perhaps fetched again) meanwhile.
+  auto mine = [&] {
+    auto it = entries_.find(key);
+    return it != entries_.end() && it->second.generation == generation ? it : entries_.end();
+  };
   Bytes bytes;
   try {
     bytes = std::make_shared<const std::string>(fetch());
   } catch (...) {
     promise.set_exception(std::current_exception());
     lock.lock();
-    if (auto it = entries_.find(key); it != entries_.end() && it->second.bytes == 0) {
+    if (auto it = mine(); it != entries_.end()) {  // forgotten: the next get tries again
       recent_.erase(it->second.recent);
       entries_.erase(it);
     }
@@ -28,7 +34,7 @@ ChunkCache::Bytes ChunkCache::get(uint64_t key, const std::function<std::string(
   }
   promise.set_value(bytes);
   lock.lock();
-  if (auto it = entries_.find(key); it != entries_.end() && it->second.bytes == 0) {
+  if (auto it = mine(); it != entries_.end()) {
     it->second.bytes = bytes->size();
     used_ += bytes->size();
     evict();
@@ -39,11 +45,14 @@ ChunkCache::Bytes ChunkCache::get(uint64_t key, const std::function<std::string(
 void ChunkCache::evict() {
   // From the least recent; one being fetched (0 bytes) frees nothing, and
   // its waiters hold its future.
-  while (used_ > capacity_ && !recent_.empty()) {
-    const uint64_t key = recent_.back();
-    auto it = entries_.find(key);
+  for (auto key = recent_.rbegin(); used_ > capacity_ && key != recent_.rend();) {
+    auto it = entries_.find(*key);
+    if (it->second.bytes == 0) {  // being fetched: kept, so that it is fetched once
+      ++key;
+      continue;
+    }
     used_ -= it->second.bytes;
-    recent_.pop_back();
+    key = std::make_reverse_iterator(recent_.erase(std::next(key).base()));
     entries_.erase(it);
   }
 }
@@ -51,16 +60,6 @@ void ChunkCache::evict() {
 uint64_t ChunkCache::bytes() const {
   std::lock_guard lock(mutex_);
   return used_;
-}
-
-bool RecentChunks::add(uint64_t key) {
-  std::lock_guard lock(mutex_);
-  if (held_.count(key) > 0) return false;
-  if (ring_[next_] != UINT64_MAX) held_.erase(ring_[next_]);
-  ring_[next_] = key;
-  held_.insert(key);
-  next_ = (next_ + 1) % ring_.size();
-  return true;
 }
 
 }  // namespace train::shards

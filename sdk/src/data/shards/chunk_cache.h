@@ -13,8 +13,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
-#include <vector>
+
 
 namespace train::shards {
 
@@ -35,6 +34,7 @@ class ChunkCache {
   struct Entry {
     std::shared_future<Bytes> data;
     uint64_t bytes = 0;  // 0 while being fetched
+    uint64_t generation = 0;  // which fetch made it (a key fetched again is another)
     std::list<uint64_t>::iterator recent;
   };
   void evict();  // with mutex_ held
@@ -44,21 +44,7 @@ class ChunkCache {
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> recent_;  // most recent first
   uint64_t used_ = 0;
-};
-
-/// The chunks whose reading ahead was asked for lately: a chunk is asked for
-/// once while it is among the last `capacity`, and again after. Thread-safe.
-class RecentChunks {
- public:
-  explicit RecentChunks(size_t capacity) : ring_(capacity, UINT64_MAX) {}
-  /// Whether `key` is new (then remembered, in place of the oldest).
-  bool add(uint64_t key);
-
- private:
-  std::mutex mutex_;
-  std::vector<uint64_t> ring_;
-  std::unordered_set<uint64_t> held_;
-  size_t next_ = 0;
+  uint64_t generations_ = 0;
 };
 
 }  // namespace train::shards

@@ -4,6 +4,7 @@
 #include <train/shards.h>
 
 #include "data/shards/chunk_cache.h"
+#include "data/shards/disk_cache.h"
 #include "data/shards/prefetcher.h"
 #include "data/sources/object.h"
 
@@ -14,9 +15,7 @@ namespace train {
 namespace {
 
 constexpr uint64_t kSkipsLogged = 20;  // lines on the log; the count goes on
-// Local chunks remembered as read ahead: more than a shuffle block's, fewer
-// than the page cache holds.
-constexpr size_t kChunksReadAhead = 4096;
+
 
 }  // namespace
 
@@ -29,8 +28,10 @@ ShardDataset::ShardDataset(const std::string& spec, Transform transform, ShardOp
   }
   reader_ = std::make_shared<const ShardReader>(spec, &sources::Object::open);
   cache_ = std::make_shared<shards::ChunkCache>(options_.cache_bytes());
-  read_ahead_ = std::make_shared<shards::RecentChunks>(kChunksReadAhead);
   prefetcher_ = std::make_shared<shards::Prefetcher>(std::max<size_t>(options_.read_threads(), 1));
+  if (!options_.cache_dir().empty() && reader_->remote()) {
+    disk_ = std::make_shared<shards::DiskCache>(options_.cache_dir(), options_.cache_dir_bytes());
+  }
 }
 
 uint64_t ShardDataset::shuffle_buffer() const {
@@ -52,26 +53,38 @@ ShardDataset::Chunk ShardDataset::chunk_of(size_t shard, uint64_t local) const {
   return {begin, end_offset + end_bytes - begin, static_cast<uint64_t>(shard) << 40 | chunk};
 }
 
+std::string ShardDataset::fetch(const ShardReader& reader, shards::DiskCache* disk, size_t shard,
+                                const Chunk& chunk) {
+  const auto& source = reader.source(shard);
+  std::string name;
+  if (disk != nullptr) {
+    name = shards::DiskCache::name(reader.shards()[shard], source.size(), chunk.begin,
+                                   chunk.bytes);
+    if (auto hit = disk->load(name, chunk.bytes)) return std::move(*hit);
+  }
+  auto bytes = source.read(chunk.begin, chunk.bytes);
+  if (disk != nullptr) disk->store(name, bytes);
+  return bytes;
+}
+
 Sample ShardDataset::sample(size_t index) const {
   const auto [shard, local] = reader_->locate(index);
   const auto& source = reader_->source(shard);
   const auto chunk = chunk_of(shard, local);
-  if (!source.remote()) {
-    // Its chunk is read from the disk ahead, in one go, at the first of its
-    // samples; each sample is then read alone, from the page cache.
-    if (read_ahead_->add(chunk.key)) source.will_need(chunk.begin, chunk.bytes);
-    return reader_->read(index);
-  }
-  // Remote: the chunk in one request, its samples cut from it.
+  // Local: the sample alone, from the page cache (its chunk was read from the
+  // disk ahead, in one go, as its block began).
+  if (!source.remote()) return reader_->read(index);
+  // Remote: the chunk in one request, its samples cut from it; a chunk the
+  // cache could not hold, the sample alone.
+  if (chunk.bytes > options_.cache_bytes() / 2) return reader_->read(index);
   const std::string where =
       "shard " + reader_->shards()[shard] + ", sample " + std::to_string(local);
-  auto bytes = cache_->get(chunk.key, [&] {
-    try {
-      return source.read(chunk.begin, chunk.bytes);
-    } catch (const ShardError& error) {
-      throw ShardError(where + ": " + error.what());
-    }
-  });
+  shards::ChunkCache::Bytes bytes;
+  try {  // fetched here, or by the read-ahead that this read waits for
+    bytes = cache_->get(chunk.key, [&] { return fetch(*reader_, disk_.get(), shard, chunk); });
+  } catch (const ShardError& error) {
+    throw ShardError(where + ": " + error.what());
+  }
   const auto [offset, length] = reader_->extent(shard, local);
   const auto view = std::string_view(*bytes).substr(offset - chunk.begin, length);
   return parse_sample(view, std::move(bytes), where);
@@ -85,7 +98,7 @@ void ShardDataset::read_ahead(const std::vector<size_t>& samples) const {
     const auto [shard, local] = reader_->locate(index);
     const auto chunk = chunk_of(shard, local);
     if (!seen.insert(chunk.key).second) continue;
-    if (chunk.bytes > budget) break;
+    if (chunk.bytes > budget) continue;  // a smaller one may fit
     budget -= chunk.bytes;
     chunks.emplace_back(shard, chunk);
   }
@@ -96,17 +109,18 @@ void ShardDataset::read_ahead(const std::vector<size_t>& samples) const {
     if (!source.remote()) {
       // On the prefetcher's threads: asking the kernel to read ahead can
       // wait for the disk's queue.
-      if (read_ahead_->add(chunk.key)) {
-        prefetcher_->add([reader = reader_, source = &source, chunk = chunk] {
-          source->will_need(chunk.begin, chunk.bytes);
-        });
-      }
+      prefetcher_->add([reader = reader_, source = &source, chunk = chunk] {
+        source->will_need(chunk.begin, chunk.bytes);
+      });
       continue;
     }
-    // At most half the cache ahead: the rest holds the chunks being read from.
+    // At most half the cache ahead: the rest holds the chunks being read
+    // from; a chunk the cache could not hold is read a sample at a time.
+    if (chunk.bytes > options_.cache_bytes() / 2) continue;
     if ((queued += chunk.bytes) > options_.cache_bytes() / 2) break;
-    prefetcher_->add([reader = reader_, cache = cache_, source = &source, chunk = chunk] {
-      cache->get(chunk.key, [&] { return source->read(chunk.begin, chunk.bytes); });
+    // The job holds what it reads with, never the prefetcher that runs it.
+    prefetcher_->add([reader = reader_, cache = cache_, disk = disk_, shard = shard, chunk = chunk] {
+      cache->get(chunk.key, [&] { return fetch(*reader, disk.get(), shard, chunk); });
     });
   }
 }
@@ -132,8 +146,12 @@ std::vector<torch::data::Example<>> ShardDataset::get_batch(c10::ArrayRef<size_t
     } catch (const std::exception& error) {
       if (!options_.skip_bad_samples()) throw;
       if (first_error.empty()) first_error = error.what();
-      if (skipped_->fetch_add(1) < kSkipsLogged) {
-        std::cerr << "train::ShardDataset: skipped " << error.what() << std::endl;
+      // The first ones on the worker's log (the run's logs/), then every
+      // thousandth, each with the count so far.
+      const uint64_t count = skipped_->fetch_add(1) + 1;
+      if (count <= kSkipsLogged || count % 1000 == 0) {
+        std::cerr << "train::ShardDataset: skipped " << error.what() << " (" << count
+                  << " skipped so far)" << std::endl;
       }
     }
   }

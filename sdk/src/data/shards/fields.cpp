@@ -4,12 +4,16 @@
 
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <regex>
+#include <sstream>
 
 namespace train {
 namespace {
+
+constexpr uint64_t kMaxNpyHeader = 10000;
 
 struct NpyType {
   const char* descr;
@@ -42,27 +46,37 @@ torch::Tensor npy_tensor(std::string_view bytes) {
   for (size_t i = width; i-- > 0;) {
     header_length = header_length << 8 | static_cast<unsigned char>(bytes[8 + i]);
   }
+  // numpy refuses headers past 10000 bytes unless told otherwise; so does
+  // this, before any pattern runs over one.
+  if (header_length > kMaxNpyHeader) {
+    throw ShardError("an npy field's header has " + std::to_string(header_length) +
+                     " bytes (at most " + std::to_string(kMaxNpyHeader) + " are read)");
+  }
   const size_t data_start = 8 + width + header_length;
   if (data_start > bytes.size()) throw ShardError("an npy field is cut short in its header");
   const std::string header(bytes.substr(8 + width, header_length));
+  static const std::regex descr_pattern(R"('descr'\s*:\s*'([^']*)')");
+  static const std::regex fortran_pattern(R"('fortran_order'\s*:\s*True)");
+  static const std::regex shape_pattern(R"('shape'\s*:\s*\(([0-9, ]*)\))");
   std::smatch match;
-  if (!std::regex_search(header, match, std::regex(R"('descr'\s*:\s*'([^']*)')"))) {
+  if (!std::regex_search(header, match, descr_pattern)) {
     throw ShardError("an npy field's header has no descr");
   }
   const std::string descr = match[1];
-  if (std::regex_search(header, std::regex(R"('fortran_order'\s*:\s*True)"))) {
+  if (std::regex_search(header, fortran_pattern)) {
     throw ShardError("an npy field is in Fortran order (write it with C order)");
   }
-  if (!std::regex_search(header, match, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) {
-    throw ShardError("an npy field's header has no shape");
+  if (!std::regex_search(header, match, shape_pattern)) {
+    throw ShardError("an npy field's header has no shape of whole numbers");
   }
   std::vector<int64_t> shape;
   const std::string dims = match[1];
-  const std::regex number(R"(\s*(\d+)\s*,?)");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), number);
-       it != std::sregex_iterator(); ++it) {
-    if ((*it)[1].length() > 12) throw ShardError("an npy field's shape is too large");
-    shape.push_back(std::stoll((*it)[1]));
+  std::stringstream parts(dims);
+  for (std::string part; std::getline(parts, part, ',');) {
+    part.erase(std::remove(part.begin(), part.end(), ' '), part.end());
+    if (part.empty()) continue;  // "(5,)"
+    if (part.size() > 12) throw ShardError("an npy field's shape is too large");
+    shape.push_back(std::stoll(part));
   }
   const NpyType* type = nullptr;
   for (const auto& candidate : kNpyTypes) {

@@ -35,13 +35,22 @@ struct Member {
   uint64_t next = 0;
 };
 
-// The next member at `at` that is a file or the archive's end (none).
-std::optional<Member> next_member(std::string_view bytes, uint64_t at, const std::string& where) {
+// The next member at `at` that is a file or the archive's end (none). Where
+// `bytes` are a whole shard (`whole`), they must end with tar's end blocks; a
+// sample's range ends with its last member.
+std::optional<Member> next_member(std::string_view bytes, uint64_t at, const std::string& where,
+                                  bool whole = false) {
   Member member;
   member.begin = at;
   std::optional<std::string> long_name;
   for (;;) {
-    if (at == bytes.size()) return std::nullopt;  // no end blocks: tolerated, as tar does
+    if (at == bytes.size()) {
+      if (!whole) return std::nullopt;
+      throw ShardError(where + (bytes.empty() ? ": empty (0 bytes)"
+                                              : ": truncated (it ends at byte " +
+                                                    std::to_string(at) +
+                                                    " without tar's end-of-archive blocks)"));
+    }
     if (at == 0 && bytes.size() < shards::kTarBlock) {
       throw ShardError(where + ": not a tar file (" + std::to_string(bytes.size()) +
                        " bytes, less than one tar header)");
@@ -154,7 +163,7 @@ ShardIndex index_shard(std::string_view bytes, const std::string& where) {
   std::string key;
   std::vector<std::string> fields;  // of the sample being grouped
   uint64_t at = 0;
-  while (auto member = next_member(bytes, at, where)) {
+  while (auto member = next_member(bytes, at, where, /*whole=*/true)) {
     at = member->next;
     if (!is_file(member->kind)) continue;
     auto split = shards::split_key(member->path);

@@ -15,6 +15,8 @@
 namespace train {
 namespace {
 
+constexpr uint64_t kMaxSampleBytes = uint64_t{1} << 30;  // one allocation per sample read
+
 // The index file's bytes, or none when there is no index file.
 std::optional<std::string> read_index_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -53,8 +55,7 @@ std::unique_ptr<ShardReader::Shard> open_local(const std::string& path) {
   if (auto bytes = read_index_file(index_file)) {
     index = ShardIndex::parse(*bytes, index_file);
   } else {
-    const auto mapping = file->map();
-    index = index_shard(mapping.bytes(), "shard " + path);
+    index = index_local_shard(path);
     try_write_index(index_file, index.serialize());
   }
   auto shard = std::make_unique<ShardReader::Shard>();
@@ -79,6 +80,10 @@ std::unique_ptr<ShardReader::Shard> open_remote(const std::string& url, const Sh
                      "upload each .idx beside its shard)");
   }
   auto shard = std::make_unique<ShardReader::Shard>();
+  if (index_source->size() > kMaxSampleBytes) {
+    throw ShardError("shard index " + index_url + " has " + std::to_string(index_source->size()) +
+                     " bytes, more than an index of a shard may hold");
+  }
   std::string index_bytes;
   try {
     index_bytes = index_source->read(0, index_source->size());
@@ -91,6 +96,12 @@ std::unique_ptr<ShardReader::Shard> open_remote(const std::string& url, const Sh
 }
 
 }  // namespace
+
+ShardIndex index_local_shard(const std::string& path) {
+  const sources::LocalFile file(path);
+  const auto mapping = file.map();
+  return index_shard(mapping.bytes(), "shard " + path);
+}
 
 ShardReader::ShardReader(const std::string& spec, ShardOpener opener) {
   std::vector<std::string> paths;
@@ -144,6 +155,10 @@ Sample ShardReader::read(uint64_t index) const {
   const auto [shard, local] = locate(index);
   const auto& [offset, length] = shards_[shard]->index.samples[local];
   const std::string where = "shard " + paths_[shard] + ", sample " + std::to_string(local);
+  if (length > kMaxSampleBytes) {
+    throw ShardError(where + ": the index gives it " + std::to_string(length) +
+                     " bytes, more than the 1 GiB a sample may hold");
+  }
   // Uninitialised: the read fills it, and nothing copies it after.
   std::shared_ptr<char[]> bytes(new char[length]);
   try {

@@ -45,11 +45,15 @@ struct ShardSampler::State {
   // size consumed them).
   std::optional<size_t> history_epoch;
   std::vector<shards::Segment> history;
+  // The options `history_epoch` was planned with (a position saved under
+  // others: another shuffle block, say), used for that epoch only.
+  std::optional<shards::PlanOptions> history_options;
   std::optional<std::pair<size_t, size_t>> resume;
   // The plan of `plan_epoch` under the history it was made with.
   std::unique_ptr<shards::EpochPlan> plan;
   size_t plan_epoch = 0;
   std::vector<shards::Segment> plan_history;
+  size_t counted_epoch = 0;         // the epoch the counts below are of (reset's)
   size_t position = 0;              // items next() gave
   size_t start = 0;                 // where the epoch started (a resume's)
   std::deque<size_t> issued;        // batches next() gave, not yet handed out
@@ -60,10 +64,13 @@ struct ShardSampler::State {
   std::vector<shards::Segment> history_of(size_t of) const {
     return history_epoch == of ? history : std::vector<shards::Segment>{};
   }
+  const shards::PlanOptions& options_of(size_t of) const {
+    return history_epoch == of && history_options ? *history_options : options;
+  }
   shards::EpochPlan& plan_of(size_t of) {
     auto segments = history_of(of);
     if (!plan || plan_epoch != of || plan_history != segments) {
-      plan = std::make_unique<shards::EpochPlan>(counts, options, of, segments, world, rank);
+      plan = std::make_unique<shards::EpochPlan>(counts, options_of(of), of, segments, world, rank);
       plan_epoch = of;
       plan_history = std::move(segments);
     }
@@ -104,6 +111,7 @@ void ShardSampler::reset(c10::optional<size_t> /*new_size*/) {
     state.position = std::min(state.resume->second, size);
   }
   state.resume.reset();
+  state.counted_epoch = state.epoch;
   state.start = state.position;
   state.issued.clear();
   state.yielded.reset();
@@ -122,12 +130,13 @@ c10::optional<std::vector<size_t>> ShardSampler::next(size_t batch_size) {
   std::vector<size_t> batch;
   batch.reserve(end - state.position);
   for (size_t k = state.position; k < end; ++k) {
-    const uint64_t block = k / state.options.buffer;
+    const uint64_t buffer = state.options_of(state.epoch).buffer;
+    const uint64_t block = k / buffer;
     if (state.on_block && state.hinted != block) {
       // The whole block, from here on: what the next batches read.
       state.hinted = block;
       std::vector<size_t> ahead;
-      const size_t block_end = std::min<size_t>(plan.size(), (block + 1) * state.options.buffer);
+      const size_t block_end = std::min<size_t>(plan.size(), (block + 1) * buffer);
       ahead.reserve(block_end - k);
       for (size_t i = k; i < block_end; ++i) ahead.push_back(plan.sample(i));
       state.on_block(ahead);
@@ -155,7 +164,19 @@ void ShardSampler::save(torch::serialize::OutputArchive& archive) const {
   write_int(archive, "shards.samples_fingerprint", counts_fingerprint(state.counts));
   write_int(archive, "shards.epoch", static_cast<int64_t>(state.epoch));
   write_int(archive, "shards.world", static_cast<int64_t>(state.world));
-  write_int(archive, "shards.consumed", static_cast<int64_t>(state.yielded.value_or(state.position)));
+  // What was handed out of the epoch set: nothing yet when it was set after
+  // the last one began (a loop's top), or where it is to resume.
+  size_t consumed = state.yielded.value_or(state.position);
+  if (state.counted_epoch != state.epoch) {
+    consumed = state.resume && state.resume->first == state.epoch ? state.resume->second : 0;
+  }
+  write_int(archive, "shards.consumed", static_cast<int64_t>(consumed));
+  const auto& options = state.options_of(state.epoch);
+  archive.write("shards.plan",
+                torch::tensor({static_cast<int64_t>(options.seed), int64_t{options.shuffle},
+                               int64_t{options.pad}, static_cast<int64_t>(options.chunk),
+                               static_cast<int64_t>(options.buffer)}),
+                /*is_buffer=*/true);
   const auto segments = state.history_of(state.epoch);
   auto history = torch::zeros({static_cast<int64_t>(segments.size()), 2}, torch::kInt64);
   for (size_t i = 0; i < segments.size(); ++i) {
@@ -188,11 +209,24 @@ void ShardSampler::load(torch::serialize::InputArchive& archive) {
     if (w <= 0 || c < 0) throw std::runtime_error("train::ShardSampler: the saved position is malformed");
     segments.push_back({static_cast<uint64_t>(w), static_cast<uint64_t>(c)});
   }
+  // The epoch goes on planned as it began; the next ones take these options.
+  torch::Tensor plan;
+  archive.read("shards.plan", plan, /*is_buffer=*/true);
+  plan = plan.to(torch::kInt64).contiguous();
+  if (plan.numel() != 5 || plan[3].item<int64_t>() <= 0 || plan[4].item<int64_t>() <= 0) {
+    throw std::runtime_error("train::ShardSampler: the saved position is malformed");
+  }
+  shards::PlanOptions saved;
+  saved.seed = static_cast<uint64_t>(plan[0].item<int64_t>());
+  saved.shuffle = plan[1].item<int64_t>() != 0;
+  saved.pad = plan[2].item<int64_t>() != 0;
+  saved.chunk = static_cast<uint64_t>(plan[3].item<int64_t>());
+  saved.buffer = static_cast<uint64_t>(plan[4].item<int64_t>());
   const bool same_world = static_cast<uint64_t>(world) == state.world;
   if (!same_world) segments.push_back({static_cast<uint64_t>(world), static_cast<uint64_t>(consumed)});
   try {  // replayed now, so that a position that does not fit fails here
-    shards::EpochPlan(state.counts, state.options, static_cast<uint64_t>(epoch), segments,
-                      state.world, state.rank);
+    shards::EpochPlan(state.counts, saved, static_cast<uint64_t>(epoch), segments, state.world,
+                      state.rank);
   } catch (const std::invalid_argument& error) {
     throw std::runtime_error(std::string("train::ShardSampler: the saved position does not fit "
                                          "these shards: ") + error.what());
@@ -200,9 +234,11 @@ void ShardSampler::load(torch::serialize::InputArchive& archive) {
   state.epoch = static_cast<size_t>(epoch);
   state.history_epoch = state.epoch;
   state.history = std::move(segments);
+  state.history_options = saved;
   state.resume.reset();
   if (same_world && consumed > 0) state.resume = std::make_pair(state.epoch, static_cast<size_t>(consumed));
   state.position = state.start = same_world ? static_cast<size_t>(consumed) : 0;
+  state.counted_epoch = state.epoch;
   state.yielded.reset();
   state.issued.clear();
 }
@@ -220,7 +256,14 @@ DataLoader<ShardDataset, ShardSampler> prepare_data_loader(ShardDataset dataset,
                                                            const LoaderOptions& options) {
   auto ctx = get_context();
   const size_t size = dataset.size().value();
-  if (ctx.world_size() > 1) detail::check_same_dataset_size(size, "prepare_data_loader");
+  if (ctx.world_size() > 1) {
+    detail::check_same_dataset_size(size, "prepare_data_loader");
+    // The same total can be shards of other sizes, which cut other chunks.
+    detail::check_same_on_every_rank(
+        counts_fingerprint(dataset.reader().counts()), "prepare_data_loader",
+        "the shards' sample counts differ between ranks (the same samples packed into shards of "
+        "other sizes?): every rank must read the same shards");
+  }
   ShardSampler sampler(dataset.reader().counts(), ctx, options.shuffle(),
                        options.allow_duplicates(), options.seed(),
                        ShardOptions(dataset.options()).shuffle_buffer(dataset.shuffle_buffer()));

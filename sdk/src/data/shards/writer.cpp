@@ -91,6 +91,7 @@ struct ShardWriter::Open {
   int fd = -1;
   uint64_t bytes = 0;
   ShardIndex index;
+  std::string last_key;  // a sample's members must not follow its own
 };
 
 ShardWriter::ShardWriter(std::string pattern, ShardWriterOptions options)
@@ -112,6 +113,10 @@ void ShardWriter::write(const std::string& key,
                         const std::vector<std::pair<std::string, std::string>>& fields) {
   check_key(key);
   if (fields.empty()) throw std::invalid_argument("ShardWriter: sample " + key + " has no field");
+  if (open_ && key == open_->last_key) {
+    // Readers would take both for one sample.
+    throw std::invalid_argument("ShardWriter: sample " + key + " follows a sample of the same key");
+  }
   std::set<std::string> names;
   std::string members;
   for (const auto& [name, bytes] : fields) {
@@ -144,9 +149,17 @@ void ShardWriter::write(const std::string& key,
     if (open->fd < 0) fail_write(temporary);
     open_ = std::move(open);
   }
-  write_all(open_->fd, members, open_->path + ".partial");
+  try {
+    write_all(open_->fd, members, open_->path + ".partial");
+  } catch (...) {  // a torn member: the shard is dropped, never finished
+    ::close(open_->fd);
+    ::unlink((open_->path + ".partial").c_str());
+    open_.reset();
+    throw;
+  }
   open_->index.samples.emplace_back(open_->bytes, members.size());
   open_->bytes += members.size();
+  open_->last_key = key;
 }
 
 void ShardWriter::finish() {
