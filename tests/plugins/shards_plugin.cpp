@@ -85,12 +85,19 @@ class Counter : public train::LightningModule {
     w = register_parameter("w", torch::zeros({samples * epochs}));
   }
   torch::Tensor training_step(train::Batch& batch, int64_t) override {
+    // The rate is this world's size, also after a checkpoint of another
+    // size put its own back with the optimizer's state.
+    for (auto& group : optimizer->param_groups()) {
+      group.options().set_lr(train::get_context().world_size());
+    }
     return -w.index_select(0, batch.data.squeeze(1) + current_epoch() * samples).sum();
   }
   train::OptimizerConfig configure_optimizers() override {
     const double world = train::get_context().world_size();
-    return {std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(world))};
+    optimizer = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(world));
+    return {optimizer};
   }
+  std::shared_ptr<torch::optim::SGD> optimizer;
   int64_t samples, epochs;
   torch::Tensor w;
 };
