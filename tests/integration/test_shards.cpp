@@ -120,13 +120,18 @@ TEST_CASE("sharded data: an elastic group that grows from 2 to 3 mid-run trains 
   // after the first checkpoint, and the group grows to 3 at a later one. Any
   // checkpoint (every 6 steps of 2 x 10) leaves a multiple of 3 x 10 samples
   // of the epoch: no padding, each sample exactly once per epoch.
+  // The ranks wait at step 8 until the new agent has joined: the group grows
+  // at the checkpoint of step 12 however slowly the agent starts.
+  const auto joined = (box.root() / "joined").string();
   auto run = start_agents(box,
                           shards_run(spec, "fit", "elastic",
-                                     "--startup-timeout 3 --config epochs=2"
-                                     " --config step_sleep_ms=100"),
+                                     "--startup-timeout 10 --config epochs=2"
+                                     " --config await_step=8 --config await_file=" + joined),
                           3, 1, 2, "2:3");
   REQUIRE(wait_for_lines(box, "-> checkpoint_000000", 1));
   const pid_t joining = add_agent(box, run, 1, "agent-late.txt");
+  REQUIRE(wait_for_lines(box, "joined with 1 worker", 1));
+  std::ofstream(joined) << "joined\n";
   CHECK(Sandbox::wait(run.controller) == 0);
   CHECK(Sandbox::wait(run.agents[0]) == 0);
   CHECK(Sandbox::wait(joining) == 0);

@@ -12,7 +12,8 @@
 // batch (10 per rank), checkpoint_steps (6), workers (2 loader threads),
 // shuffle_buffer (50), chunk (8), fail_step and marker (rank fail_rank, 1,
 // kills itself with SIGKILL after that step, once: the marker says it did),
-// step_sleep_ms (0), cache_kb (the chunk cache, 262144), cache_dir (none). Rank 0 prints
+// step_sleep_ms (0), cache_kb (the chunk cache, 262144), cache_dir (none),
+// await_file and await_step (every rank waits at that step until the file exists, 60 s at most). Rank 0 prints
 // "trained min=A max=B sum=C" at the end, and per epoch how many samples were
 // trained 0, 1 and 1.5 times.
 
@@ -112,6 +113,14 @@ class AfterStep : public train::Callback {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     }
     maybe_fail(config_, trainer.global_step());
+    // Waits (60 s at most) at step await_step for the file await_file, which
+    // the test makes once what it waits for has happened.
+    const auto await = config_.get("await_file", "");
+    if (!await.empty() && trainer.global_step() == config_.get<int>("await_step", -1)) {
+      for (int i = 0; i < 600 && !std::filesystem::exists(await); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
   }
   void on_fit_end(train::Trainer&, train::LightningModule& module) override {
     auto& counter = static_cast<Counter&>(module);
