@@ -116,7 +116,8 @@ TEST_CASE("sharded data: with --recovery in-place a replacement reads the lost r
 TEST_CASE("sharded data: an elastic group that grows from 2 to 3 mid-run trains what the 2 had not") {
   Sandbox box;
   const auto spec = pack_samples(box);
-  // -n 2:3 with one agent of 2 workers: it starts with 2; an agent of 1 joins
+  // -n 2:3 with one agent of 2 workers: it starts with 2 (at the startup
+  // timeout, long enough for a loaded machine to start them); an agent of 1 joins
   // after the first checkpoint, and the group grows to 3 at a later one. Any
   // checkpoint (every 6 steps of 2 x 10) leaves a multiple of 3 x 10 samples
   // of the epoch: no padding, each sample exactly once per epoch.
@@ -125,7 +126,7 @@ TEST_CASE("sharded data: an elastic group that grows from 2 to 3 mid-run trains 
   const auto joined = (box.root() / "joined").string();
   auto run = start_agents(box,
                           shards_run(spec, "fit", "elastic",
-                                     "--startup-timeout 10 --config epochs=2"
+                                     "--startup-timeout 20 --config epochs=2"
                                      " --config await_step=8 --config await_file=" + joined),
                           3, 1, 2, "2:3");
   REQUIRE(wait_for_lines(box, "-> checkpoint_000000", 1));
