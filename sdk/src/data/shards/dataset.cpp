@@ -16,7 +16,6 @@ namespace {
 
 constexpr uint64_t kSkipsLogged = 20;  // lines on the log; the count goes on
 
-
 }  // namespace
 
 ShardDataset::ShardDataset(const std::string& spec, Transform transform, ShardOptions options)
@@ -70,10 +69,10 @@ std::string ShardDataset::fetch(const ShardReader& reader, shards::DiskCache* di
 Sample ShardDataset::sample(size_t index) const {
   const auto [shard, local] = reader_->locate(index);
   const auto& source = reader_->source(shard);
-  const auto chunk = chunk_of(shard, local);
   // Local: the sample alone, from the page cache (its chunk was read from the
   // disk ahead, in one go, as its block began).
   if (!source.remote()) return reader_->read(index);
+  const auto chunk = chunk_of(shard, local);
   // Remote: the chunk in one request, its samples cut from it; a chunk the
   // cache could not hold, the sample alone.
   if (chunk.bytes > options_.cache_bytes() / 2) return reader_->read(index);
