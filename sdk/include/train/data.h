@@ -36,6 +36,9 @@ struct LoaderOptions {
   /// 0 otherwise (a get() of your own need not be thread-safe, and on the CPU
   /// loader threads would take cores from the step itself).
   TORCH_ARG(c10::optional<size_t>, workers) = c10::nullopt;
+  /// Batches made ahead of the train loop by the workers at most (LibTorch's
+  /// max_jobs; at least one). None given: two per worker.
+  TORCH_ARG(c10::optional<size_t>, prefetch) = c10::nullopt;
   /// Pad with repeated samples so every rank gets as many batches as the others
   /// (every rank must run the same number of backward passes); false gives each
   /// sample to at most one rank, for evaluation: when the world size does not
@@ -319,6 +322,8 @@ class DataLoader {
   /// begun).
   void set_epoch(size_t epoch) {
     if constexpr (has_set_epoch<Sampler>::value) sampler_.set_epoch(epoch);
+    // A dataset's own random numbers (an ImageDataset's crops) follow the epoch too.
+    if constexpr (has_set_epoch<Dataset>::value) dataset_.set_epoch(epoch);
     epoch_ = static_cast<int64_t>(epoch);
   }
 
@@ -536,7 +541,8 @@ class DataLoader {
                                 torch::data::DataLoaderOptions()
                                     .batch_size(options_.batch_size())
                                     .drop_last(options_.drop_last())
-                                    .workers(workers()));
+                                    .workers(workers())
+                                    .max_jobs(max_jobs()));
     // The batches resume() skipped, where this epoch is the one it was for.
     const auto epoch = static_cast<size_t>(std::max<int64_t>(epoch_, 0));
     const size_t resumed = resumed_ && resumed_->first == epoch ? resumed_->second : 0;
@@ -571,6 +577,13 @@ class DataLoader {
   /// loop over it, or skipped by resume() (a replacement's loop over epochs()
   /// starts part-way). The index of the batch being trained, while it is.
   size_t batches_done() const { return position_.next; }
+
+  /// Batches made ahead: LoaderOptions::prefetch (at least one), or two per
+  /// worker; none without workers.
+  size_t max_jobs() const {
+    if (workers() == 0) return 0;
+    return std::max<size_t>(options_.prefetch().value_or(2 * workers()), 1);
+  }
 
   /// The loader threads in use (LoaderOptions::workers, or its default for the device).
   size_t workers() const {

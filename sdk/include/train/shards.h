@@ -199,6 +199,15 @@ class ShardSampler : public torch::data::samplers::Sampler<> {
   std::shared_ptr<State> state_;
 };
 
+namespace detail {
+/// The ShardSampler of prepare_data_loader, for samples in shards of `counts`
+/// read with `sampler_options`; every rank must call it with the same
+/// counts: it checks them (one small collective) and throws
+/// std::runtime_error on every rank, naming them, when they differ.
+ShardSampler shard_sampler(const std::vector<uint64_t>& counts,
+                           const ShardOptions& sampler_options, const LoaderOptions& options);
+}  // namespace detail
+
 /// prepare_data_loader for a sharded dataset: each rank reads its part
 /// through a ShardSampler. Every rank must call it with the same shards: it
 /// checks their sample counts (one small collective) and throws

@@ -252,26 +252,34 @@ size_t ShardSampler::resume_position() const {
   return state.resume && state.resume->first == state.epoch ? state.resume->second : 0;
 }
 
-DataLoader<ShardDataset, ShardSampler> prepare_data_loader(ShardDataset dataset,
-                                                           const LoaderOptions& options) {
+ShardSampler detail::shard_sampler(const std::vector<uint64_t>& counts,
+                                   const ShardOptions& sampler_options,
+                                   const LoaderOptions& options) {
   auto ctx = get_context();
-  const size_t size = dataset.size().value();
   if (ctx.world_size() > 1) {
+    uint64_t size = 0;
+    for (uint64_t count : counts) size += count;
     detail::check_same_dataset_size(size, "prepare_data_loader");
     // The same total can be shards of other sizes, which cut other chunks.
     detail::check_same_on_every_rank(
-        counts_fingerprint(dataset.reader().counts()), "prepare_data_loader",
+        counts_fingerprint(counts), "prepare_data_loader",
         "the shards' sample counts differ between ranks (the same samples packed into shards of "
         "other sizes?): every rank must read the same shards");
   }
-  ShardSampler sampler(dataset.reader().counts(), ctx, options.shuffle(),
-                       options.allow_duplicates(), options.seed(),
-                       ShardOptions(dataset.options()).shuffle_buffer(dataset.shuffle_buffer()));
+  return ShardSampler(counts, ctx, options.shuffle(), options.allow_duplicates(), options.seed(),
+                      sampler_options);
+}
+
+DataLoader<ShardDataset, ShardSampler> prepare_data_loader(ShardDataset dataset,
+                                                           const LoaderOptions& options) {
+  auto sampler = detail::shard_sampler(
+      dataset.reader().counts(),
+      ShardOptions(dataset.options()).shuffle_buffer(dataset.shuffle_buffer()), options);
   sampler.on_block([reader = dataset](const std::vector<size_t>& samples) {
     reader.read_ahead(samples);
   });
   return DataLoader<ShardDataset, ShardSampler>(std::move(dataset), std::move(sampler), options,
-                                                ctx.device());
+                                                get_context().device());
 }
 
 }  // namespace train
