@@ -14,7 +14,7 @@
 
 #include <torch/torch.h>
 
-#include <doctest/doctest.h>
+#include "doctest_torch.h"
 
 #include <cmath>
 #include <cstdio>

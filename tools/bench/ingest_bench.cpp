@@ -9,8 +9,9 @@
 //   ingest_bench ceiling --shards SPEC [--images N]
 //       libjpeg-turbo's whole decode of the same images on this thread, no
 //       augmentation (the samples read into memory first, not timed).
-// Each prints one JSON line: images, seconds (from the first request), and
-// first_batch_s (the loader's).
+// Each prints one JSON line: images, seconds (from the first request),
+// loop_cpu_s (the CPU seconds of every thread since then) and first_batch_s
+// (the loader's).
 
 #include <train/images.h>
 
@@ -18,6 +19,8 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
 
 #include <chrono>
 #include <iostream>
@@ -30,6 +33,14 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// CPU seconds of this process so far, every thread's.
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
+
 struct Setup {
   std::string shards;
   size_t batch = 256, threads = 2, images = 0;
@@ -39,6 +50,7 @@ struct Setup {
 
 nlohmann::json run_loader(const Setup& setup) {
   const auto start = Clock::now();
+  const double cpu_start = cpu_seconds();
   auto steps = train::ImagePipeline().random_resized_crop(setup.size).horizontal_flip();
   if (!setup.uint8) steps.normalize();
   if (setup.unfused) steps.fused(false);
@@ -66,7 +78,7 @@ nlohmann::json run_loader(const Setup& setup) {
     }
   }
   return {{"images", seen}, {"seconds", seconds_since(start)}, {"first_batch_s", first},
-          {"checksum", checksum}};
+          {"loop_cpu_s", cpu_seconds() - cpu_start}, {"checksum", checksum}};
 }
 
 nlohmann::json run_ceiling(const Setup& setup) {
@@ -78,12 +90,13 @@ nlohmann::json run_ceiling(const Setup& setup) {
   train::Image image;
   uint64_t pixels = 0;
   const auto start = Clock::now();
+  const double cpu_start = cpu_seconds();
   for (const auto& sample : samples) {
     train::decode_image(sample.at("jpg"), image);
     pixels += image.pixels.size();
   }
   return {{"images", images}, {"seconds", seconds_since(start)}, {"first_batch_s", 0},
-          {"bytes", pixels}};
+          {"loop_cpu_s", cpu_seconds() - cpu_start}, {"bytes", pixels}};
 }
 
 }  // namespace
