@@ -22,6 +22,8 @@ packages=(
   libcurl4-openssl-dev libpugixml-dev
   # report.html's charts (inlined at build time).
   libjs-chart.js
+  # trainrun::images: libjpeg-turbo (partial, scaled decode), libspng, OpenCV's resizer.
+  libjpeg62-turbo-dev libspng-dev libopencv-imgproc-dev
   # The FashionMNIST plugin's data.
   dataset-fashion-mnist
 )
@@ -32,8 +34,8 @@ test_packages=(
   chromium fonts-liberation
   # The launcher tests: a one-node Slurm cluster, network namespaces.
   slurm-wlm munge iproute2 util-linux
-  # PyTorch 1.13 (the same LibTorch): the DDP oracle test.
-  python3-torch
+  # PyTorch 1.13 (the same LibTorch): the DDP oracle test; torchvision's crops.
+  python3-torch python3-torchvision
   # tools/setup_s3.sh's and tools/setup_tensorboard.sh's virtual environments.
   python3-venv
   # --local under a debugger.

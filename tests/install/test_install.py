@@ -4,7 +4,8 @@
     tests/install/test_install.py SOURCE_DIR BUILD_DIR
 
 Installs BUILD_DIR into a temporary prefix (`cmake --install`), then configures,
-builds and runs examples/quickstart (a plugin: find_package(trainrun)) and
+builds and runs examples/quickstart (a plugin: find_package(trainrun)), builds
+examples/imagenet (find_package(trainrun COMPONENTS sdk images)), and
 examples/embedding (a host program: find_package(trainrun COMPONENTS runtime))
 out of tree with only CMAKE_PREFIX_PATH set, and runs them with a PATH that
 holds neither the build nor the prefix: the installed `trainrun` finds its
@@ -108,6 +109,12 @@ def main():
                  if n.startswith(("libstdc++", "libtorch", "libc10"))]
         if not order or not order[0].startswith("libstdc++"):
             raise SystemExit(f"FAIL: the installed package's plugin loads {order} in that order")
+        # find_package(trainrun COMPONENTS sdk images): trainrun::images and its libraries
+        # from the package (built on one line: the component is the same on both).
+        if cache_value(build, "Torch_DIR").startswith("/usr/"):
+            imagenet = build_example(source, "imagenet", prefix, tmp)
+            if not os.path.exists(os.path.join(imagenet, "libimagenet.so")):
+                raise SystemExit("FAIL: the ImageNet example built out of tree made no plugin")
         embedding = build_example(source, "embedding", prefix, tmp)
         plugin = os.path.join(quickstart, "libquickstart.so")
         # Nothing of trainrun on PATH: each finds the other through the prefix.
