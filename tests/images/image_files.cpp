@@ -39,7 +39,7 @@ train::Image picture(int height, int width, uint32_t seed) {
   return image;
 }
 
-std::string encode_jpeg(const train::Image& image, int quality, JpegColor color) {
+std::string encode_jpeg(const train::Image& image, int quality, JpegColor color, int white) {
   jpeg_compress_struct info{};
   jpeg_error_mgr errors{};
   info.err = jpeg_std_error(&errors);
@@ -64,9 +64,9 @@ std::string encode_jpeg(const train::Image& image, int quality, JpegColor color)
         for (int c = 0; c < 3; ++c) row[3 * x + c] = in[3 * x + c];
       } else if (color == JpegColor::kGray) {
         row[x] = in[3 * x];
-      } else {  // inverted CMYK, as Photoshop writes it (with an Adobe marker): no black
+      } else {  // inverted CMYK, as Photoshop writes it (with an Adobe marker)
         for (int c = 0; c < 3; ++c) row[4 * x + c] = in[3 * x + c];
-        row[4 * x + 3] = 255;
+        row[4 * x + 3] = static_cast<uint8_t>(white);
       }
     }
     JSAMPROW pointer = row.data();

@@ -15,8 +15,9 @@ train::Image picture(int height, int width, uint32_t seed = 1);
 
 enum class JpegColor { kRgb, kGray, kCmyk };
 /// `image` as a JPEG of `quality` (4:2:0 for colour, as PIL writes it).
+/// CMYK is written inverted, as Photoshop writes it, with 255 - black = `white`.
 std::string encode_jpeg(const train::Image& image, int quality = 90,
-                        JpegColor color = JpegColor::kRgb);
+                        JpegColor color = JpegColor::kRgb, int white = 255);
 
 enum class PngColor { kRgb, kGray, kPalette, kRgba, kRgb16 };
 /// `image` as a PNG of that colour type (grey: its red channel; palette: its

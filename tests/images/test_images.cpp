@@ -189,7 +189,8 @@ TEST_CASE("a JPEG's crop decoded alone and scaled agrees with the whole decode w
   // ImageNet's usual sizes decode only the crop's blocks; the larger ones also
   // at a reduced scale (a window twice the output's size or more).
   for (const auto& [height, width] :
-       {std::pair{375, 500}, std::pair{500, 375}, {333, 500}, {750, 1000}, {1200, 900}}) {
+       {std::pair{375, 500}, std::pair{500, 375}, {333, 500}, {750, 1000}, {1200, 900},
+        {903, 1201}}) {
     const auto bytes = encode_jpeg(picture(height, width, 7));
     const auto train_steps = train::ImagePipeline().random_resized_crop(224).horizontal_flip();
     const auto eval_steps = train::ImagePipeline().resize(256).center_crop(224);
@@ -238,6 +239,12 @@ TEST_CASE("every JPEG and PNG colour type decodes to the RGB it was made of") {
   CHECK(mean_difference(decoded, gray) < 2.0);
   train::decode_image(encode_jpeg(original, 95, JpegColor::kCmyk), decoded);
   CHECK(mean_difference(decoded, original) < 6.0);
+  // With black: Pillow's (255 - ink) (255 - black) / 255.
+  train::decode_image(encode_jpeg(original, 95, JpegColor::kCmyk, /*white=*/200), decoded);
+  train::Image darker = original;
+  for (auto& v : darker.pixels) v = static_cast<uint8_t>((v * 200 + 127) / 255);
+  CHECK(mean_difference(decoded, darker) < 6.0);
+  CHECK(mean_difference(decoded, original) > 20.0);
 
   train::decode_image(encode_png(original), decoded);
   CHECK(decoded.pixels == original.pixels);
@@ -261,6 +268,10 @@ TEST_CASE("a corrupt, truncated or foreign image is refused in one line saying w
   const auto png = encode_png(picture(64, 64));
   train::Image out;
   CHECK_THROWS_WITH_AS(train::decode_image(jpeg.substr(0, jpeg.size() / 2), out),
+                       doctest::Contains("JPEG: Premature end of JPEG file"), train::ImageError);
+  // A crop of the top rows alone of a JPEG cut at 80%: refused too, whatever the crop.
+  CHECK_THROWS_WITH_AS(train::decode_resized(jpeg.substr(0, jpeg.size() * 4 / 5), {0, 0, 8, 8}, 4,
+                                             4, out),
                        doctest::Contains("JPEG: Premature end of JPEG file"), train::ImageError);
   CHECK_THROWS_WITH_AS(train::decode_image(png.substr(0, png.size() / 2), out),
                        doctest::Contains("PNG: "), train::ImageError);
@@ -307,6 +318,7 @@ TEST_CASE("a batch of images from shards: its shape, dtype, normalisation, flips
   const auto normalized = floats.get_batch(indices).data;
   CHECK(normalized.dtype() == torch::kFloat);
   CHECK(torch::allclose(normalized, train::normalize_images(batch.data), 1e-5, 1e-5));
+  CHECK_THROWS_AS(train::normalize_images(batch.data[0]), std::invalid_argument);
   // Flipped every time: each image mirrored.
   train::ImageDataset flipped(spec, train::ImagePipeline(pipeline).horizontal_flip(1.0));
   CHECK(flipped.get_batch(indices).data.equal(batch.data.flip(3)));
@@ -403,29 +415,95 @@ TEST_CASE("a corrupt image in a shard ends the batch naming the shard and the sa
   CHECK(lenient.skipped() == 1);
 }
 
-TEST_CASE("an ImageFolder's classes are its folders in name order, its samples their files") {
+TEST_CASE("an ImageFolder's classes are its folders in name order, as torchvision's, and one "
+          "without images is refused") {
   TempDir dir;
-  for (const auto& [cls, files] :
-       std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"zebra", {"b.JPG", "a.png"}}, {"ant", {"x.jpeg"}}, {"empty", {}}, {"bee", {"n.txt"}}}) {
-    fs::create_directories(dir.path / cls);
-    for (const auto& file : files) {
-      const auto image = picture(30, 30, static_cast<uint32_t>(file[0]));
-      std::ofstream(dir.path / cls / file, std::ios::binary)
-          << (file.find("png") != std::string::npos ? encode_png(image) : encode_jpeg(image));
-    }
-  }
-  std::ofstream(dir.path / "bee" / "n.txt") << "not an image";
+  const auto write = [](const fs::path& path, uint32_t seed) {
+    fs::create_directories(path.parent_path());
+    const auto image = picture(30, 30, seed);
+    std::ofstream(path, std::ios::binary)
+        << (path.extension() == ".png" ? encode_png(image) : encode_jpeg(image));
+  };
+  write(dir.path / "zebra" / "b.JPG", 1);
+  write(dir.path / "zebra" / "a.png", 2);
+  write(dir.path / "ant" / "x.jpeg", 3);
+  write(dir.path / "bee" / "deeper" / "y.jpg", 4);
+  std::ofstream(dir.path / "bee" / "notes.txt") << "not an image";
   auto data = train::ImageDataset::folder(dir.path.string(), train::ImagePipeline().center_crop(30));
-  REQUIRE(data.size() == size_t{3});
-  CHECK(data.counts() == std::vector<uint64_t>{3});
+  REQUIRE(data.size() == size_t{4});
+  CHECK(data.counts() == std::vector<uint64_t>{4});
   CHECK(data.sampler_options().chunk_samples() == 1);
-  // ant/x.jpeg (0), zebra/a.png (1), zebra/b.JPG (1)
-  CHECK(data.get_batch(std::vector<size_t>{0, 1, 2}).target.equal(torch::tensor({0, 1, 1})));
-  const auto png = data.get_batch(std::vector<size_t>{1}).data[0];
-  CHECK(to_image(png).pixels == picture(30, 30, 'a').pixels);
-  CHECK_THROWS_WITH_AS(train::ImageDataset::folder((dir.path / "empty").string(), {}),
-                       doctest::Contains("holds no class folder"), train::ShardError);
+  // ant/x.jpeg (0), bee/deeper/y.jpg (1), zebra/a.png (2), zebra/b.JPG (2)
+  CHECK(data.get_batch(std::vector<size_t>{0, 1, 2, 3}).target.equal(torch::tensor({0, 1, 2, 2})));
+  const auto png = data.get_batch(std::vector<size_t>{2}).data[0];
+  CHECK(to_image(png).pixels == picture(30, 30, 2).pixels);
+  // A class folder without images would shift every later label: refused, named.
+  fs::create_directories(dir.path / "cat");
+  std::ofstream(dir.path / "cat" / "c.webp") << "x";
+  CHECK_THROWS_WITH_AS(train::ImageDataset::folder(dir.path.string(), {}),
+                       doctest::Contains("class folder cat of"), train::ShardError);
+  CHECK_THROWS_WITH_AS(train::ImageDataset::folder((dir.path / "ant").string(), {}),
+                       doctest::Contains("holds no folder"), train::ShardError);
+}
+
+TEST_CASE("a flip before a crop crops the mirrored image; a crop larger than the image is padded "
+          "with zeros") {
+  // Exact pixels from a decoder of the user's: column x holds x, row y holds y.
+  const auto ramp = [](const train::Sample&, train::Image& out) {
+    out.resize(10, 41);
+    for (int y = 0; y < 10; ++y) {
+      for (int x = 0; x < 41; ++x) {
+        out.row(y)[3 * x] = static_cast<uint8_t>(x);
+        out.row(y)[3 * x + 1] = static_cast<uint8_t>(y);
+        out.row(y)[3 * x + 2] = 7;
+      }
+    }
+  };
+  const auto sample = sample_of("r", {{"raw", ""}});
+  Counter random(0);
+  train::Image out;
+  bool flip = false;
+  // centre_crop(20) of 41 columns starts at round(10.5) = 10 (half to even);
+  // of the mirrored ones, at original column 41 - 10 - 20 = 11, mirrored.
+  train::ImagePipeline().decoder(ramp).horizontal_flip(1.0).center_crop(8).apply(sample, random,
+                                                                                  out, flip);
+  // centre_crop(8) of the mirrored columns starts at round(16.5) = 16: original
+  // columns 24 down to 17, handed back unmirrored (17..24) with the flip to make.
+  CHECK(flip);
+  REQUIRE(out.width == 8);
+  for (int x = 0; x < 8; ++x) CHECK(out.row(0)[3 * x] == 17 + x);
+  train::ImagePipeline().decoder(ramp).horizontal_flip(1.0).center_crop(20).apply(sample, random,
+                                                                                   out, flip);
+  REQUIRE(out.width == 20);  // and 20 high: 5 rows of zeros above the image's 10
+  CHECK(out.row(5)[0] == 11);
+  CHECK(out.row(5)[3 * 19] == 30);
+  train::ImagePipeline().decoder(ramp).center_crop(20).apply(sample, random, out, flip);
+  CHECK_FALSE(flip);
+  CHECK(out.row(5)[0] == 10);
+  // Larger than the image: padded, as torchvision pads, the image in the middle.
+  train::ImagePipeline().decoder(ramp).center_crop(14).apply(sample, random, out, flip);
+  REQUIRE(out.height == 14);
+  CHECK(out.row(0)[3 * 5 + 2] == 0);   // padding rows above: (14 - 10) / 2 = 2
+  CHECK(out.row(1)[3 * 5 + 2] == 0);
+  CHECK(out.row(2)[3 * 5 + 2] == 7);   // the image
+  CHECK(out.row(2)[3 * 5 + 1] == 0);
+  CHECK(out.row(13)[3 * 5 + 2] == 0);  // and below
+}
+
+TEST_CASE("a batch's tensor is used again only once nothing holds it") {
+  TempDir dir;
+  const auto spec = write_picture_shards(dir.path, 8);
+  train::ImageDataset data(spec, train::ImagePipeline().center_crop(32));
+  auto first = data.get_batch(std::vector<size_t>{0, 1});
+  const auto kept = first.data.clone();
+  const auto second = data.get_batch(std::vector<size_t>{2, 3});
+  CHECK(first.data.data_ptr() != second.data.data_ptr());
+  CHECK(first.data.equal(kept));  // still the first batch's images
+  const void* address = first.data.data_ptr();
+  first = {};
+  const auto third = data.get_batch(std::vector<size_t>{4, 5});
+  CHECK(third.data.data_ptr() == address);  // its memory, free again, used again
+  CHECK_FALSE(third.data.equal(kept));
 }
 
 TEST_CASE("the loader's threads default from the cores: all but one beside a GPU, few beside a "

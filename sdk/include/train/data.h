@@ -359,6 +359,7 @@ class DataLoader {
   size_t load(torch::serialize::InputArchive& archive) {
     sampler_.load(archive);
     epoch_ = static_cast<int64_t>(sampler_.epoch());
+    if constexpr (has_set_epoch<Dataset>::value) dataset_.set_epoch(sampler_.epoch());
     const size_t position = sampler_.resume_position();
     resumed_.reset();
     if (position > 0) {

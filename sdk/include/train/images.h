@@ -10,7 +10,8 @@
 //   auto loader = train::prepare_data_loader(std::move(train_set), options);
 //
 // A pipeline is immutable once a dataset holds it and runs on several loader
-// threads at once; a step of your own must be safe to call so.
+// threads at once; a step of your own must be safe to call so (it may run a
+// pipeline itself).
 
 #include <train/data.h>
 #include <train/shard_files.h>
@@ -192,8 +193,9 @@ class ImagePipeline {
 };
 
 /// uint8 image batches [N, 3, H, W] as float32 (x / 255 - mean) / std, on
-/// their device (one fused op each): normalize() done on a GPU after the
-/// cheaper copy.
+/// their device, with nothing copied from the host (no wait for the device;
+/// it can be captured in a CUDA graph): normalize() done on a GPU after the
+/// cheaper copy. Throws std::invalid_argument for another shape.
 torch::Tensor normalize_images(const torch::Tensor& batch,
                                std::array<float, 3> mean = kImageNetMean,
                                std::array<float, 3> std = kImageNetStd);
@@ -209,10 +211,13 @@ class ImageDataset : public torch::data::datasets::BatchDataset<
   /// The shards of `spec` (expand_shards'), read as ShardDataset reads them.
   /// Throws what ShardDataset's constructor throws.
   ImageDataset(const std::string& spec, ImagePipeline pipeline, ShardOptions options = {});
-  /// An ImageFolder: `root`/CLASS/FILE, classes and files in name order, a
-  /// class's label its place among the classes (files are read whole; a
-  /// sample's field is its extension, lower-cased, and "cls" its label).
-  /// Throws ShardError when `root` holds no class folder with files.
+  /// An ImageFolder, as torchvision's finds its classes: every folder in
+  /// `root` is a class, labelled by its place in name order, and its .jpg,
+  /// .jpeg and .png files (in its subfolders too) its samples, in name order
+  /// (read whole; a sample's field is its extension, lower-cased, and "cls"
+  /// its label). Throws ShardError, naming them, when a class has no image
+  /// (torchvision's ImageFolder refuses it too: a class left out would shift
+  /// every later label), or `root` has no class.
   static ImageDataset folder(const std::string& root, ImagePipeline pipeline,
                              ShardOptions options = {});
 
@@ -266,9 +271,11 @@ class ImageDataset : public torch::data::datasets::BatchDataset<
 
 /// prepare_data_loader for images: each rank reads its part through a
 /// ShardSampler (a folder as one shard of single-file chunks), with
-/// LoaderOptions::workers defaulting to ImageDataset::default_workers, said in
-/// one line on rank 0's log. Checks, as for a ShardDataset, that every rank has
-/// the same samples.
+/// LoaderOptions::workers defaulting to ImageDataset::default_workers. The
+/// first image loader of the process, when its workers were not given and it
+/// feeds a CUDA device, also cuts LibTorch's intra-op threads to the cores its
+/// threads leave; rank 0 says so in one line. Checks, as for a ShardDataset,
+/// that every rank has as many samples in each shard.
 DataLoader<ImageDataset, ShardSampler> prepare_data_loader(ImageDataset dataset,
                                                            const LoaderOptions& options = {});
 

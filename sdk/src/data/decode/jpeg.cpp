@@ -20,12 +20,34 @@
 namespace train::decode {
 namespace {
 
+// What one decode may take: libjpeg's working memory (a progressive image's
+// coefficients), and the scans of a progressive image (a small hostile file
+// of thousands of scans would hold a loader thread for minutes; libjpeg-turbo's
+// own tools stop at the same count).
+constexpr long kMaxWorkingMemory = 1L << 30;
+constexpr int kMaxScans = 500;
+
 struct ErrorManager {
   jpeg_error_mgr pub;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX] = {};
   bool truncated = false;  // libjpeg filled the rest of the image with grey
 };
+
+struct ScanLimit {
+  jpeg_progress_mgr pub;
+  ErrorManager* errors;
+};
+
+void count_scans(j_common_ptr info) {
+  auto* limit = reinterpret_cast<ScanLimit*>(info->progress);
+  auto* decompress = reinterpret_cast<j_decompress_ptr>(info);
+  if (decompress->input_scan_number > kMaxScans) {
+    std::snprintf(limit->errors->message, sizeof limit->errors->message,
+                  "more than %d scans: refused", kMaxScans);
+    std::longjmp(limit->errors->jump, 1);
+  }
+}
 
 [[noreturn]] void error_exit(j_common_ptr info) {
   auto* errors = reinterpret_cast<ErrorManager*>(info->err);
@@ -51,9 +73,13 @@ class Decompressor {
     info_.err = jpeg_std_error(&errors_.pub);
     errors_.pub.error_exit = error_exit;
     errors_.pub.emit_message = emit_message;
+    scans_.pub.progress_monitor = count_scans;
+    scans_.errors = &errors_;
     run([&](j_decompress_ptr info) {
       jpeg_create_decompress(info);
       created_ = true;
+      info->mem->max_memory_to_use = kMaxWorkingMemory;
+      info->progress = &scans_.pub;
       jpeg_mem_src(info, reinterpret_cast<const unsigned char*>(bytes.data()),
                    static_cast<unsigned long>(bytes.size()));
     });
@@ -98,23 +124,39 @@ class Decompressor {
   jpeg_decompress_struct& info() { return info_; }
 
  private:
-  // PIL's conversion; Adobe's CMYK JPEGs store the inks inverted.
+  // Pillow's conversion, (255 - ink) (255 - black) / 255; Adobe's CMYK JPEGs
+  // store the inks inverted.
   void cmyk_to_rgb(const uint8_t* in, uint8_t* out, int width) const {
     const bool inverted = info_.saw_Adobe_marker;
     for (int x = 0; x < width; ++x, in += 4, out += 3) {
-      const int k = inverted ? 255 - in[3] : in[3];
+      const int white = inverted ? in[3] : 255 - in[3];  // 255 - black
       for (int c = 0; c < 3; ++c) {
-        const int ink = inverted ? 255 - in[c] : in[c];
-        out[c] = static_cast<uint8_t>(255 - std::min(255, ink + k));
+        const int paper = inverted ? in[c] : 255 - in[c];  // 255 - ink
+        out[c] = static_cast<uint8_t>((paper * white + 127) / 255);
       }
     }
   }
 
   jpeg_decompress_struct info_{};
   ErrorManager errors_{};
+  ScanLimit scans_{};
   bool created_ = false;
   bool cmyk_ = false;
 };
+
+// Whether an end-of-image marker (FF D9) is among the last bytes: entropy-coded
+// data never holds one (an FF there is followed by 00), and some cameras
+// write a trailer after it.
+bool ends_whole(std::string_view bytes) {
+  constexpr size_t kTrailer = 4096;
+  const size_t from = bytes.size() > kTrailer ? bytes.size() - kTrailer : 0;
+  for (size_t i = bytes.size(); i-- > from + 1;) {
+    if (static_cast<uint8_t>(bytes[i - 1]) == 0xff && static_cast<uint8_t>(bytes[i]) == 0xd9) {
+      return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -141,6 +183,11 @@ void decode_jpeg(std::string_view bytes, Image& out) {
 
 void decode_jpeg_window(std::string_view bytes, const Window& window, int height, int width,
                         Image& out, Window& scaled) {
+  // The rows below the window are never read: a truncated file is told by its
+  // missing end marker instead, whatever the crop.
+  if (!ends_whole(bytes)) {
+    throw ImageError("JPEG: Premature end of JPEG file (no end-of-image marker)");
+  }
   Decompressor jpeg(bytes);
   jpeg.read_header();
   auto& info = jpeg.info();
@@ -158,8 +205,9 @@ void decode_jpeg_window(std::string_view bytes, const Window& window, int height
   info.scale_num = static_cast<unsigned>(eighths);
   info.scale_denom = 8;
   jpeg.run([](j_decompress_ptr info) { jpeg_start_decompress(info); });
-  const double sy = static_cast<double>(info.output_height) / info.image_height;
-  const double sx = static_cast<double>(info.output_width) / info.image_width;
+  // Scaled pixel k covers source pixels [8k/m, 8(k+1)/m): the output's size is
+  // rounded up, its scale is exactly m/8.
+  const double sy = eighths / 8.0, sx = eighths / 8.0;
   const int out_height = static_cast<int>(info.output_height);
   const int out_width = static_cast<int>(info.output_width);
   const int y0 = std::clamp(static_cast<int>(std::floor(window.top * sy)), 0, out_height - 1);

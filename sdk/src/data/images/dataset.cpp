@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -126,24 +127,32 @@ ImageDataset ImageDataset::folder(const std::string& root, ImagePipeline pipelin
     if (entry.is_directory()) classes.push_back(entry.path());
   }
   std::sort(classes.begin(), classes.end());
+  std::vector<std::string> empty;
   for (const auto& dir : classes) {
     std::vector<fs::path> files;
-    for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    for (const auto& entry :
+         fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink)) {
       if (!entry.is_regular_file()) continue;
       const auto extension = lower_extension(entry.path());
       if (extension == "jpg" || extension == "jpeg" || extension == "png") {
         files.push_back(entry.path());
       }
     }
-    if (files.empty()) continue;  // as ImageFolder (allow_empty=False) leaves it out
-    std::sort(files.begin(), files.end());
+    // Every folder is a class, as torchvision's find_classes makes them: one
+    // left out would shift the labels of those after it.
     const auto label = static_cast<int64_t>(folder->classes.size());
     folder->classes.push_back(dir.filename().string());
+    if (files.empty()) empty.push_back(dir.filename().string());
+    std::sort(files.begin(), files.end());
     for (auto& file : files) folder->files.emplace_back(std::move(file), label);
   }
-  if (folder->files.empty()) {
-    throw ShardError("ImageDataset::folder: " + root +
-                     " holds no class folder with .jpg, .jpeg or .png files");
+  if (classes.empty()) throw ShardError("ImageDataset::folder: " + root + " holds no folder");
+  if (!empty.empty()) {
+    std::string names;
+    for (const auto& name : empty) names += (names.empty() ? "" : ", ") + name;
+    throw ShardError("ImageDataset::folder: no .jpg, .jpeg or .png file in the class folder" +
+                     std::string(empty.size() > 1 ? "s " : " ") + names + " of " + root +
+                     " (every folder is a class: remove it or add its images)");
   }
   ImageDataset dataset(std::move(pipeline), options);
   dataset.folder_ = std::move(folder);
@@ -232,6 +241,9 @@ torch::data::Example<> ImageDataset::get_batch(c10::ArrayRef<size_t> indices) {
       }
     }
   }
+  // One huge photograph should not keep its buffer for the rest of the run.
+  constexpr size_t kKeptBytes = size_t{64} << 20;
+  if (image.pixels.capacity() > kKeptBytes) image = Image();
   if (targets.empty()) {
     if (indices.empty()) return {};
     throw ShardError("every sample of a batch failed; the first: " + first_error);
@@ -256,28 +268,29 @@ DataLoader<ImageDataset, ShardSampler> prepare_data_loader(ImageDataset dataset,
     reader.read_ahead(samples);
   });
   LoaderOptions chosen = options;
+  // The first image loader decides the intra-op threads, once: a validation
+  // loader made later does not cut them again.
+  static std::atomic<bool> first{true};
+  const bool decides = first.exchange(false);
   if (!options.workers()) {
     const size_t workers = ImageDataset::default_workers(ctx.device(), cores);
     chosen.workers(workers);
     // On a GPU the step's host side needs a thread: the rest decode.
-    if (ctx.device().is_cuda()) {
+    if (decides && ctx.device().is_cuda()) {
       at::set_num_threads(static_cast<int>(std::max<size_t>(cores - std::min(workers, cores), 1)));
     }
   }
-  static std::once_flag said;
-  if (ctx.world_rank() == 0) {
-    std::call_once(said, [&] {
-      const size_t workers = *chosen.workers();
-      std::cerr << "train::ImageDataset: " << workers << " loader thread"
-                << (workers == 1 ? "" : "s") << " make batches of " << chosen.batch_size() << " ("
-                << std::max<size_t>(chosen.prefetch().value_or(2 * workers), 1) << " ahead), beside "
-                << at::get_num_threads() << " LibTorch intra-op thread"
-                << (at::get_num_threads() == 1 ? "" : "s") << ", of " << cores << " core"
-                << (cores == 1 ? "" : "s") << " per worker"
-                << (ctx.device().is_cuda() ? "" : " (on the CPU the step's compute outweighs "
-                                                  "decoding: its threads keep every core)")
-                << std::endl;
-    });
+  if (decides && ctx.world_rank() == 0) {
+    const size_t workers = *chosen.workers();
+    std::cerr << "train::ImageDataset: " << workers << " loader thread"
+              << (workers == 1 ? "" : "s") << " make batches of " << chosen.batch_size() << " ("
+              << std::max<size_t>(chosen.prefetch().value_or(2 * workers), 1) << " ahead), beside "
+              << at::get_num_threads() << " LibTorch intra-op thread"
+              << (at::get_num_threads() == 1 ? "" : "s") << ", of " << cores << " core"
+              << (cores == 1 ? "" : "s") << " per worker"
+              << (ctx.device().is_cuda() ? "" : " (on the CPU the step's compute outweighs "
+                                                "decoding: its threads keep every core)")
+              << std::endl;
   }
   return DataLoader<ImageDataset, ShardSampler>(std::move(dataset), std::move(sampler), chosen,
                                                 ctx.device());

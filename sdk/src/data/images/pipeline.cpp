@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
+#include <vector>
 
 namespace train {
 
@@ -56,8 +58,10 @@ struct Geometry {
            window.width == source_width && height == source_height && width == source_width;
   }
   bool inside(int source_height, int source_width) const {
-    return window.top >= 0 && window.left >= 0 && window.top + window.height <= source_height &&
-           window.left + window.width <= source_width;
+    constexpr double kRounding = 1e-6;  // a crop composed onto a resize, at an edge
+    return window.top >= -kRounding && window.left >= -kRounding &&
+           window.top + window.height <= source_height + kRounding &&
+           window.left + window.width <= source_width + kRounding;
   }
   // A crop of the image so far, in its pixels.
   void crop(double top, double left, int crop_height, int crop_width) {
@@ -138,10 +142,10 @@ ImagePipeline& ImagePipeline::random_resized_crop(int size, std::pair<double, do
                                                   std::pair<double, double> ratio) {
   check_size(size, "random_resized_crop");
   for (const auto& range : {scale, ratio}) {
-    if (!(range.first > 0) || !(range.first <= range.second) || !std::isfinite(range.second)) {
+    if (!(range.first >= 1e-6) || !(range.first <= range.second) || !(range.second <= 1e6)) {
       throw std::invalid_argument(
-          "train::ImagePipeline: random_resized_crop's scale and ratio must be positive ranges "
-          "(low <= high)");
+          "train::ImagePipeline: random_resized_crop's scale and ratio must be ranges in order "
+          "(low <= high) within [1e-6, 1e6]");
     }
   }
   StepSpec step(StepKind::kRandomResizedCrop);
@@ -227,10 +231,32 @@ ImagePipeline& ImagePipeline::seed(uint64_t seed) {
 bool ImagePipeline::normalizes() const { return steps_->normalize; }
 uint64_t ImagePipeline::seed() const { return steps_->seed; }
 
+namespace {
+
+// A thread's working images, one set per pipeline running on it: a step or
+// decoder of the user's may run another pipeline (or this one) itself.
+struct Buffers {
+  Image current, made, source;
+};
+thread_local std::vector<std::unique_ptr<Buffers>> buffers_by_depth;
+thread_local size_t depth = 0;
+
+struct Nested {
+  Nested() {
+    if (buffers_by_depth.size() <= depth) buffers_by_depth.push_back(std::make_unique<Buffers>());
+    buffers = buffers_by_depth[depth++].get();
+  }
+  ~Nested() { --depth; }
+  Buffers* buffers;
+};
+
+}  // namespace
+
 void ImagePipeline::apply(const Sample& sample, ImageRandom& random, Image& out,
                           bool& flip) const {
   const Steps& steps = *steps_;
-  thread_local Image current;  // the pixels the geometry is over, once decoded
+  const Nested nested;
+  Image& current = nested.buffers->current;  // the pixels the geometry is over, once decoded
   std::string_view bytes;
   ImageSize size;  // of the encoded image
   bool decoded = false;
@@ -253,7 +279,7 @@ void ImagePipeline::apply(const Sample& sample, ImageRandom& random, Image& out,
   // The pixels of the geometry so far, not mirrored, in `into`.
   const auto materialize = [&](Image& into) {
     if (decoded) return render(current, geometry, into);
-    thread_local Image source;
+    Image& source = nested.buffers->source;
     if (steps.fused && decode::is_jpeg(bytes)) {
       if (geometry.identity(size.height, size.width)) return decode_image(bytes, into);
       if (geometry.inside(size.height, size.width)) {
@@ -297,7 +323,7 @@ void ImagePipeline::apply(const Sample& sample, ImageRandom& random, Image& out,
         if (random.uniform(0.0f, 1.0f) < step.p) geometry.mirrored = !geometry.mirrored;
         break;
       case StepKind::kUser: {
-        thread_local Image made;
+        Image& made = nested.buffers->made;
         materialize(made);
         if (geometry.mirrored) mirror_rows(made);
         std::swap(current, made);
@@ -371,10 +397,17 @@ void ImagePipeline::collate(const Image& image, bool flip, torch::Tensor slot) c
 
 torch::Tensor normalize_images(const torch::Tensor& batch, std::array<float, 3> mean,
                                std::array<float, 3> std) {
-  const auto options = torch::TensorOptions().dtype(torch::kFloat).device(batch.device());
-  const auto m = torch::tensor({mean[0], mean[1], mean[2]}, options).view({1, 3, 1, 1}) * 255;
-  const auto s = torch::tensor({std[0], std[1], std[2]}, options).view({1, 3, 1, 1}) * 255;
-  return (batch.to(torch::kFloat) - m) / s;
+  if (batch.dim() != 4 || batch.size(1) != 3) {
+    throw std::invalid_argument("train::normalize_images: a batch [N, 3, H, W], got " +
+                                std::to_string(batch.dim()) + " dimensions");
+  }
+  // Scalars per channel: no mean or std tensor copied to the device, which
+  // would make the host wait for it (and cannot be captured in a graph).
+  auto out = batch.to(torch::kFloat);
+  for (int64_t c = 0; c < 3; ++c) {
+    out.select(1, c).sub_(255.0 * mean[c]).div_(255.0 * std[c]);
+  }
+  return out;
 }
 
 }  // namespace train

@@ -14,10 +14,11 @@ namespace {
 int python_round(double value) { return static_cast<int>(std::nearbyint(value)); }
 
 void check_range(std::pair<double, double> range, const char* name) {
-  if (!(range.first > 0) || !(range.first <= range.second) || !std::isfinite(range.second)) {
+  // Bounded, so that every side length computed from them is a number an int holds.
+  if (!(range.first >= 1e-6) || !(range.first <= range.second) || !(range.second <= 1e6)) {
     throw ImageError(std::string("random_resized_crop: ") + name + " (" +
                      std::to_string(range.first) + ", " + std::to_string(range.second) +
-                     ") must be positive and in order");
+                     ") must be in order, within [1e-6, 1e6]");
   }
 }
 
@@ -39,8 +40,11 @@ Window random_resized_crop_params(int height, int width, std::pair<double, doubl
     const double target_area =
         area * random.uniform(static_cast<float>(scale.first), static_cast<float>(scale.second));
     const double aspect = std::exp(random.uniform(log_low, log_high));  // float32, as torch.exp
-    const int w = python_round(std::sqrt(target_area * aspect));
-    const int h = python_round(std::sqrt(target_area / aspect));
+    const double w_exact = std::sqrt(target_area * aspect);
+    const double h_exact = std::sqrt(target_area / aspect);
+    if (!(w_exact < width + 1.0) || !(h_exact < height + 1.0)) continue;  // no int needed
+    const int w = python_round(w_exact);
+    const int h = python_round(h_exact);
     if (0 < w && w <= width && 0 < h && h <= height) {
       const auto top = random.integer(0, height - h + 1);
       const auto left = random.integer(0, width - w + 1);

@@ -44,11 +44,14 @@ void resize_image(const Image& in, const Window& window, int height, int width, 
     throw ImageError("resize_image: the window " + describe(window) + " is outside a " +
                      std::to_string(in.width) + "x" + std::to_string(in.height) + " image");
   }
-  const int y0 = edge(window.top, in.height), y1 = edge(window.top + window.height, in.height);
-  const int x0 = edge(window.left, in.width), x1 = edge(window.left + window.width, in.width);
-  if (y1 <= y0 || x1 <= x0) {
+  if (!(window.height > 0) || !(window.width > 0)) {
     throw ImageError("resize_image: the window " + describe(window) + " is empty");
   }
+  // Whole pixels; a window narrower than half a pixel keeps the one it is in.
+  int y0 = edge(window.top, in.height), y1 = edge(window.top + window.height, in.height);
+  int x0 = edge(window.left, in.width), x1 = edge(window.left + window.width, in.width);
+  if (y1 <= y0) y1 = (y0 = std::min(y0, in.height - 1)) + 1;
+  if (x1 <= x0) x1 = (x0 = std::min(x0, in.width - 1)) + 1;
   const cv::Mat source(in.height, in.width, CV_8UC3, const_cast<uint8_t*>(in.pixels.data()));
   const cv::Mat region = source(cv::Rect(x0, y0, x1 - x0, y1 - y0));
   out.resize(height, width);
