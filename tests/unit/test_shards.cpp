@@ -45,8 +45,9 @@ std::vector<std::string> write_samples(const fs::path& dir, int samples, uint64_
   options.max_samples = per_shard;
   train::ShardWriter writer((dir / "part-%04d.tar").string(), options);
   for (int i = 0; i < samples; ++i) {
+    const size_t bytes = static_cast<unsigned>(i) % 700;  // (GCC 12 warns of a negative int's)
     writer.write("s" + std::to_string(i),
-                 {{"cls", std::to_string(i % 7)}, {"bin", std::string(static_cast<size_t>(i % 700), 'x')}});
+                 {{"cls", std::to_string(i % 7)}, {"bin", std::string(bytes, 'x')}});
   }
   return writer.close();
 }
