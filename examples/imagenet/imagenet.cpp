@@ -68,8 +68,7 @@ struct Classifier : train::LightningModule {
 
   train::OptimizerConfig configure_optimizers() override {
     auto sgd = std::make_shared<train::optim::SGD>(
-        parameters(),
-        train::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
+        parameters(), train::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
     return {sgd, std::make_shared<torch::optim::StepLR>(*sgd, lr_step, 0.1)};
   }
 
@@ -150,10 +149,11 @@ void train_func(const train::Config& config) {
     throw std::invalid_argument(
         "config data: an ImageFolder directory or shards (or synthetic=N) is needed");
   }
-  auto train_set = images_of(data, train::ImagePipeline().random_resized_crop(size).horizontal_flip());
+  auto train_set =
+      images_of(data, train::ImagePipeline().random_resized_crop(size).horizontal_flip());
   if (ctx.world_rank() == 0) {
-    std::cout << "imagenet: " << *train_set.size() << " training images from " << data
-              << ", batch " << batch_size << " x " << ctx.world_size() << " workers, lr "
+    std::cout << "imagenet: " << *train_set.size() << " training images from " << data << ", batch "
+              << batch_size << " x " << ctx.world_size() << " workers, lr "
               << config.get<double>("lr", 0.1 * global / 256) << std::endl;
   }
   const auto val_data = config.get("val_data", std::string());

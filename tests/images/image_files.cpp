@@ -1,16 +1,21 @@
-#include "image_files.h"
+// jpeglib.h uses FILE and size_t without including their headers.
+#include <stdio.h>
+// clang-format off
+#include <jpeglib.h>
+// clang-format on
+
+#include <spng.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <csetjmp>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <vector>
 
-#include <jpeglib.h>
-#include <spng.h>
+#include "image_files.h"
 
 namespace test_images {
 
@@ -51,8 +56,9 @@ std::string encode_jpeg(const train::Image& image, int quality, JpegColor color,
   info.image_height = static_cast<JDIMENSION>(image.height);
   const int components = color == JpegColor::kRgb ? 3 : color == JpegColor::kGray ? 1 : 4;
   info.input_components = components;
-  info.in_color_space =
-      color == JpegColor::kRgb ? JCS_RGB : color == JpegColor::kGray ? JCS_GRAYSCALE : JCS_CMYK;
+  info.in_color_space = color == JpegColor::kRgb    ? JCS_RGB
+                        : color == JpegColor::kGray ? JCS_GRAYSCALE
+                                                    : JCS_CMYK;
   jpeg_set_defaults(&info);
   jpeg_set_quality(&info, quality, TRUE);
   jpeg_start_compress(&info, TRUE);

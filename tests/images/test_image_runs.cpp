@@ -5,8 +5,8 @@
 #include <cmath>
 #include <fstream>
 
-#include "image_files.h"
 #include "doctest_torch.h"
+#include "image_files.h"
 #include "run_helpers.h"
 
 namespace {
@@ -42,8 +42,9 @@ std::vector<double> epoch_losses(const fs::path& run_dir) {
 
 }  // namespace
 
-TEST_CASE("the ImageNet example trains ResNet-50 from an ImageFolder and from its shards, and its "
-          "loss falls") {
+TEST_CASE(
+    "the ImageNet example trains ResNet-50 from an ImageFolder and from its shards, and its "
+    "loss falls") {
   Sandbox box;
   const auto train_dir = box.root() / "train";
   const auto val_dir = box.root() / "val";
@@ -77,8 +78,9 @@ TEST_CASE("the ImageNet example trains ResNet-50 from an ImageFolder and from it
   }
   {
     // Its shards, on 2 workers: each trains and validates its part.
-    auto run = run_of("shards", shards, "-n 2 --cpus-per-worker 1 --config batch_size=8 "
-                                        "--config epochs=2 --config lr=0.002");
+    auto run = run_of("shards", shards,
+                      "-n 2 --cpus-per-worker 1 --config batch_size=8 "
+                      "--config epochs=2 --config lr=0.002");
     INFO(run.output);
     REQUIRE(run.exit_code == 0);
     const auto reports = read_reports(box.run_dir("shards") / "result.jsonl");

@@ -19,7 +19,6 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-
 #include <sys/resource.h>
 
 #include <chrono>
@@ -57,9 +56,8 @@ nlohmann::json run_loader(const Setup& setup) {
   train::ImageDataset data(setup.shards, steps);
   const train::Context ctx(0, 0, 0, 1, 1, torch::kCPU, "bench", "/nonexistent");
   train::ShardSampler sampler(data.counts(), ctx, true, true, 0, data.sampler_options());
-  sampler.on_block([reader = data](const std::vector<size_t>& samples) {
-    reader.read_ahead(samples);
-  });
+  sampler.on_block(
+      [reader = data](const std::vector<size_t>& samples) { reader.read_ahead(samples); });
   const size_t images = setup.images > 0 ? setup.images : data.size().value();
   train::DataLoader<train::ImageDataset, train::ShardSampler> loader(
       std::move(data), std::move(sampler),
@@ -77,8 +75,11 @@ nlohmann::json run_loader(const Setup& setup) {
       if (seen >= images) break;
     }
   }
-  return {{"images", seen}, {"seconds", seconds_since(start)}, {"first_batch_s", first},
-          {"loop_cpu_s", cpu_seconds() - cpu_start}, {"checksum", checksum}};
+  return {{"images", seen},
+          {"seconds", seconds_since(start)},
+          {"first_batch_s", first},
+          {"loop_cpu_s", cpu_seconds() - cpu_start},
+          {"checksum", checksum}};
 }
 
 nlohmann::json run_ceiling(const Setup& setup) {
@@ -95,8 +96,11 @@ nlohmann::json run_ceiling(const Setup& setup) {
     train::decode_image(sample.at("jpg"), image);
     pixels += image.pixels.size();
   }
-  return {{"images", images}, {"seconds", seconds_since(start)}, {"first_batch_s", 0},
-          {"loop_cpu_s", cpu_seconds() - cpu_start}, {"bytes", pixels}};
+  return {{"images", images},
+          {"seconds", seconds_since(start)},
+          {"first_batch_s", 0},
+          {"loop_cpu_s", cpu_seconds() - cpu_start},
+          {"bytes", pixels}};
 }
 
 }  // namespace

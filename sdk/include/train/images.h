@@ -205,8 +205,9 @@ torch::Tensor normalize_images(const torch::Tensor& batch,
 /// an ImagePipeline on the loader's threads: each batch's tensors are
 /// allocated once and every image written into its place, page-locked when
 /// the loader feeds a CUDA device. Copies share the samples.
-class ImageDataset : public torch::data::datasets::BatchDataset<
-                         ImageDataset, torch::data::Example<>, c10::ArrayRef<size_t>> {
+class ImageDataset
+    : public torch::data::datasets::BatchDataset<ImageDataset, torch::data::Example<>,
+                                                 c10::ArrayRef<size_t>> {
  public:
   /// The shards of `spec` (expand_shards'), read as ShardDataset reads them.
   /// Throws what ShardDataset's constructor throws.

@@ -7,9 +7,9 @@ namespace train {
 namespace {
 
 [[noreturn]] void unknown_format(std::string_view bytes) {
-  throw ImageError(bytes.empty() ? "an empty image field"
-                                 : "neither a JPEG nor a PNG (" + std::to_string(bytes.size()) +
-                                       " bytes)");
+  throw ImageError(bytes.empty()
+                       ? "an empty image field"
+                       : "neither a JPEG nor a PNG (" + std::to_string(bytes.size()) + " bytes)");
 }
 
 }  // namespace

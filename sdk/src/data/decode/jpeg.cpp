@@ -6,7 +6,12 @@
 // Decompressor::run, which turns the message into an ImageError. Nothing with
 // a destructor lives in the frames a longjmp crosses (run's bodies hold ints).
 
-#include "data/decode/decoders.h"
+// jpeglib.h uses FILE and size_t without including their headers.
+#include <stdio.h>
+// clang-format off
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
 
 #include <algorithm>
 #include <cmath>
@@ -14,8 +19,7 @@
 #include <cstdio>
 #include <string>
 
-#include <jerror.h>
-#include <jpeglib.h>
+#include "data/decode/decoders.h"
 
 namespace train::decode {
 namespace {
@@ -211,11 +215,11 @@ void decode_jpeg_window(std::string_view bytes, const Window& window, int height
   const int out_height = static_cast<int>(info.output_height);
   const int out_width = static_cast<int>(info.output_width);
   const int y0 = std::clamp(static_cast<int>(std::floor(window.top * sy)), 0, out_height - 1);
-  const int y1 = std::clamp(static_cast<int>(std::ceil((window.top + window.height) * sy)),
-                            y0 + 1, out_height);
+  const int y1 = std::clamp(static_cast<int>(std::ceil((window.top + window.height) * sy)), y0 + 1,
+                            out_height);
   const int x0 = std::clamp(static_cast<int>(std::floor(window.left * sx)), 0, out_width - 1);
-  const int x1 = std::clamp(static_cast<int>(std::ceil((window.left + window.width) * sx)),
-                            x0 + 1, out_width);
+  const int x1 =
+      std::clamp(static_cast<int>(std::ceil((window.left + window.width) * sx)), x0 + 1, out_width);
   // The columns widen to whole blocks (an iMCU): xoffset moves left.
   JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
   JDIMENSION columns = static_cast<JDIMENSION>(x1 - x0);

@@ -2,19 +2,19 @@
 // dropped, as PIL's convert("RGB") drops it), with limits on what a hostile
 // file may make it allocate.
 
-#include "data/decode/decoders.h"
+#include <spng.h>
 
 #include <memory>
 #include <string>
 
-#include <spng.h>
+#include "data/decode/decoders.h"
 
 namespace train::decode {
 namespace {
 
 constexpr uint32_t kMaxSide = 1 << 16;
-constexpr size_t kMaxChunkBytes = size_t{1} << 24;   // text, ICC profiles and the like
-constexpr size_t kMaxCacheBytes = size_t{1} << 26;   // all of them together
+constexpr size_t kMaxChunkBytes = size_t{1} << 24;  // text, ICC profiles and the like
+constexpr size_t kMaxCacheBytes = size_t{1} << 26;  // all of them together
 
 using Context = std::unique_ptr<spng_ctx, decltype(&spng_ctx_free)>;
 

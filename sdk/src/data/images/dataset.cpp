@@ -73,8 +73,8 @@ struct ImageDataset::BatchPool {
     std::lock_guard<std::mutex> lock(mutex);
     for (auto& tensor : kept) {
       // Held by the pool alone: no batch, view or copy of one is alive.
-      if (tensor.use_count() == 1 && tensor.storage().use_count() == 1 &&
-          tensor.sizes() == sizes && tensor.scalar_type() == dtype) {
+      if (tensor.use_count() == 1 && tensor.storage().use_count() == 1 && tensor.sizes() == sizes &&
+          tensor.scalar_type() == dtype) {
         return tensor;
       }
     }
@@ -218,8 +218,8 @@ torch::data::Example<> ImageDataset::get_batch(c10::ArrayRef<size_t> indices) {
         pipeline_.apply(sample, random, image, flip);
         if (!data.defined()) {
           // The batch, allocated once the first image tells its size.
-          const std::vector<int64_t> sizes = {static_cast<int64_t>(indices.size()), 3,
-                                              image.height, image.width};
+          const std::vector<int64_t> sizes = {static_cast<int64_t>(indices.size()), 3, image.height,
+                                              image.width};
           const auto dtype = pipeline_.normalizes() ? torch::kFloat : torch::kByte;
           data = pin_ ? torch::empty(sizes, torch::TensorOptions().dtype(dtype).pinned_memory(true))
                       : pool_->take(sizes, dtype);
@@ -264,9 +264,8 @@ DataLoader<ImageDataset, ShardSampler> prepare_data_loader(ImageDataset dataset,
   // as they were before any loader took some for its own.
   static const size_t cores = static_cast<size_t>(std::max(at::get_num_threads(), 1));
   auto sampler = detail::shard_sampler(dataset.counts(), dataset.sampler_options(), options);
-  sampler.on_block([reader = dataset](const std::vector<size_t>& samples) {
-    reader.read_ahead(samples);
-  });
+  sampler.on_block(
+      [reader = dataset](const std::vector<size_t>& samples) { reader.read_ahead(samples); });
   LoaderOptions chosen = options;
   // The first image loader decides the intra-op threads, once: a validation
   // loader made later does not cut them again.
@@ -283,13 +282,14 @@ DataLoader<ImageDataset, ShardSampler> prepare_data_loader(ImageDataset dataset,
   if (decides && ctx.world_rank() == 0) {
     const size_t workers = *chosen.workers();
     std::cerr << "train::ImageDataset: " << workers << " loader thread"
-              << (workers == 1 ? "" : "s") << " make batches of " << chosen.batch_size() << " ("
-              << std::max<size_t>(chosen.prefetch().value_or(2 * workers), 1) << " ahead), beside "
-              << at::get_num_threads() << " LibTorch intra-op thread"
+              << (workers == 1 ? " makes" : "s make") << " batches of " << chosen.batch_size()
+              << " (" << std::max<size_t>(chosen.prefetch().value_or(2 * workers), 1)
+              << " ahead), beside " << at::get_num_threads() << " LibTorch intra-op thread"
               << (at::get_num_threads() == 1 ? "" : "s") << ", of " << cores << " core"
               << (cores == 1 ? "" : "s") << " per worker"
-              << (ctx.device().is_cuda() ? "" : " (on the CPU the step's compute outweighs "
-                                                "decoding: its threads keep every core)")
+              << (ctx.device().is_cuda() ? ""
+                                         : " (on the CPU the step's compute outweighs "
+                                           "decoding: its threads keep every core)")
               << std::endl;
   }
   return DataLoader<ImageDataset, ShardSampler>(std::move(dataset), std::move(sampler), chosen,

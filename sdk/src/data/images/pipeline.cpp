@@ -8,14 +8,14 @@
 
 #include <train/images.h>
 
-#include "data/decode/decoders.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <vector>
+
+#include "data/decode/decoders.h"
 
 namespace train {
 
@@ -252,8 +252,7 @@ struct Nested {
 
 }  // namespace
 
-void ImagePipeline::apply(const Sample& sample, ImageRandom& random, Image& out,
-                          bool& flip) const {
+void ImagePipeline::apply(const Sample& sample, ImageRandom& random, Image& out, bool& flip) const {
   const Steps& steps = *steps_;
   const Nested nested;
   Image& current = nested.buffers->current;  // the pixels the geometry is over, once decoded

@@ -4,21 +4,19 @@
 
 #include <train/images.h>
 
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <string>
 
-#include <opencv2/core.hpp>
-#include <opencv2/imgproc.hpp>
-
 namespace train {
 namespace {
 
 // A window's edge in whole pixels, within [0, extent].
-int edge(double at, int extent) {
-  return std::clamp(static_cast<int>(std::lround(at)), 0, extent);
-}
+int edge(double at, int extent) { return std::clamp(static_cast<int>(std::lround(at)), 0, extent); }
 
 std::string describe(const Window& w) {
   return std::to_string(w.width) + "x" + std::to_string(w.height) + " at (" +
