@@ -13,10 +13,10 @@
 #include <iostream>
 #include <mutex>
 
+#include "data/shards/skipped.h"
+
 namespace train {
 namespace {
-
-constexpr uint64_t kSkipsLogged = 20;  // lines on the log; the count goes on
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   x += 0x9e3779b97f4a7c15ULL;
@@ -232,13 +232,7 @@ torch::data::Example<> ImageDataset::get_batch(c10::ArrayRef<size_t> indices) {
     } catch (const std::exception& error) {
       if (!options_.skip_bad_samples()) throw;
       if (first_error.empty()) first_error = error.what();
-      // The first ones on the worker's log (the run's logs/), then every
-      // thousandth, each with the count so far.
-      const uint64_t count = skipped_->fetch_add(1) + 1;
-      if (count <= kSkipsLogged || count % 1000 == 0) {
-        std::cerr << "train::ImageDataset: skipped " << error.what() << " (" << count
-                  << " skipped so far)" << std::endl;
-      }
+      shards::note_skipped(*skipped_, "train::ImageDataset", error.what());
     }
   }
   // One huge photograph should not keep its buffer for the rest of the run.

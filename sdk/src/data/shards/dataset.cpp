@@ -3,20 +3,15 @@
 
 #include <train/shards.h>
 
+#include <unordered_set>
+
 #include "data/shards/chunk_cache.h"
 #include "data/shards/disk_cache.h"
 #include "data/shards/prefetcher.h"
+#include "data/shards/skipped.h"
 #include "data/sources/object.h"
 
-#include <iostream>
-#include <unordered_set>
-
 namespace train {
-namespace {
-
-constexpr uint64_t kSkipsLogged = 20;  // lines on the log; the count goes on
-
-}  // namespace
 
 ShardDataset::ShardDataset(const std::string& spec, Transform transform, ShardOptions options)
     : transform_(std::move(transform)), options_(options) {
@@ -57,8 +52,7 @@ std::string ShardDataset::fetch(const ShardReader& reader, shards::DiskCache* di
   const auto& source = reader.source(shard);
   std::string name;
   if (disk != nullptr) {
-    name = shards::DiskCache::name(reader.shards()[shard], source.size(), chunk.begin,
-                                   chunk.bytes);
+    name = shards::DiskCache::name(reader.shards()[shard], source.size(), chunk.begin, chunk.bytes);
     if (auto hit = disk->load(name, chunk.bytes)) return std::move(*hit);
   }
   auto bytes = source.read(chunk.begin, chunk.bytes);
@@ -118,9 +112,10 @@ void ShardDataset::read_ahead(const std::vector<size_t>& samples) const {
     if (chunk.bytes > options_.cache_bytes() / 2) continue;
     if ((queued += chunk.bytes) > options_.cache_bytes() / 2) break;
     // The job holds what it reads with, never the prefetcher that runs it.
-    prefetcher_->add([reader = reader_, cache = cache_, disk = disk_, shard = shard, chunk = chunk] {
-      cache->get(chunk.key, [&] { return fetch(*reader, disk.get(), shard, chunk); });
-    });
+    prefetcher_->add(
+        [reader = reader_, cache = cache_, disk = disk_, shard = shard, chunk = chunk] {
+          cache->get(chunk.key, [&] { return fetch(*reader, disk.get(), shard, chunk); });
+        });
   }
 }
 
@@ -145,13 +140,7 @@ std::vector<torch::data::Example<>> ShardDataset::get_batch(c10::ArrayRef<size_t
     } catch (const std::exception& error) {
       if (!options_.skip_bad_samples()) throw;
       if (first_error.empty()) first_error = error.what();
-      // The first ones on the worker's log (the run's logs/), then every
-      // thousandth, each with the count so far.
-      const uint64_t count = skipped_->fetch_add(1) + 1;
-      if (count <= kSkipsLogged || count % 1000 == 0) {
-        std::cerr << "train::ShardDataset: skipped " << error.what() << " (" << count
-                  << " skipped so far)" << std::endl;
-      }
+      shards::note_skipped(*skipped_, "train::ShardDataset", error.what());
     }
   }
   if (batch.empty() && !indices.empty()) {
