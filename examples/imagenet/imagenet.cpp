@@ -18,7 +18,8 @@
 // epoch), image_size (224; validation resizes to image_size x 8 / 7),
 // classes (1000), loader_threads (the loader's default: cores less one on a
 // GPU, one in eight on the CPU), warmup (5 steps before samples_per_s is
-// timed), log_every (50).
+// timed), log_every (50), seed (0: the initial weights'; the augmentations'
+// are the pipeline's, from the epoch and the sample).
 
 #include <train/images.h>
 #include <train/train.h>
@@ -133,6 +134,7 @@ void train_func(const train::Config& config) {
           .log_every_n_steps(config.get<int>("log_every", 50))
           .train_loader(train::LoaderOptions().batch_size(batch_size).workers(threads))
           .val_loader(train::LoaderOptions().batch_size(batch_size).workers(threads)));
+  torch::manual_seed(static_cast<uint64_t>(config.get<int>("seed", 0)));  // the initial weights
   auto module = std::make_shared<Classifier>(
       classes, config.get<double>("lr", 0.1 * global / 256), config.get<double>("momentum", 0.9),
       config.get<double>("weight_decay", 1e-4), config.get<int>("lr_step", 30),
