@@ -23,8 +23,9 @@ ALLOWED = {
     "controller": CORE | {"tensorboard"},
     "worker": CORE,
     "agent": CORE,
-    "api": CORE | {"controller"},
-    "cli": CORE | {"api"},
+    "tune": CORE,
+    "api": CORE | {"controller", "tune"},
+    "cli": CORE | {"api", "tune"},
 }
 # The worker executable's main is the one file of cli/ that reaches the worker
 # and the agent, and the in-process worker module's the one besides it that

@@ -604,3 +604,47 @@ void epochs(const train::Config& config) {
   }
 }
 TRAIN_FUNC(epochs);
+
+// A tuner's trial whose metric is a function of its config and its reports:
+// each epoch adds `q` to a total it carries in its checkpoints, and reports
+// {score: the total, epoch, q}, so that a trial copying another's checkpoint
+// (PBT) goes on from that total. Every start appends a line to
+// <events>/<run name>: "start EPOCH FROM q=Q" (FROM: the run whose checkpoint
+// it started from, or "scratch"), and the last report "end". With
+// `kill_at`, the first start to reach that epoch kills itself (the marker
+// file <events>/<run name>.killed says it did).
+void tune_trial(const train::Config& config) {
+  auto ctx = train::get_context();
+  const double q = config.get<double>("q", 1.0);
+  const int epochs = config.get<int>("epochs", 4);
+  const int sleep_ms = config.get<int>("sleep_ms", 0);
+  const int kill_at = config.get<int>("kill_at", -1);
+  const std::filesystem::path events = config.get<std::string>("events", "");
+  int start = 0;
+  double total = 0;
+  std::string from = "scratch";
+  if (auto checkpoint = train::get_checkpoint()) {
+    std::ifstream(checkpoint->path() / "state.txt") >> start >> total >> from;
+  }
+  auto note = [&](const std::string& line) {
+    if (!events.empty() && ctx.world_rank() == 0) {
+      std::ofstream(events / ctx.run_name(), std::ios::app) << line << "\n";
+    }
+  };
+  note("start " + std::to_string(start) + " " + from + " q=" + std::to_string(q));
+  for (int epoch = start; epoch < epochs; ++epoch) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    const auto marker = events / (ctx.run_name() + ".killed");
+    if (epoch == kill_at && !events.empty() && !std::filesystem::exists(marker)) {
+      std::ofstream(marker) << "killed\n";
+      std::raise(SIGKILL);
+    }
+    total += q;
+    train::TempDir dir;
+    std::ofstream(dir.path() / "state.txt") << epoch + 1 << " " << total << " " << ctx.run_name();
+    train::report({{"score", total}, {"epoch", epoch + 1}, {"q", q}},
+                  train::Checkpoint::from_directory(dir.path()));
+  }
+  note("end");
+}
+TRAIN_FUNC(tune_trial);

@@ -81,6 +81,10 @@ struct RunConfig {
   /// Start from this committed checkpoint (any run's checkpoint_NNNNNN) when
   /// the run has none of its own; empty = none.
   std::filesystem::path resume_from;
+  /// Start from resume_from even when the run has checkpoints of its own:
+  /// each attempt starts from it until this fit() commits a checkpoint (Ray
+  /// Tune's Population Based Training: a trial goes on from another's).
+  bool resume_from_first = false;
   std::chrono::milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
   std::chrono::milliseconds startup_timeout = kDefaultStartupTimeout;
   /// The process group's timeout (Gloo's, NCCL's): a collective that waits
@@ -169,5 +173,13 @@ struct TrainerOptions {
   /// TensorBoard). {0, 0}: none.
   std::pair<int64_t, int64_t> profile_steps{0, 0};
 };
+
+/// TrainerOptions as JSON and back (nlohmann's to_json and from_json, so
+/// `nlohmann::json j = options;` works): every field, durations in
+/// milliseconds (progress_interval in seconds). from_json takes what is
+/// missing from a default TrainerOptions and throws UsageError in one line on
+/// a value of the wrong type.
+void to_json(nlohmann::json& j, const TrainerOptions& options);
+void from_json(const nlohmann::json& j, TrainerOptions& options);
 
 }  // namespace trainrun

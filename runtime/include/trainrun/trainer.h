@@ -57,6 +57,13 @@ struct Callbacks {
   /// committed with it, if any (an asynchronous checkpoint is not committed
   /// yet: on_checkpoint tells when it is).
   std::function<void(const ReportRecord&)> on_report;
+  /// Asked of every report, once recorded and before any rank goes on (Ray
+  /// Tune's stopper): a reason ends the run there as interrupted, with that
+  /// reason as its error's message, its checkpoints kept; the ranks, waiting
+  /// in train::report, are stopped (a checkpoint still uploading
+  /// asynchronously is not committed). It holds every rank while it runs:
+  /// keep it short.
+  std::function<std::optional<std::string>(const ReportRecord&)> should_stop;
   /// The group of workers starts: the first attempt, and each restart. Its
   /// world_size is the most until the ranks are assigned (an elastic group
   /// may start with fewer: on_attempt_end and run.json say how many).

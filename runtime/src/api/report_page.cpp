@@ -2,6 +2,7 @@
 
 #include <trainrun/error.h>
 #include <trainrun/result.h>
+#include <trainrun/tuner.h>
 
 #include <nlohmann/json.hpp>
 
@@ -364,7 +365,9 @@ void write_report_page(const std::filesystem::path& run_dir, const std::filesyst
 
 // The page replaces a regular file, or makes a new one: a rename over a link,
 // a fifo or a device would replace it, not write to it.
-void write_html_report(const std::filesystem::path& run_dir, const std::filesystem::path& file) {
+namespace {
+
+void check_page_target(const std::filesystem::path& file) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto type = fs::symlink_status(file, ec).type();
@@ -380,6 +383,86 @@ void write_html_report(const std::filesystem::path& run_dir, const std::filesyst
     throw UsageError(file.string() + " is " + what +
                      ": the page goes to a new path or replaces a regular file");
   }
+}
+
+// Each trial's curve of the experiment's metric on one chart.
+constexpr const char* kExperimentScript = R"js(
+(function () {
+  const data = JSON.parse(document.getElementById('experiment-data').textContent);
+  const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf', '#8c564b',
+                  '#e377c2', '#7f7f7f', '#bcbd22'];
+  const chart = new Chart(document.getElementById('chart-metric'), {
+    type: 'line',
+    data: {datasets: data.trials.map((t, i) => ({
+      label: t.name, data: t.points.map(p => ({x: p[0], y: p[1]})),
+      borderColor: colors[i % colors.length], backgroundColor: colors[i % colors.length],
+      borderWidth: t.best ? 3 : 1.2, pointRadius: 1.5, tension: 0}))},
+    options: {animation: false, maintainAspectRatio: false,
+              scales: {x: {type: 'linear', ticks: {precision: 0},
+                           title: {display: true, text: 'iteration'}},
+                       y: {title: {display: true, text: data.metric}}},
+              plugins: {title: {display: true, text: data.metric + ' of each trial'}}}
+  });
+  document.body.dataset.charts = '1';
+  document.body.dataset.trials = String(chart.data.datasets.length);
+})();
+)js";
+
+std::string experiment_page(const ResultGrid& grid) {
+  const auto* best = grid.best();
+  nlohmann::json trials = nlohmann::json::array();
+  for (const auto& t : grid.trials) {
+    std::vector<Point> points;
+    for (const auto& r : t.result.history) {
+      if (!r.metrics.is_object()) continue;
+      auto it = r.metrics.find(grid.metric);
+      if (it == r.metrics.end() || !it->is_number()) continue;
+      points.push_back({r.iteration, r.time_total_s, it->get<double>(), kReport});
+    }
+    nlohmann::json xy = nlohmann::json::array();
+    for (const auto& p : thin(std::move(points))) xy.push_back({p.iteration, p.value});
+    trials.push_back({{"name", t.name}, {"points", xy}, {"best", &t == best}});
+  }
+  std::ostringstream out;
+  out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+      << "<title>" << escape(grid.path.filename().string()) << ": trainrun experiment</title>\n"
+      << "<style>" << kStyle << ".stopped { background: #6d4c41; } .pending { background: #757575; }"
+      << "</style></head>\n<body>\n<h1>" << escape(grid.path.filename().string()) << "</h1>\n"
+      << "<p>" << grid.trials.size() << " trials, " << escape(grid.metric) << " ("
+      << (grid.max ? "max" : "min") << ")";
+  if (best != nullptr && best->best) {
+    out << "; best " << escape(nlohmann::json(*best->best).dump()) << " by "
+        << escape(best->name);
+  }
+  out << "</p>\n<div class=\"chart\" style=\"height: 420px\"><canvas id=\"chart-metric\">"
+      << "</canvas></div>\n<h2>Trials</h2>\n<table><thead><tr><th>trial</th><th>status</th>"
+      << "<th>hyperparameters</th><th>reports</th><th>best</th><th>note</th></tr></thead><tbody>\n";
+  for (const auto& t : grid.trials) {
+    const auto status = std::string(to_string(t.status));
+    out << "<tr" << (&t == best ? " class=\"best\"" : "") << "><td>" << escape(t.name)
+        << "</td><td><span class=\"status " << status << "\">" << status << "</span></td><td><code>"
+        << escape(dump(t.config)) << "</code></td><td class=\"num\">" << t.iterations
+        << "</td><td class=\"num\">" << (t.best ? escape(nlohmann::json(*t.best).dump()) : "-")
+        << "</td><td>" << escape(t.note) << "</td></tr>\n";
+  }
+  out << "</tbody></table>\n<p><small>trainrun experiment report, charts by Chart.js "
+      << kChartJsVersion << " (MIT License)</small></p>\n";
+  nlohmann::json data = {{"metric", grid.metric}, {"trials", trials}};
+  out << "<script id=\"experiment-data\" type=\"application/json\">" << script_json(data)
+      << "</script>\n<script>" << kChartJs << "</script>\n<script>" << kExperimentScript
+      << "</script>\n</body></html>\n";
+  return out.str();
+}
+
+}  // namespace
+
+void write_experiment_report(const std::filesystem::path& dir, const std::filesystem::path& file) {
+  check_page_target(file);
+  write_file_atomic(file, experiment_page(load_experiment(dir)), Durability::kUnsynced);
+}
+
+void write_html_report(const std::filesystem::path& run_dir, const std::filesystem::path& file) {
+  check_page_target(file);
   if (s3::is_s3_url(run_dir.string())) {
     StoredRun stored(run_dir.string());
     write_report_page(stored.dir(), file, /*live=*/false);

@@ -521,7 +521,8 @@ Result Trainer::fit() {
            entry, options_.plugin.filename().string(),
            objects ? objects->url() : storage.dir().string());
 
-  if (auto latest = checkpoints.latest()) {
+  const bool from_given = !options_.run.resume_from.empty() && options_.run.resume_from_first;
+  if (auto latest = checkpoints.latest(); latest && !from_given) {
     log.info("resuming from {} (iteration {})", latest->name, latest->iteration);
   } else if (!options_.run.resume_from.empty()) {
     log.info("starting from {}", options_.run.resume_from.string());
@@ -555,6 +556,16 @@ Result Trainer::fit() {
     progress.set_metrics(record.metrics);
     call_host(log, "on_report", callbacks_.on_report, record);
   };
+  if (callbacks_.should_stop) {
+    setup.should_stop = [&](const ReportRecord& record) -> std::optional<std::string> {
+      try {
+        return callbacks_.should_stop(record);
+      } catch (const std::exception& e) {
+        log.warn("should_stop raised ({}); the run goes on", e.what());
+      }
+      return std::nullopt;
+    };
+  }
   setup.on_checkpoint = [&](const CheckpointInfo& checkpoint) {
     page.maybe_write();
     call_host(log, "on_checkpoint", callbacks_.on_checkpoint, checkpoint);

@@ -3,6 +3,7 @@
 //   trainrun inspect libx.so
 //   trainrun keygen FILE
 //   trainrun results RUN_DIR [--html FILE]
+//   trainrun tune --plugin libx.so --param lr=loguniform:1e-4:1e-1 --metric accuracy ...
 //   trainrun pack DIR OUT/train-%06d.tar [--shard-size 256M]
 //   trainrun index SHARDS...
 //   trainrun worker --connect tcp://HOST:PORT   (runs trainrun-worker with these arguments)
@@ -10,6 +11,7 @@
 #include <train/version.h>
 #include <trainrun/error.h>
 #include <trainrun/trainer.h>
+#include <trainrun/tuner.h>
 
 #include <CLI/CLI.hpp>
 #include <signal.h>
@@ -26,6 +28,7 @@
 #include "cli/shards_command.h"
 #include "cli/stacks_command.h"
 #include "cli/timeout_option.h"
+#include "cli/tune_command.h"
 #include "common/constants.h"
 #include "common/hash.h"
 #include "common/paths.h"
@@ -34,10 +37,10 @@
 
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitInterrupted = 130;
+using trainrun::kExitFailed;
+using trainrun::kExitInterrupted;
+using trainrun::kExitOk;
+using trainrun::kExitUsage;
 
 int run_training(trainrun::TrainerOptions options, const std::filesystem::path& config_file,
                  const std::vector<std::string>& config_args) {
@@ -59,12 +62,7 @@ int run_training(trainrun::TrainerOptions options, const std::filesystem::path& 
     std::_Exit(usage ? kExitUsage : kExitFailed);
   }
   const auto& result = *finished;
-  // A plugin the workers could not load is a plugin error, as when the
-  // controller refuses one.
-  const int code = !result.error                                          ? kExitOk
-                   : result.interrupted()                                 ? kExitInterrupted
-                   : result.error->kind == trainrun::FailureKind::kPlugin ? kExitUsage
-                                                                          : kExitFailed;
+  const int code = trainrun::exit_code(result);
   if (in_process && result.error) {
     // A stopped or failed train function may be running still, inside
     // LibTorch: as a worker process does, this one ends without static
@@ -137,6 +135,18 @@ int main(int argc, char** argv) {
     } catch (const trainrun::Error& e) {
       std::cerr << "trainrun: " << e.what() << "\n";
       return kExitUsage;
+    }
+  }
+  // A tuner's trial: its options come from the tuner, not the command line.
+  if (argc == 2 && std::string(argv[1]) == "trial") {
+    try {
+      return trainrun::run_trial();
+    } catch (const trainrun::UsageError& e) {
+      std::cerr << "trainrun trial: " << e.what() << "\n";
+      return kExitUsage;
+    } catch (const std::exception& e) {
+      std::cerr << "trainrun trial: " << e.what() << "\n";
+      return kExitFailed;
     }
   }
   // `trainrun stacks` signals a run's controller: one that arrives before the
@@ -249,8 +259,16 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 86400))
       ->capture_default_str();
 
-  auto* results =
-      app.add_subcommand("results", "print what a run left: metrics, checkpoints, error");
+  auto* tune = app.add_subcommand(
+      "tune",
+      "search hyperparameters: trials of the run's flags, each a run under the experiment's "
+      "directory, packed on this host's CPUs, with FIFO, ASHA or PBT (Ray Tune's Tuner)");
+  tune->fallthrough();  // every flag of a run applies to each trial
+  trainrun::TuneArgs tune_args;
+  trainrun::add_tune_options(*tune, tune_args);
+
+  auto* results = app.add_subcommand(
+      "results", "print what a run or an experiment left: metrics, checkpoints, error, trials");
   std::filesystem::path results_dir;
   results->add_option("run_dir", results_dir, "<storage_path>/<name>")->required();
   std::filesystem::path html_file;
@@ -303,6 +321,14 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (*results && std::filesystem::exists(results_dir / "experiment.json")) {
+      std::cout << trainrun::describe(trainrun::load_experiment(results_dir));
+      if (!html_file.empty()) {
+        trainrun::write_experiment_report(results_dir, html_file);
+        std::cout << "wrote " << html_file.string() << "\n";
+      }
+      return kExitOk;
+    }
     if (*results) {
       std::cout << trainrun::describe(trainrun::load_result(results_dir));
       if (!html_file.empty()) {
@@ -345,6 +371,10 @@ int main(int argc, char** argv) {
     options.run.startup_timeout = trainrun::from_seconds(startup_s);
     options.run.collective_timeout = trainrun::from_seconds(collective_s);
     options.progress_interval = std::chrono::seconds(progress_s);
+    if (*tune) {
+      options.config = trainrun::build_config(config_file, config_args);
+      return trainrun::run_tune(std::move(options), std::move(tune_args));
+    }
     options.status_line = true;
     return run_training(std::move(options), config_file, config_args);
   } catch (const trainrun::PluginError& e) {

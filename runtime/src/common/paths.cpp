@@ -35,8 +35,9 @@ std::filesystem::path default_cache_dir() {
   return std::filesystem::path(home != nullptr ? home : "/tmp") / ".cache" / "trainrun";
 }
 
-std::filesystem::path find_worker_executable() {
-  constexpr const char* kName = "trainrun-worker";
+namespace {
+
+std::filesystem::path find_executable(const char* kName) {
   std::error_code ec;
   auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
@@ -46,7 +47,7 @@ std::filesystem::path find_worker_executable() {
   // The image this code is in: libtrainrun.so inside a host program, which
   // finds the worker beside it (a build tree) or in the prefix's bin/.
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&find_worker_executable), &info) != 0 &&
+  if (::dladdr(reinterpret_cast<void*>(&default_cache_dir), &info) != 0 &&
       info.dli_fname != nullptr) {
     auto image = std::filesystem::weakly_canonical(info.dli_fname, ec);
     if (!ec) {
@@ -67,6 +68,12 @@ std::filesystem::path find_worker_executable() {
   throw UsageError(std::string("cannot find the ") + kName +
                    " executable beside this program or on PATH");
 }
+
+}  // namespace
+
+std::filesystem::path find_worker_executable() { return find_executable("trainrun-worker"); }
+
+std::filesystem::path find_trainrun_executable() { return find_executable("trainrun"); }
 
 std::filesystem::path find_in_process_module(const std::filesystem::path& worker_executable) {
   const auto bin = worker_executable.parent_path();

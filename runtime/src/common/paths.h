@@ -15,6 +15,10 @@ std::filesystem::path default_cache_dir();
 /// is none.
 std::filesystem::path find_worker_executable();
 
+/// The `trainrun` executable (a tuner runs each trial in one), found as
+/// find_worker_executable finds its own.
+std::filesystem::path find_trainrun_executable();
+
 /// A new, empty directory under the system's temporary directory, named
 /// `prefix` and a unique suffix. Throws IoError.
 std::filesystem::path make_temp_dir(const std::string& prefix);

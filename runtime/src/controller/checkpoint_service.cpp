@@ -8,16 +8,22 @@
 namespace trainrun {
 
 CheckpointService::CheckpointService(CheckpointStore& store,
-                                     const std::filesystem::path& resume_from, bool always_stream)
+                                     const std::filesystem::path& resume_from,
+                                     bool resume_from_first, bool always_stream)
     : store_(store), resume_from_(resume_from), always_stream_(always_stream) {
   auto latest = store_.latest();
-  resume_dir_ = latest ? latest->path : resume_from;
+  if (resume_from_first && latest && !resume_from.empty()) own_after_ = latest->iteration;
+  resume_dir_ = own_latest();
+}
+
+std::filesystem::path CheckpointService::own_latest() const {
+  auto latest = store_.latest();
+  return latest && latest->iteration > own_after_ ? latest->path : resume_from_;
 }
 
 void CheckpointService::begin_attempt(int attempt) {
   store_.begin_attempt(attempt);
-  auto latest = store_.latest();
-  resume_dir_ = latest ? latest->path : resume_from_;
+  resume_dir_ = own_latest();
   resume_source_.reset();
 }
 

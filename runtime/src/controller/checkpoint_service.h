@@ -26,10 +26,11 @@ namespace trainrun {
 class CheckpointService {
  public:
   /// `resume_from`: the checkpoint the run starts from when it has none of its
-  /// own (empty: none). `always_stream`: every worker streams its files, and
+  /// own (empty: none); with `resume_from_first`, until it commits one of its
+  /// own after now. `always_stream`: every worker streams its files, and
   /// fetches the checkpoint it resumes from, through the controller.
   CheckpointService(CheckpointStore& store, const std::filesystem::path& resume_from,
-                    bool always_stream);
+                    bool resume_from_first, bool always_stream);
 
   /// The checkpoint every worker resumes from (empty: none): the run's latest,
   /// else `resume_from`.
@@ -82,8 +83,13 @@ class CheckpointService {
   std::pair<protocol::Chunk, zmq::message_t> read_chunk(const protocol::FetchChunk& fetch) const;
 
  private:
+  // The run's latest checkpoint, else resume_from.
+  std::filesystem::path own_latest() const;
+
   CheckpointStore& store_;
   std::filesystem::path resume_from_;
+  // The run's own checkpoints count from after this iteration.
+  int64_t own_after_ = -1;
   std::filesystem::path resume_dir_;
   bool always_stream_;
   std::optional<ChunkSource> resume_source_;  // once a worker asked for the listing

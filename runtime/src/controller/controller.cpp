@@ -38,7 +38,7 @@ Controller::Controller(ControllerSetup setup, RunStorage& storage, CheckpointSto
       context_(setup_.context != nullptr ? *setup_.context : own_context_.emplace()),
       start_(time_.now()),
       checkpoints_(checkpoints, setup_.options.run.resume_from,
-                   setup_.options.checkpoint.always_stream),
+                   setup_.options.run.resume_from_first, setup_.options.checkpoint.always_stream),
       plugin_(ChunkSource::from_memory(protocol::kPluginSource, setup_.plugin_bytes)),
       earlier_seconds_(storage.last_result() ? storage.last_result()->time_total_s : 0),
       next_heartbeat_(start_),

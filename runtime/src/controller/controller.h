@@ -83,6 +83,10 @@ struct ControllerSetup {
   int attempt_offset = 0;
   /// Called on the controller's thread with each recorded report.
   std::function<void(const ReportRecord&)> on_report;
+  /// Asked of each report before the ranks go on: a reason ends the run
+  /// there, as interrupted, with the report recorded and the ranks stopped
+  /// while they wait for it.
+  std::function<std::optional<std::string>(const ReportRecord&)> should_stop;
   /// Called on the controller's thread with each committed checkpoint (also
   /// those on_report names), when it is committed.
   std::function<void(const CheckpointInfo&)> on_checkpoint;

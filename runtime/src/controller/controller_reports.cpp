@@ -142,9 +142,17 @@ void Controller::release_report() {
   record.timestamp = unix_time();  // includes a synchronous checkpoint's commit
   record.time_total_s = earlier_seconds_ + elapsed();
   record.attempt = setup_.attempt_offset + attempt.number;
+  // A host that ends the run here (a tuner's scheduler) answers before the
+  // ranks go on, so that none trains past the report it stops at.
+  std::optional<std::string> stop;
+  if (setup_.should_stop) stop = setup_.should_stop(record);
+  if (stop && !interrupted_) {
+    interrupted_ = RunError{FailureKind::kInterrupted, *stop, -1, "", 0};
+  }
   // The ranks go on while the report is recorded: its checkpoint, if any, is
   // committed, and this loop records it before it reads another message.
   for (int rank : attempt.members) {
+    if (stop) break;
     to_train(*pool().at_rank(rank), protocol::ReportAck{attempt.reports.iteration() - 1});
   }
   try {
