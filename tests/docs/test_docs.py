@@ -97,7 +97,11 @@ def check_cli(trainrun, root):
             problems.append(f"{name} {flag}: in docs/cli.md, not in --help")
     for name in sorted(set(documented) - {" ".join(["trainrun", *c]) for c in commands}):
         problems.append(f"docs/cli.md documents '{name}', which trainrun --help does not list")
-    check_command_lines(root, {" ".join(c): help_flags(help_text(trainrun, c)) for c in commands})
+    flags = {" ".join(c): help_flags(help_text(trainrun, c)) for c in commands}
+    # `trainrun tune` takes every flag of a run too (CLI11's fallthrough).
+    if "tune" in flags:
+        flags["tune"] |= flags[""]
+    check_command_lines(root, flags)
 
 
 def check_command_lines(root, flags):

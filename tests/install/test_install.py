@@ -87,8 +87,11 @@ def main():
             name = line.split(" ", 2)[2]
             if "trainrun::" not in name or "run_directory" in name or "Controller" in name:
                 raise SystemExit(f"FAIL: libtrainrun.so exports {name}")
-        if "trainrun::Trainer::fit()" not in symbols:
-            raise SystemExit(f"FAIL: libtrainrun.so does not export Trainer::fit\n{symbols}")
+        for wanted in ("trainrun::Trainer::fit()", "trainrun::Tuner::fit()",
+                       "trainrun::Domain::parse(", "trainrun::load_experiment(",
+                       "trainrun::to_string(trainrun::TrialStatus)"):
+            if wanted not in symbols:
+                raise SystemExit(f"FAIL: libtrainrun.so does not export {wanted}\n{symbols}")
         check_other_torch_refused(source, prefix, build, tmp)
         quickstart = build_example(source, "quickstart", prefix, tmp)
         # Only the LibTorch trainrun was built with (pip's TorchConfig beside

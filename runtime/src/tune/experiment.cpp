@@ -9,17 +9,6 @@
 
 namespace trainrun {
 
-std::string_view to_string(TrialStatus status) {
-  switch (status) {
-    case TrialStatus::kPending: return "pending";
-    case TrialStatus::kRunning: return "running";
-    case TrialStatus::kFinished: return "finished";
-    case TrialStatus::kStopped: return "stopped";
-    case TrialStatus::kFailed: return "failed";
-  }
-  return "unknown";
-}
-
 namespace tune {
 namespace {
 
