@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "run_helpers.h"
+#include "storage/run_directory.h"
 
 namespace {
 
@@ -74,6 +75,24 @@ int most_at_once(const Sandbox& box, const json& record) {
   int most = 0;
   for (const auto& [time, change] : edges) most = std::max(most, now += change);
   return most;
+}
+
+// Until the kernel has stopped it (SIGSTOP is delivered asynchronously).
+void wait_stopped(pid_t pid) {
+  for (int i = 0; i < 1000; ++i) {
+    const auto stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos || stat.size() < close + 3 || stat[close + 2] == 'T') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool any_trial_held(const Sandbox& box, const json& record) {
+  for (const auto& t : record["trials"]) {
+    const auto dir = box.run_dir(record["name"].get<std::string>()) / t["name"].get<std::string>();
+    if (trainrun::run_directory::is_held(dir)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -179,7 +198,7 @@ TEST_CASE("tune: PBT's lagging trial goes on from the leader's checkpoint with p
                                "--param q=uniform:0.1:2 --num-samples 2 --seed 3 --scheduler pbt "
                                "--perturbation-interval 1 --resample-probability 0 "
                                "--cpus-per-worker 1 --max-concurrent-trials 2 --config epochs=6 "
-                               "--config sleep_ms=500 --config events=" +
+                               "--config sleep_ms=300 --config barrier=2 --config events=" +
                                    events.string()));
   INFO(out.output);
   REQUIRE(out.exit_code == 0);
@@ -290,6 +309,7 @@ TEST_CASE("tune: a killed tuner run again keeps finished trials and resumes the 
   while (at_kill.is_null() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ::kill(tuner, SIGSTOP);
+    wait_stopped(tuner);
     auto record = json::parse(read_text(box.run_dir("resume") / "experiment.json"), nullptr, false);
     bool ready = record.is_object();
     int finished = 0;
@@ -310,11 +330,12 @@ TEST_CASE("tune: a killed tuner run again keeps finished trials and resumes the 
   INFO(box.output_so_far());
   REQUIRE(!at_kill.is_null());
   Sandbox::wait(tuner);
-  // The trials die with it.
-  for (int i = 0; i < 300 && box.any_worker_alive(); ++i) {
+  // The trials die with it, and their runs are free at once.
+  for (int i = 0; i < 300 && (box.any_worker_alive() || any_trial_held(box, at_kill)); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   REQUIRE(!box.any_worker_alive());
+  REQUIRE(!any_trial_held(box, at_kill));
 
   auto out = box.run(command);
   INFO(out.output);
@@ -359,6 +380,11 @@ TEST_CASE("tune: a malformed search space or setting is refused in one line") {
       {"--param q=uniform:0:nan", "is not a finite number"},
       {"--param q=grid:1 --scheduler asha --reduction-factor 1", "ASHA needs a reduction_factor"},
       {"--param q=grid:1 --scheduler pbt", "PBT needs a search space key to perturb"},
+      {"--param q=uniform:0:1 --scheduler pbt --max-concurrent-trials 1",
+       "PBT needs at least 2 trials at once; this host holds 1"},
+      {"--param q=grid:1e999", "search space: '1e999' is not a finite number"},
+      {"--param q=grid:1 --scheduler asha --reduction-factor 1.0001 --max-t 1e9",
+       "ASHA would make more than 64 rungs"},
       {"--param q=grid:1 --param q=grid:2", "--param q is given twice"},
   };
   for (const auto& [args, message] : cases) {
@@ -376,4 +402,43 @@ TEST_CASE("tune: a malformed search space or setting is refused in one line") {
   CHECK(out.exit_code == 2);
   CHECK(out.output.find("was made with another search space") != std::string::npos);
   CHECK(read_text(box.run_dir("kept") / "experiment.json") == before);
+}
+
+TEST_CASE("tune: Ctrl-C interrupts the running trials, and the same command resumes them") {
+  Sandbox box;
+  const auto events = box.root() / "events";
+  std::filesystem::create_directories(events);
+  const std::string command =
+      tune_args("interrupted",
+                "--param q=grid:1,2,3 --max-concurrent-trials 1 --config epochs=4 "
+                "--config sleep_ms=300 --config events=" +
+                    events.string());
+  const pid_t tuner = box.start(command);
+  bool reported = false;
+  for (int i = 0; i < 1800 && !reported; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto record =
+        json::parse(read_text(box.run_dir("interrupted") / "experiment.json"), nullptr, false);
+    reported = record.is_object() && record["trials"][0]["iterations"].get<int>() >= 1;
+  }
+  INFO(box.output_so_far());
+  REQUIRE(reported);
+  ::kill(tuner, SIGINT);
+  CHECK(Sandbox::wait(tuner) == 130);
+  auto record = experiment(box, "interrupted");
+  CHECK(record["status"] == "interrupted");
+  CHECK(record["trials"][0]["status"] == "pending");
+  CHECK(record["trials"][2]["status"] == "pending");
+  auto out = box.run(command);
+  INFO(out.output);
+  REQUIRE(out.exit_code == 0);
+  record = experiment(box, "interrupted");
+  CHECK(record["status"] == "finished");
+  for (const auto& t : record["trials"]) {
+    CHECK(t["status"] == "finished");
+    const auto lines = event_lines(events, t["name"].get<std::string>());
+    CHECK(std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
+            return l.rfind("start 0 scratch", 0) == 0;
+          }) == 1);
+  }
 }

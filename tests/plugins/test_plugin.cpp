@@ -613,6 +613,7 @@ TRAIN_FUNC(epochs);
 // it started from, or "scratch"), and the last report "end". With
 // `kill_at`, the first start to reach that epoch kills itself (the marker
 // file <events>/<run name>.killed says it did).
+// Trial names have no extension, so <events>/<name> files count the trials.
 void tune_trial(const train::Config& config) {
   auto ctx = train::get_context();
   const double q = config.get<double>("q", 1.0);
@@ -632,6 +633,17 @@ void tune_trial(const train::Config& config) {
     }
   };
   note("start " + std::to_string(start) + " " + from + " q=" + std::to_string(q));
+  // With `barrier`, a first start waits (up to 2 minutes) until that many
+  // trials have started: a population that trains side by side.
+  const int barrier = config.get<int>("barrier", 0);
+  for (int i = 0; barrier > 0 && from == "scratch" && i < 1200; ++i) {
+    int started = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(events)) {
+      started += entry.path().extension().empty();
+    }
+    if (started >= barrier) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   for (int epoch = start; epoch < epochs; ++epoch) {
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     const auto marker = events / (ctx.run_name() + ".killed");

@@ -57,12 +57,14 @@ struct Callbacks {
   /// committed with it, if any (an asynchronous checkpoint is not committed
   /// yet: on_checkpoint tells when it is).
   std::function<void(const ReportRecord&)> on_report;
-  /// Asked of every report, once recorded and before any rank goes on (Ray
+  /// Asked of every report once its synchronous checkpoint is committed, and
+  /// before any rank goes on or the report is written to result.jsonl (Ray
   /// Tune's stopper): a reason ends the run there as interrupted, with that
-  /// reason as its error's message, its checkpoints kept; the ranks, waiting
-  /// in train::report, are stopped (a checkpoint still uploading
-  /// asynchronously is not committed). It holds every rank while it runs:
-  /// keep it short.
+  /// reason as its error's message, the report recorded and the checkpoints
+  /// kept; the ranks, waiting in train::report, are stopped (a checkpoint
+  /// still uploading asynchronously is not committed). It holds every rank,
+  /// and the controller's heartbeats, while it runs: keep it well under the
+  /// heartbeat timeout.
   std::function<std::optional<std::string>(const ReportRecord&)> should_stop;
   /// The group of workers starts: the first attempt, and each restart. Its
   /// world_size is the most until the ranks are assigned (an elastic group

@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <thread>
 
 #include "api/experiment_table.h"
 #include "api/report_page.h"
@@ -49,7 +50,7 @@ constexpr auto kExitWait = 60s;
 // The live table of trials, at most this often.
 constexpr auto kTableEvery = 30s;
 // report.html, at most this often while the experiment runs.
-constexpr auto kPageEvery = 10s;
+constexpr auto kPageEvery = 30s;
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -198,6 +199,10 @@ class Experiment {
         stop_fd_(stop_fd),
         dir_(trainer.run.storage_path / trainer.run.name),
         scheduler_(tune::make_scheduler(tune, space)) {}
+  Experiment(const Experiment&) = delete;
+  Experiment& operator=(const Experiment&) = delete;
+  /// Whatever ended run() (an exception among them), no trial process outlives it.
+  ~Experiment() { end_trials(); }
 
   ResultGrid run();
 
@@ -205,13 +210,12 @@ class Experiment {
   struct Running {
     tune::TrialProcess process;
     std::vector<std::string> gpus;
-    std::optional<tune::Decision> verdict;  // the scheduler's stop or exploit
-    bool signalled = false;                 // SIGTERM sent
+    bool signalled = false;  // SIGTERM sent
     std::optional<Clock::time_point> exit_by;
   };
 
   void open_record();
-  void save();
+  void save(bool sync = true);
   void say(const std::string& line);
   void trial_event(size_t index, const std::string& what);
   int capacity();
@@ -219,7 +223,13 @@ class Experiment {
   void on_messages(size_t index, Running& running);
   tune::Decision on_report(size_t index, const json& report);
   void on_exit(size_t index, Running& running, int code);
+  // Carries out a trial's recorded verdict once its process is gone; returns
+  // what it did, for the trial's line.
+  std::string carry_out_verdict(tune::TrialRecord& t);
+  // A PBT copy that has a checkpoint of its own past the copy goes on from it.
+  void settle_resume_from(tune::TrialRecord& t, const Result& result);
   void stop_all();
+  void end_trials();
   std::vector<tune::TrialView> views() const;
   std::optional<size_t> next_pending() const;
   void print_table();
@@ -254,29 +264,73 @@ void Experiment::say(const std::string& line) {
   }
 }
 
-void Experiment::save() {
+void Experiment::save(bool sync) {
   record_.scheduler_state = scheduler_->state();
-  tune::write_experiment(dir_, record_);
+  tune::write_experiment(dir_, record_, sync);
+}
+
+void Experiment::settle_resume_from(tune::TrialRecord& t, const Result& result) {
+  if (t.resume_from.empty()) return;
+  for (auto it = result.history.rbegin(); it != result.history.rend(); ++it) {
+    if (it->checkpoint.empty()) continue;
+    if (it->iteration > t.resume_after) {
+      t.resume_from.clear();
+      t.latest_checkpoint = (dir_ / t.name / it->checkpoint).string();
+    }
+    return;
+  }
+}
+
+std::string Experiment::carry_out_verdict(tune::TrialRecord& t) {
+  const json verdict = std::exchange(t.verdict, json());
+  t.note = verdict.value("reason", std::string());
+  if (verdict.value("action", "") == "exploit") {
+    t.config = verdict.value("config", t.config);
+    t.resume_from = verdict.value("checkpoint", std::string());
+    t.resume_after = t.iterations;
+    t.status = TrialStatus::kPending;
+    return "starts again from " + t.resume_from;
+  }
+  if (verdict.value("finished", false)) {
+    t.status = TrialStatus::kFinished;
+    return "finished: " + t.note;
+  }
+  t.status = TrialStatus::kStopped;
+  return "stopped";
 }
 
 void Experiment::open_record() {
   std::filesystem::create_directories(dir_ / "logs");
   lock_ = std::make_unique<run_directory::RunLock>(dir_);
-  const json search = search_record(space_, tune_);
+  json search = search_record(space_, tune_);
+  search["config"] = trainer_.config;
   if (auto earlier = tune::read_experiment(dir_)) {
     if (earlier->search != search) {
       throw UsageError("experiment " + dir_.string() +
-                       " was made with another search space, sample count, seed, metric or "
-                       "scheduler: give this one another --name");
+                       " was made with another search space, config, sample count, seed, metric "
+                       "or scheduler: give this one another --name");
     }
     record_ = std::move(*earlier);
     if (!record_.scheduler_state.empty()) scheduler_->restore(record_.scheduler_state);
     size_t resumed = 0;
     for (auto& trial : record_.trials) {
-      if (trial.status == TrialStatus::kRunning) {
-        trial.status = TrialStatus::kPending;
-        ++resumed;
+      if (trial.status != TrialStatus::kRunning) continue;
+      std::optional<Result> result;
+      try {
+        result = load_result(dir_ / trial.name);
+      } catch (const std::exception&) {  // it never wrote a record: it starts again
       }
+      if (result) {
+        trial.iterations = std::max(trial.iterations, result->iterations);
+        settle_resume_from(trial, *result);
+      }
+      // A verdict given before the tuner died is carried out now.
+      if (!trial.verdict.is_null()) {
+        carry_out_verdict(trial);
+      } else {
+        trial.status = TrialStatus::kPending;
+      }
+      resumed += trial.status == TrialStatus::kPending;
     }
     say("tune: resuming " + dir_.string() + ": " + std::to_string(resumed) +
         " trials go on from their latest checkpoints");
@@ -317,6 +371,11 @@ int Experiment::capacity() {
     slots = std::min(slots, by_gpu);
   }
   if (tune_.max_concurrent_trials > 0) slots = std::min(slots, tune_.max_concurrent_trials);
+  // PBT compares trials that run side by side; it pauses none to let others catch up.
+  if (tune_.scheduler == SchedulerKind::kPbt && slots < 2) {
+    throw UsageError("PBT needs at least 2 trials at once; this host holds " +
+                     std::to_string(slots));
+  }
   return slots;
 }
 
@@ -324,9 +383,8 @@ std::vector<tune::TrialView> Experiment::views() const {
   std::vector<tune::TrialView> views;
   for (size_t i = 0; i < record_.trials.size(); ++i) {
     const auto& t = record_.trials[i];
-    auto running = running_.find(i);
-    views.push_back({running != running_.end() && !running->second.verdict,
-                     !t.latest_checkpoint.empty(), t.config});
+    views.push_back(
+        {running_.count(i) != 0 && t.verdict.is_null(), !t.latest_checkpoint.empty(), t.config});
   }
   return views;
 }
@@ -372,12 +430,20 @@ void Experiment::start(size_t index) {
   options.scaling.cpus_per_worker = cpus_per_worker_;
   options.verbose = false;
   options.status_line = false;
-  options.handle_signals = true;
+  options.handle_signals = false;  // the trial process routes its signals itself
   options.progress_interval = std::chrono::seconds(0);
   if (!t.resume_from.empty()) {
     options.run.resume_from = t.resume_from;
     options.run.resume_from_first = true;
   }
+  // Recorded as running before its process exists: a record read at any
+  // moment names every trial that may have started.
+  const bool resumed = t.starts > 0;
+  ++t.starts;
+  if (t.started_at == 0) t.started_at = unix_now();
+  t.ended_at = 0;
+  t.status = TrialStatus::kRunning;
+  save();
   std::vector<std::string> env;
   std::vector<std::string> gpus;
   if (trainer_.scaling.use_gpu) {
@@ -388,18 +454,12 @@ void Experiment::start(size_t index) {
     for (const auto& g : gpus) list += (list.empty() ? "" : ",") + g;
     env.push_back("CUDA_VISIBLE_DEVICES=" + list);
   }
-  // Recorded as running before its process exists: a record read at any
-  // moment names every trial that may have started.
-  const bool resumed = t.starts > 0;
-  ++t.starts;
-  if (t.started_at == 0) t.started_at = unix_now();
-  t.ended_at = 0;
-  t.status = TrialStatus::kRunning;
-  save();
   std::optional<tune::TrialProcess> process;
   try {
     process.emplace(tune::spawn_trial(trainrun_, dir_ / "logs" / (t.name + ".log"), env));
-    process->channel.send(json{{"options", options}}, 10s);
+    // The report's fields the scheduler reads: the rest stays in the trial's record.
+    json keys = json::array({tune_.metric, tune_.asha.time_attr, tune_.pbt.time_attr});
+    process->channel.send(json{{"options", options}, {"keys", keys}}, 10s);
   } catch (...) {
     if (process) {
       ::kill(process->pid, SIGKILL);
@@ -408,7 +468,7 @@ void Experiment::start(size_t index) {
     free_gpus_.insert(free_gpus_.end(), gpus.begin(), gpus.end());
     throw;
   }
-  running_.emplace(index, Running{std::move(*process), std::move(gpus), std::nullopt, false, {}});
+  running_.emplace(index, Running{std::move(*process), std::move(gpus), false, {}});
   std::string values;
   for (const auto& [key, value] : t.config.items()) {
     values += (values.empty() ? "" : ", ") + key + "=" + value.dump();
@@ -419,10 +479,16 @@ void Experiment::start(size_t index) {
 
 tune::Decision Experiment::on_report(size_t index, const json& report) {
   auto& t = record_.trials[index];
-  const int64_t iteration = report.value("iteration", json()).is_number_integer()
-                                ? report["iteration"].get<int64_t>()
-                                : t.iterations + 1;
-  const json metrics = report.value("metrics", json::object());
+  // The trial's bytes are untrusted: each field is taken only with its type.
+  constexpr int64_t kMostIteration = int64_t{1} << 50;
+  const auto iteration_field = report.find("iteration");
+  const int64_t iteration =
+      iteration_field != report.end() && iteration_field->is_number_integer()
+          ? std::clamp<int64_t>(iteration_field->get<int64_t>(), 0, kMostIteration)
+          : t.iterations + 1;
+  const auto metrics_field = report.find("metrics");
+  const json metrics =
+      metrics_field != report.end() && metrics_field->is_object() ? *metrics_field : json::object();
   t.iterations = std::max<int64_t>(t.iterations, iteration);
   tune::TrialReport r{index, t.iterations, metrics};
   if (auto value = tune::report_value(r, tune_.metric)) {
@@ -432,47 +498,63 @@ tune::Decision Experiment::on_report(size_t index, const json& report) {
       t.best_iteration = t.iterations;
     }
   }
-  const std::string checkpoint = report.value("checkpoint", "");
-  if (std::regex_match(checkpoint, checkpoint_name())) {
-    t.latest_checkpoint = (dir_ / t.name / checkpoint).string();
-    t.resume_from.clear();  // its own checkpoint is where it goes on from now
+  const auto checkpoint = report.find("checkpoint");
+  if (checkpoint != report.end() && checkpoint->is_string() &&
+      std::regex_match(checkpoint->get<std::string>(), checkpoint_name())) {
+    t.latest_checkpoint = (dir_ / t.name / checkpoint->get<std::string>()).string();
+    if (t.iterations > t.resume_after) t.resume_from.clear();  // its own is where it goes on
   }
-  auto decision = scheduler_->on_report(r, views());
-  save();
-  return decision;
+  return scheduler_->on_report(r, views());
 }
 
 void Experiment::on_messages(size_t index, Running& running) {
+  auto& t = record_.trials[index];
   std::vector<json> messages;
   try {
     messages = running.process.channel.drain();
   } catch (const IoError& e) {
-    say(record_.trials[index].name + ": " + e.what() + "; it is stopped");
-    running.verdict.emplace();
-    running.verdict->action = tune::Decision::Action::kStop;
-    running.verdict->reason = e.what();
+    say(t.name + ": " + e.what() + "; it is stopped");
+    t.verdict = {{"action", "fail"}, {"reason", e.what()}};
     ::kill(running.process.pid, SIGKILL);
+    running.exit_by = Clock::now() + kExitWait;
     return;
   }
   for (const auto& message : messages) {
+    // An asynchronous checkpoint, committed after its report.
+    if (auto c = message.find("checkpoint"); c != message.end() && c->is_string()) {
+      if (std::regex_match(c->get<std::string>(), checkpoint_name())) {
+        t.latest_checkpoint = (dir_ / t.name / c->get<std::string>()).string();
+      }
+      continue;
+    }
     auto it = message.find("report");
     if (it == message.end() || !it->is_object()) continue;
-    tune::Decision decision;
-    if (running.verdict || stopping_) {
-      decision.action = tune::Decision::Action::kStop;
-    } else {
-      decision = on_report(index, *it);
-    }
-    json verdict = {{"verdict", "continue"}};
-    if (decision.action != tune::Decision::Action::kContinue) {
-      verdict = {{"verdict", "stop"},
-                 {"reason",
-                  decision.reason.empty() ? std::string("stopped by the tuner") : decision.reason}};
-      if (!running.verdict && !stopping_) {
-        running.verdict = decision;
-        if (!decision.finished) say(record_.trials[index].name + " " + decision.reason);
-      }
+    const json iteration = it->value("iteration", json());
+    json verdict = {{"verdict", "continue"}, {"iteration", iteration}};
+    if (!t.verdict.is_null() || stopping_) {
+      verdict["verdict"] = "stop";
+      verdict["reason"] = t.verdict.is_null() ? std::string("the experiment stops")
+                                              : t.verdict.value("reason", std::string());
       running.exit_by = Clock::now() + kExitWait;
+    } else {
+      auto decision = on_report(index, *it);
+      using Action = tune::Decision::Action;
+      if (decision.action != Action::kContinue) {
+        verdict["verdict"] = "stop";
+        verdict["reason"] = decision.reason;
+        t.verdict = {{"action", decision.action == Action::kExploit ? "exploit" : "stop"},
+                     {"reason", decision.reason},
+                     {"finished", decision.finished}};
+        if (decision.action == Action::kExploit) {
+          // The source's checkpoint now, with the config explored from its values now.
+          t.verdict["config"] = decision.config;
+          t.verdict["checkpoint"] = record_.trials[decision.source].latest_checkpoint;
+        }
+        if (!decision.finished) say(t.name + " " + decision.reason);
+        running.exit_by = Clock::now() + kExitWait;
+      }
+      // A verdict must survive the tuner; a report's counts need only survive its process.
+      save(/*sync=*/decision.action != Action::kContinue);
     }
     try {
       running.process.channel.send(verdict, 10s);
@@ -492,31 +574,23 @@ void Experiment::on_exit(size_t index, Running& running, int code) {
   if (result) {
     t.iterations = std::max(t.iterations, result->iterations);
     if (!result->checkpoint.empty()) t.latest_checkpoint = result->checkpoint.string();
+    settle_resume_from(t, *result);
   }
   t.ended_at = unix_now();
-  const auto& verdict = running.verdict;
   std::string what;
-  if (verdict && verdict->action == tune::Decision::Action::kExploit && !stopping_) {
-    const auto& source = record_.trials[verdict->source];
-    t.config = verdict->config;
-    t.resume_from = source.latest_checkpoint;
-    t.status = TrialStatus::kPending;
-    t.note = verdict->reason;
-    what = "copies " + source.name + " and starts again";
-  } else if (verdict && verdict->finished) {
-    t.status = TrialStatus::kFinished;
-    t.note = verdict->reason;
-    what = "finished: " + verdict->reason;
-  } else if (verdict) {
-    t.status = TrialStatus::kStopped;
-    t.note = verdict->reason;
-    what = "stopped";
+  if (!t.verdict.is_null() && t.verdict.value("action", "") == "fail") {
+    t.status = TrialStatus::kFailed;
+    t.note = t.verdict.value("reason", std::string());
+    t.verdict = json();
+    what = "failed: " + t.note;
+  } else if (!t.verdict.is_null()) {
+    what = carry_out_verdict(t);
   } else if (code == 0) {
     t.status = TrialStatus::kFinished;  // a PBT copy's note stays
     what = "finished";
     tune::TrialReport last{index, t.iterations, result ? result->metrics : json()};
     scheduler_->on_trial_end(last);
-  } else if (stopping_ && (code == 130 || code == 128 + SIGTERM)) {
+  } else if (stopping_ && running.signalled) {
     t.status = TrialStatus::kPending;  // interrupted: it resumes with the experiment
     what = "interrupted";
   } else {
@@ -540,6 +614,24 @@ void Experiment::stop_all() {
     ::kill(running.process.pid, SIGTERM);
     running.signalled = true;
     running.exit_by = Clock::now() + kExitWait;
+  }
+}
+
+// After an exception: each trial is asked to stop, then killed, and reaped.
+void Experiment::end_trials() {
+  if (running_.empty()) return;
+  for (auto& [index, running] : running_) ::kill(running.process.pid, SIGTERM);
+  const auto deadline = Clock::now() + 10s;
+  while (!running_.empty()) {
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (tune::try_reap(it->second.process.pid)) {
+        it = running_.erase(it);
+      } else {
+        if (Clock::now() > deadline) ::kill(it->second.process.pid, SIGKILL);
+        ++it;
+      }
+    }
+    std::this_thread::sleep_for(50ms);
   }
 }
 
@@ -583,8 +675,9 @@ ResultGrid Experiment::run() {
       try {
         start(*next);
       } catch (const IoError& e) {
-        record_.trials[*next].status = TrialStatus::kFailed;
-        record_.trials[*next].note = e.what();
+        auto& t = record_.trials[*next];
+        t.status = TrialStatus::kFailed;
+        t.note = e.what();
         save();
         trial_event(*next, std::string("failed to start: ") + e.what());
       }
@@ -603,15 +696,15 @@ ResultGrid Experiment::run() {
       stop_all();
     }
     for (size_t i = 0; i < order.size(); ++i) {
-      auto& running = running_.at(order[i]);
-      if (fds[i + 1].revents != 0) on_messages(order[i], running);
+      if (fds[i + 1].revents != 0) on_messages(order[i], running_.at(order[i]));
     }
     const auto now = Clock::now();
     for (auto it = running_.begin(); it != running_.end();) {
       auto& running = it->second;
       std::optional<int> code;
-      if (running.process.channel.eof() || running.exit_by)
+      if (running.process.channel.eof() || running.exit_by) {
         code = tune::try_reap(running.process.pid);
+      }
       if (!code && running.process.channel.eof() && !running.exit_by) {
         running.exit_by = now + kExitWait;
       }

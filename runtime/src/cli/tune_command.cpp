@@ -21,9 +21,15 @@ using namespace std::chrono_literals;
 constexpr auto kVerdictWait = 120s;
 
 Tuner* running_tuner = nullptr;
+Trainer* running_trainer = nullptr;
 
 void stop_tuner(int) {
   if (running_tuner != nullptr) running_tuner->stop();
+}
+
+// Trainer::stop() is one write() to an eventfd: safe in a handler.
+void stop_trainer(int) {
+  if (running_trainer != nullptr) running_trainer->stop();
 }
 
 }  // namespace
@@ -125,6 +131,8 @@ int run_trial() {
     std::cerr << "trainrun trial: no channel from a tuner (descriptor 3)\n";
     return kExitUsage;
   }
+  // The tuner's death ends this process group at once (SIGHUP, common/parent.h):
+  // a rerun of the experiment finds the trial's run free.
   die_with_parent();
   tune::LineChannel channel{Fd(tune::kTrialChannelFd)};
   auto first = channel.receive(30s);
@@ -133,24 +141,67 @@ int run_trial() {
     return kExitUsage;
   }
   TrainerOptions options = (*first)["options"].get<TrainerOptions>();
+  options.handle_signals = false;  // SIGHUP stays the death signal; SIGINT and SIGTERM below
+  std::vector<std::string> keys;
+  if (auto k = first->find("keys"); k != first->end() && k->is_array()) {
+    for (const auto& key : *k) {
+      if (key.is_string()) keys.push_back(key.get<std::string>());
+    }
+  }
+  // The workers fall silent for the controller's heartbeat timeout at most:
+  // a verdict is waited for half of it.
+  const auto verdict_wait = std::min<std::chrono::milliseconds>(
+      kVerdictWait, std::max<std::chrono::milliseconds>(options.run.heartbeat_timeout / 2, 50ms));
   Callbacks callbacks;
-  callbacks.should_stop = [&channel](const ReportRecord& r) -> std::optional<std::string> {
+  callbacks.should_stop = [&](const ReportRecord& r) -> std::optional<std::string> {
+    // Only what the scheduler reads: a report may carry megabytes of metrics.
+    nlohmann::json metrics = nlohmann::json::object();
+    if (r.metrics.is_object()) {
+      for (const auto& key : keys) {
+        if (auto m = r.metrics.find(key); m != r.metrics.end()) metrics[key] = *m;
+      }
+    }
     const nlohmann::json report = {{"iteration", r.iteration},
-                                   {"metrics", r.metrics},
+                                   {"metrics", metrics},
                                    {"checkpoint", r.checkpoint},
                                    {"time_total_s", r.time_total_s},
                                    {"timestamp", r.timestamp}};
-    channel.send({{"report", report}}, 10s);
-    auto verdict = channel.receive(kVerdictWait);
-    if (!verdict) {
-      if (channel.eof()) return std::string("stopped: the tuner is gone");
-      std::cerr << "trainrun trial: no verdict from the tuner in time; going on\n";
-      return std::nullopt;
+    try {
+      channel.send({{"report", report}}, 10s);
+    } catch (const IoError&) {
+      return std::string("stopped: the tuner is gone");
     }
-    if (verdict->value("verdict", "") != "stop") return std::nullopt;
-    return verdict->value("reason", std::string("stopped by the tuner"));
+    const auto deadline = std::chrono::steady_clock::now() + verdict_wait;
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      auto verdict = channel.receive(std::max(left, 0ms));
+      if (!verdict) {
+        if (channel.eof()) return std::string("stopped: the tuner is gone");
+        std::cerr << "trainrun trial: no verdict from the tuner on report " << r.iteration
+                  << " in time; going on\n";
+        return std::nullopt;
+      }
+      // A verdict that came too late for an earlier report is dropped.
+      if (verdict->value("iteration", nlohmann::json()) != nlohmann::json(r.iteration)) continue;
+      if (verdict->value("verdict", "") != "stop") return std::nullopt;
+      const auto reason = verdict->value("reason", nlohmann::json());
+      return reason.is_string() ? reason.get<std::string>() : std::string("stopped by the tuner");
+    }
+  };
+  callbacks.on_checkpoint = [&channel](const CheckpointInfo& checkpoint) {
+    try {
+      channel.send({{"checkpoint", checkpoint.name}}, 1s);
+    } catch (const IoError&) {  // the tuner is gone: the next report says so
+    }
   };
   Trainer trainer(std::move(options), std::move(callbacks));
+  running_trainer = &trainer;
+  struct sigaction action {};
+  action.sa_handler = stop_trainer;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) ::sigaction(sig, &action, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
   return exit_code(trainer.fit());
 }
 

@@ -27,9 +27,13 @@ Asha::Asha(const TuneConfig& tune)
     throw UsageError("ASHA needs a reduction_factor above 1");
   }
   if (c.time_attr.empty()) throw UsageError("ASHA needs a time_attr");
-  // As Ray counts them, from the highest.
-  const int count =
-      static_cast<int>(std::log(c.max_t / c.grace_period) / std::log(c.reduction_factor) + 1);
+  // As Ray counts them, from the highest; a bounded number.
+  constexpr double kMostRungs = 64;
+  const double rungs = std::log(c.max_t / c.grace_period) / std::log(c.reduction_factor) + 1;
+  if (!(rungs <= kMostRungs)) {
+    throw UsageError("ASHA would make more than 64 rungs: raise reduction_factor or grace_period");
+  }
+  const int count = static_cast<int>(rungs);
   for (int k = count - 1; k >= 0; --k) {
     rungs_.push_back(Rung{c.grace_period * std::pow(c.reduction_factor, k), {}});
   }

@@ -38,6 +38,16 @@ double number(std::string_view text, std::string_view whole) {
 // A list's item: JSON where it parses as JSON (1, 0.5, true, "a b"), else the text.
 json item(std::string_view text) {
   json value = json::parse(text.begin(), text.end(), nullptr, false);
+  if (value.is_discarded()) {
+    // A number JSON cannot hold (1e999) is refused, not taken as text.
+    std::string s(text);
+    char* end = nullptr;
+    errno = 0;
+    const double number = std::strtod(s.c_str(), &end);
+    if (!s.empty() && end == s.c_str() + s.size() && (errno == ERANGE || !std::isfinite(number))) {
+      throw UsageError("search space: " + quoted(text) + " is not a finite number");
+    }
+  }
   if (value.is_discarded() || value.is_object() || value.is_array()) return json(std::string(text));
   return value;
 }
@@ -60,6 +70,11 @@ void check_values(const Domain& d, std::string_view what) {
   if (!d.values.is_array() || d.values.empty() || d.values.size() > kMostValues) {
     throw UsageError("search space: " + std::string(what) + " needs 1 to " +
                      std::to_string(kMostValues) + " values");
+  }
+  for (const auto& value : d.values) {
+    if (value.is_number_float() && !std::isfinite(value.get<double>())) {
+      throw UsageError("search space: " + std::string(what) + " has a value that is not finite");
+    }
   }
 }
 

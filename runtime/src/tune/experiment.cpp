@@ -25,7 +25,9 @@ json to_json(const TrialRecord& t) {
           {"ended_at", t.ended_at > 0 ? json(t.ended_at) : json()},
           {"starts", t.starts},
           {"latest_checkpoint", t.latest_checkpoint},
-          {"resume_from", t.resume_from}};
+          {"resume_from", t.resume_from},
+          {"resume_after", t.resume_after},
+          {"verdict", t.verdict}};
 }
 
 TrialRecord trial_from_json(const json& j) {
@@ -44,6 +46,12 @@ TrialRecord trial_from_json(const json& j) {
   t.starts = j.value("starts", 0);
   t.latest_checkpoint = j.value("latest_checkpoint", "");
   t.resume_from = j.value("resume_from", "");
+  t.resume_after = j.value("resume_after", int64_t{0});
+  t.verdict = j.value("verdict", json());
+  if (!t.verdict.is_null() &&
+      (!t.verdict.is_object() || !t.verdict.value("action", json()).is_string())) {
+    throw IoError("a trial's verdict is malformed");
+  }
   if (!t.config.is_object() || t.name.rfind("trial_", 0) != 0 ||
       t.name.find('/') != std::string::npos) {
     throw IoError("a trial's name or config is malformed");
@@ -88,7 +96,7 @@ std::optional<ExperimentRecord> read_experiment(const std::filesystem::path& dir
   }
 }
 
-void write_experiment(const std::filesystem::path& dir, const ExperimentRecord& r) {
+void write_experiment(const std::filesystem::path& dir, const ExperimentRecord& r, bool sync) {
   json trials = json::array();
   for (const auto& t : r.trials) trials.push_back(to_json(t));
   const json j = {{"version", 1},
@@ -101,7 +109,8 @@ void write_experiment(const std::filesystem::path& dir, const ExperimentRecord& 
                   {"trials", trials},
                   {"scheduler_state", r.scheduler_state}};
   write_file_atomic(dir / kExperimentFile,
-                    j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+                    j.dump(2, ' ', false, json::error_handler_t::replace) + "\n",
+                    sync ? Durability::kSynced : Durability::kUnsynced);
 }
 
 }  // namespace tune

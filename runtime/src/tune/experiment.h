@@ -37,8 +37,14 @@ struct TrialRecord {
   double ended_at = 0;            // of its end; 0: not ended
   int starts = 0;                 // its processes: resumes and PBT's copies count
   std::string latest_checkpoint;  // its run's latest committed checkpoint (a path)
-  /// PBT: the checkpoint its next start begins from, whatever its own.
+  /// PBT: the checkpoint its next start begins from, whatever its own, until
+  /// it has one of its own past iteration resume_after.
   std::string resume_from;
+  int64_t resume_after = 0;
+  /// The scheduler's verdict on it not yet carried out (null: none):
+  /// {"action": "stop" or "exploit", "reason", "finished", and for an
+  /// exploit "config" and "checkpoint"}; a resumed experiment carries it out.
+  nlohmann::json verdict;
 };
 
 struct ExperimentRecord {
@@ -58,7 +64,10 @@ TrialStatus trial_status_from(const std::string& text);
 /// when it is unreadable or malformed.
 std::optional<ExperimentRecord> read_experiment(const std::filesystem::path& dir);
 
-/// Replaces <dir>/experiment.json atomically (synced). Throws IoError.
-void write_experiment(const std::filesystem::path& dir, const ExperimentRecord& record);
+/// Replaces <dir>/experiment.json atomically; `sync`: durable across a power
+/// cut too (a report's counts need not be: a killed process loses nothing
+/// the kernel has). Throws IoError.
+void write_experiment(const std::filesystem::path& dir, const ExperimentRecord& record,
+                      bool sync = true);
 
 }  // namespace trainrun::tune

@@ -65,7 +65,12 @@ std::vector<json> make_trials(const ParamSpace& space, int num_samples, uint64_t
 
 json space_to_json(const ParamSpace& space) {
   json j = json::object();
-  for (const auto& [key, domain] : space) j[key] = domain.to_string();
+  for (const auto& [key, domain] : space) {
+    const bool list = domain.kind == Domain::Kind::kGrid || domain.kind == Domain::Kind::kChoice;
+    j[key] = list
+                 ? json{{"domain", domain.to_string()}, {"values", domain.values}}
+                 : json{{"domain", domain.to_string()}, {"low", domain.low}, {"high", domain.high}};
+  }
   return j;
 }
 

@@ -31,7 +31,8 @@ nlohmann::json sample(const Domain& domain, Random& random);
 /// kMostTrials.
 std::vector<nlohmann::json> make_trials(const ParamSpace& space, int num_samples, uint64_t seed);
 
-/// The space as the record keeps it: {key: "loguniform:0.0001:0.1", ...}.
+/// The space as the record keeps it, exactly: {key: {"domain": "loguniform:1e-04:0.1",
+/// "low": 0.0001, "high": 0.1}, key: {"domain": "choice:a,b", "values": ["a", "b"]}}.
 nlohmann::json space_to_json(const ParamSpace& space);
 
 }  // namespace trainrun::tune

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -54,11 +55,17 @@ TrialProcess spawn_trial(const std::filesystem::path& trainrun, const std::files
   posix_spawnattr_setflags(&setup.attributes, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&setup.attributes, 0);
 
+  // The trial's own values replace inherited ones (getenv takes the first).
+  auto replaced = [&env](const std::string& entry) {
+    const auto key = entry.substr(0, entry.find('=') + 1);
+    if (key == std::string(kParentPidVariable) + "=") return true;
+    return std::any_of(env.begin(), env.end(),
+                       [&key](const std::string& e) { return e.rfind(key, 0) == 0; });
+  };
   std::vector<std::string> environment;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry(*e);
-    if (entry.rfind(std::string(kParentPidVariable) + "=", 0) == 0) continue;
-    environment.push_back(std::move(entry));
+    if (!replaced(entry)) environment.push_back(std::move(entry));
   }
   environment.push_back(std::string(kParentPidVariable) + "=" + std::to_string(::getpid()));
   for (const auto& entry : env) environment.push_back(entry);
