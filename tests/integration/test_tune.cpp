@@ -442,3 +442,43 @@ TEST_CASE("tune: Ctrl-C interrupts the running trials, and the same command resu
           }) == 1);
   }
 }
+
+TEST_CASE("tune: a verdict recorded before the tuner died is carried out when it resumes") {
+  // The window between a verdict's record and the trial's exit, made by hand:
+  // two finished trials put back to running, one with a stop, one with a copy.
+  Sandbox box;
+  const auto events = box.root() / "events";
+  std::filesystem::create_directories(events);
+  const std::string command = tune_args(
+      "verdicts", "--param q=grid:1,2 --config epochs=2 --config events=" + events.string());
+  REQUIRE(box.run(command).exit_code == 0);
+  const auto file = box.run_dir("verdicts") / "experiment.json";
+  auto record = read_json(file);
+  const auto source = (box.run_dir("verdicts") / "trial_0001" / "checkpoint_000000").string();
+  record["trials"][0]["status"] = "running";
+  record["trials"][0]["verdict"] = {{"action", "exploit"},
+                                    {"reason", "PBT by hand"},
+                                    {"config", {{"q", 5}}},
+                                    {"checkpoint", source}};
+  record["trials"][1]["status"] = "running";
+  record["trials"][1]["verdict"] = {{"action", "stop"}, {"reason", "ASHA by hand"}};
+  std::ofstream(file) << record.dump(2);
+
+  auto out = box.run(command);
+  INFO(out.output);
+  REQUIRE(out.exit_code == 0);
+  record = read_json(file);
+  const auto& copied = record["trials"][0];
+  CHECK(copied["status"] == "finished");
+  CHECK(copied["config"]["q"] == 5);
+  CHECK(copied["starts"] == 2);
+  CHECK(copied["note"] == "PBT by hand");
+  CHECK(copied["verdict"].is_null());
+  // It went on from the other trial's checkpoint of epoch 1, with its new value.
+  const auto lines = event_lines(events, "trial_0000");
+  CHECK(std::find(lines.begin(), lines.end(), "start 1 trial_0001 q=5.000000") != lines.end());
+  const auto& stopped = record["trials"][1];
+  CHECK(stopped["status"] == "stopped");
+  CHECK(stopped["note"] == "ASHA by hand");
+  CHECK(stopped["starts"] == 1);  // not started again
+}

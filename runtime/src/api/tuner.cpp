@@ -24,6 +24,7 @@
 #include <optional>
 #include <regex>
 #include <thread>
+#include <utility>
 
 #include "api/experiment_table.h"
 #include "api/report_page.h"
@@ -284,6 +285,10 @@ void Experiment::settle_resume_from(tune::TrialRecord& t, const Result& result) 
 std::string Experiment::carry_out_verdict(tune::TrialRecord& t) {
   const json verdict = std::exchange(t.verdict, json());
   t.note = verdict.value("reason", std::string());
+  if (verdict.value("action", "") == "fail") {  // its channel broke
+    t.status = TrialStatus::kFailed;
+    return "failed: " + t.note;
+  }
   if (verdict.value("action", "") == "exploit") {
     t.config = verdict.value("config", t.config);
     t.resume_from = verdict.value("checkpoint", std::string());
@@ -515,6 +520,7 @@ void Experiment::on_messages(size_t index, Running& running) {
   } catch (const IoError& e) {
     say(t.name + ": " + e.what() + "; it is stopped");
     t.verdict = {{"action", "fail"}, {"reason", e.what()}};
+    save();
     ::kill(running.process.pid, SIGKILL);
     running.exit_by = Clock::now() + kExitWait;
     return;
@@ -578,12 +584,7 @@ void Experiment::on_exit(size_t index, Running& running, int code) {
   }
   t.ended_at = unix_now();
   std::string what;
-  if (!t.verdict.is_null() && t.verdict.value("action", "") == "fail") {
-    t.status = TrialStatus::kFailed;
-    t.note = t.verdict.value("reason", std::string());
-    t.verdict = json();
-    what = "failed: " + t.note;
-  } else if (!t.verdict.is_null()) {
+  if (!t.verdict.is_null()) {
     what = carry_out_verdict(t);
   } else if (code == 0) {
     t.status = TrialStatus::kFinished;  // a PBT copy's note stays
