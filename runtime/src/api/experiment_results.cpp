@@ -55,6 +55,18 @@ bool mode_max(std::string_view mode, bool fallback) {
 
 }  // namespace
 
+TrialResult trial_result(const tune::TrialRecord& t) {
+  TrialResult r;
+  r.name = t.name;
+  r.config = t.config;
+  r.status = t.status;
+  r.note = t.note;
+  r.iterations = t.iterations;
+  r.best = t.best;
+  r.best_iteration = t.best_iteration;
+  return r;
+}
+
 std::vector<std::string> trial_table(const std::vector<TrialResult>& trials,
                                      const std::string& metric, bool max) {
   std::map<std::string, int> counts;
@@ -150,14 +162,7 @@ ResultGrid load_experiment(const std::filesystem::path& dir) {
   grid.metric = record->search.value("metric", "");
   grid.max = record->search.value("mode", "max") != "min";
   for (const auto& t : record->trials) {
-    TrialResult r;
-    r.name = t.name;
-    r.config = t.config;
-    r.status = t.status;
-    r.note = t.note;
-    r.iterations = t.iterations;
-    r.best = t.best;
-    r.best_iteration = t.best_iteration;
+    TrialResult r = trial_result(t);
     const auto run_dir = dir / t.name;
     std::error_code ec;
     if (std::filesystem::exists(run_dir / "run.json", ec)) {

@@ -9,7 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "tune/experiment.h"
+
 namespace trainrun {
+
+/// A trial as the record has it, without its run's Result.
+TrialResult trial_result(const tune::TrialRecord& trial);
 
 std::vector<std::string> trial_table(const std::vector<TrialResult>& trials,
                                      const std::string& metric, bool max);

@@ -426,13 +426,13 @@ std::string experiment_page(const ResultGrid& grid) {
   std::ostringstream out;
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
       << "<title>" << escape(grid.path.filename().string()) << ": trainrun experiment</title>\n"
-      << "<style>" << kStyle << ".stopped { background: #6d4c41; } .pending { background: #757575; }"
+      << "<style>" << kStyle
+      << ".stopped { background: #6d4c41; } .pending { background: #757575; }"
       << "</style></head>\n<body>\n<h1>" << escape(grid.path.filename().string()) << "</h1>\n"
       << "<p>" << grid.trials.size() << " trials, " << escape(grid.metric) << " ("
       << (grid.max ? "max" : "min") << ")";
   if (best != nullptr && best->best) {
-    out << "; best " << escape(nlohmann::json(*best->best).dump()) << " by "
-        << escape(best->name);
+    out << "; best " << escape(nlohmann::json(*best->best).dump()) << " by " << escape(best->name);
   }
   out << "</p>\n<div class=\"chart\" style=\"height: 420px\"><canvas id=\"chart-metric\">"
       << "</canvas></div>\n<h2>Trials</h2>\n<table><thead><tr><th>trial</th><th>status</th>"

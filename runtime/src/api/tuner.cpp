@@ -410,14 +410,7 @@ void Experiment::trial_event(size_t index, const std::string& what) {
   const auto& t = record_.trials[index];
   say(t.name + " " + what);
   if (callbacks_.on_trial) {
-    TrialResult r;
-    r.name = t.name;
-    r.config = t.config;
-    r.status = t.status;
-    r.note = t.note;
-    r.iterations = t.iterations;
-    r.best = t.best;
-    r.best_iteration = t.best_iteration;
+    const TrialResult r = trial_result(t);
     try {
       callbacks_.on_trial(r);
     } catch (...) {  // a host's callback cannot end the experiment
@@ -638,17 +631,7 @@ void Experiment::end_trials() {
 
 void Experiment::print_table() {
   std::vector<TrialResult> trials;
-  for (const auto& t : record_.trials) {
-    TrialResult r;
-    r.name = t.name;
-    r.config = t.config;
-    r.status = t.status;
-    r.note = t.note;
-    r.iterations = t.iterations;
-    r.best = t.best;
-    r.best_iteration = t.best_iteration;
-    trials.push_back(std::move(r));
-  }
+  for (const auto& t : record_.trials) trials.push_back(trial_result(t));
   for (const auto& line : trial_table(trials, tune_.metric, tune_.max)) say(line);
 }
 
