@@ -4,6 +4,8 @@
 #include <trainrun/error.h>
 
 #include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <set>
@@ -12,6 +14,7 @@
 #include "tune/pbt.h"
 #include "tune/scheduler.h"
 #include "tune/search_space.h"
+#include "tune/trial_channel.h"
 
 using trainrun::Domain;
 using trainrun::ParamSpace;
@@ -157,4 +160,66 @@ TEST_CASE("tune: PBT sends a bottom trial to a top one's checkpoint with perturb
   copy.restore(pbt.state());
   CHECK(copy.explore(views[0].config) == pbt.explore(views[0].config));
   CHECK_THROWS_AS(trainrun::tune::Pbt(tune, {{"g", Domain::grid({1, 2})}}), trainrun::UsageError);
+}
+
+TEST_CASE("tune: the trial channel takes whole JSON objects and refuses the rest") {
+  using trainrun::tune::LineChannel;
+  auto pair = [] {
+    int fds[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+    return std::pair{LineChannel(trainrun::Fd(fds[0])), trainrun::Fd(fds[1])};
+  };
+  auto write_all = [](int fd, const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + sent, bytes.size() - sent);
+      REQUIRE(n > 0);
+      sent += static_cast<size_t>(n);
+    }
+  };
+  {
+    auto [channel, peer] = pair();
+    // Two messages and half of a third in one write; the rest later.
+    write_all(peer.get(), "{\"a\":1}\n{\"b\":2}\n{\"c\":");
+    auto got = channel.drain();
+    REQUIRE(got.size() == 2);
+    CHECK(got[1]["b"] == 2);
+    write_all(peer.get(), "3}\n");
+    auto last = channel.receive(std::chrono::seconds(5));
+    REQUIRE(last);
+    CHECK((*last)["c"] == 3);
+    // Nothing more: a bounded wait, then the end once the peer closes.
+    CHECK(!channel.receive(std::chrono::milliseconds(20)));
+    CHECK(!channel.eof());
+    peer.reset();
+    CHECK(!channel.receive(std::chrono::seconds(5)));
+    CHECK(channel.eof());
+    CHECK_THROWS_AS(channel.send({{"x", 1}}, std::chrono::seconds(1)), trainrun::IoError);
+  }
+  {
+    auto [channel, peer] = pair();
+    write_all(peer.get(), "[1, 2]\n");
+    CHECK_THROWS_AS(channel.drain(), trainrun::IoError);
+  }
+  {
+    auto [channel, peer] = pair();
+    write_all(peer.get(), "{\"cut\": \n");
+    CHECK_THROWS_AS(channel.drain(), trainrun::IoError);
+  }
+  {
+    auto [channel, peer] = pair();
+    // More than 1 MiB without a newline: refused before it grows further.
+    // (Written 64 KiB at a time, each read before the next: one thread.)
+    const std::string chunk(64 * 1024, 'x');
+    bool refused = false;
+    for (int i = 0; i < 40 && !refused; ++i) {
+      write_all(peer.get(), chunk);
+      try {
+        channel.drain();
+      } catch (const trainrun::IoError&) {
+        refused = true;
+      }
+    }
+    CHECK(refused);
+  }
 }
